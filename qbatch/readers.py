@@ -1,0 +1,143 @@
+"""Readers: JSONL (plain, .gz, .zst) and Parquet files, streamed as `Row`s.
+
+Nothing is read whole: JSONL goes line by line, Parquet in record batches.
+A line that cannot be parsed becomes a `Row` with an error (or stops the run
+with `--on-bad-line error`), so every line is accounted for.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from qbatch.errors import InputError
+from qbatch.records import Row
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+PARQUET_BATCH_ROWS = 4096
+
+
+def expand_inputs(inputs: list[str]) -> list[Path]:
+    """Turn files, folders and globs into a sorted, de-duplicated list of files."""
+    if not inputs:
+        raise InputError("no input files given", hint="pass files, folders or globs: `qbatch run prompts.jsonl -o out/`")
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if any(ch in item for ch in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(item, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise InputError("no files match the pattern", where=item)
+            files.extend(matches)
+        elif path.is_dir():
+            matches = sorted(p for p in path.rglob("*") if p.is_file() and detect_format(p, None, strict=False))
+            if not matches:
+                raise InputError("folder holds no .jsonl/.ndjson/.parquet files", where=item)
+            files.extend(matches)
+        elif path.exists():
+            files.append(path)
+        else:
+            raise InputError("input file not found", where=item, hint="check the path; globs must be quoted")
+    seen: set[Path] = set()
+    return [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+
+
+def detect_format(path: Path, override: str | None, *, strict: bool = True) -> str | None:
+    """'jsonl' or 'parquet' from `--format` or the file name."""
+    if override:
+        return override
+    name = path.name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    if strict:
+        raise InputError(
+            "cannot tell the file's format from its name",
+            where=str(path),
+            hint="name it .jsonl/.ndjson/.parquet (optionally .gz/.zst) or pass --format jsonl|parquet",
+        )
+    return None
+
+
+def read_rows(files: list[Path], *, fmt: str | None = None, on_bad_line: str = "error") -> Iterator[Row]:
+    """All rows of all files, in order."""
+    for source_index, path in enumerate(files):
+        kind = detect_format(path, fmt)
+        if kind == "parquet":
+            yield from _read_parquet(path, source_index)
+        else:
+            yield from _read_jsonl(path, source_index, on_bad_line)
+
+
+def _open_text_bytes(path: Path) -> IO[bytes]:
+    name = path.name.lower()
+    try:
+        raw = open(path, "rb")
+    except IsADirectoryError:
+        raise InputError("input is a folder, not a file", where=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot open input: {exc.strerror}", where=str(path)) from None
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
+    if name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    return raw
+
+
+def _read_jsonl(path: Path, source_index: int, on_bad_line: str) -> Iterator[Row]:
+    row_index = 0
+    with _open_text_bytes(path) as handle:
+        try:
+            for line_no, raw in enumerate(handle, start=1):
+                if not raw.strip():
+                    continue
+                data, error = _parse_line(raw)
+                if error is not None and on_bad_line == "error":
+                    raise InputError(
+                        error,
+                        where=f"{path}:{line_no}",
+                        hint="fix the line, or pass --on-bad-line skip to record it in errors.parquet and go on",
+                    )
+                yield Row(str(path), source_index, row_index, line_no, data, error)
+                row_index += 1
+        except (OSError, EOFError) as exc:  # corrupt gzip/zstd stream
+            raise InputError(f"cannot read compressed input: {exc}", where=str(path)) from None
+
+
+def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"line is not valid UTF-8 (byte {exc.start})"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"line is not valid JSON: {exc.msg} at column {exc.colno}"
+    if not isinstance(data, dict):
+        return None, f"line is JSON {type(data).__name__}, expected an object"
+    return data, None
+
+
+def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:
+    import pyarrow.parquet as pq
+
+    try:
+        reader = pq.ParquetFile(path)
+    except OSError as exc:
+        raise InputError(f"not a readable Parquet file: {exc}", where=str(path)) from None
+    row_index = 0
+    for batch in reader.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        for data in batch.to_pylist():
+            yield Row(str(path), source_index, row_index, None, data)
+            row_index += 1

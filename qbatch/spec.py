@@ -1,0 +1,222 @@
+"""The job spec: one typed object that every stage reads.
+
+Settings come from three places, merged here and nowhere else: command-line
+flags override the TOML job file, which overrides the defaults below. Job
+files use the flags' names (`max_tokens` or `max-tokens`) as flat keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qbatch.errors import SpecError
+
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+SHAPES = ("auto", "prompt", "chat", "openai")
+FORMATS = ("jsonl", "parquet")
+OUTPUT_FORMATS = ("parquet", "jsonl-openai")
+PROGRESS = ("auto", "bar", "log", "none")
+ON_BAD_LINE = ("error", "skip")
+BACKENDS = ("vllm", "null")
+
+
+@dataclass
+class InputSpec:
+    """Where rows come from and how a row becomes a prompt."""
+
+    inputs: list[str] = field(default_factory=list)
+    format: str | None = None  # None: by file extension
+    shape: str = "auto"
+    prompt_column: str = "prompt"
+    messages_column: str = "messages"
+    id_column: str | None = None  # None: `id`, or `custom_id` for OpenAI batch lines
+    template: str | None = None
+    system_prompt: str | None = None
+    raw: bool = False
+    thinking: bool | None = None  # None: the chat template's own default
+    keep_columns: list[str] | None = None  # None: every non-prompt column
+    on_bad_line: str = "error"
+    dedupe: bool = False
+    limit: int | None = None
+    shard: str | None = None  # "I/N"
+
+
+@dataclass
+class SamplingSpec:
+    """Job-level sampling; None means the model's generation_config, then vLLM's default."""
+
+    max_tokens: int = 2048
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+
+
+@dataclass
+class PlanSpec:
+    """How rows are grouped: sorted inside a window, cut into token-budgeted chunks."""
+
+    sort_window: int = 8192
+    chunk_tokens: int = 1_048_576
+
+
+@dataclass
+class EngineSpec:
+    """vLLM engine settings; names mirror vLLM's. None leaves vLLM's own default."""
+
+    model: str = DEFAULT_MODEL
+    tokenizer: str | None = None
+    revision: str | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None  # default on CPU: 2 GiB (see engine.py)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    dtype: str = "auto"
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    enforce_eager: bool | None = None  # None: True on CPU (compiling takes minutes there), else False
+    seed: int = 0
+    load_format: str | None = None
+    performance_mode: str | None = "throughput"
+    quantize: str | None = None  # "awq": quantize with AutoAWQ first, cached
+    backend: str = "vllm"  # "null": an engine that returns instantly (pipeline benchmarks, tests)
+
+
+@dataclass
+class OutputSpec:
+    """Where results go and how the run reports."""
+
+    output_dir: str | None = None
+    output_format: str = "parquet"
+    include_prompt: bool = False
+    progress: str = "auto"
+    fail_on_row_errors: bool = False
+    restart: bool = False
+    retry_errors: bool = False
+    dry_run: bool = False
+
+
+SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec}
+
+
+@dataclass
+class JobSpec:
+    input: InputSpec = field(default_factory=InputSpec)
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    plan: PlanSpec = field(default_factory=PlanSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    output: OutputSpec = field(default_factory=OutputSpec)
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any], *, source: str = "settings") -> JobSpec:
+        """Build a spec from flat `key: value` pairs (flag names), checking every key."""
+        owners = _key_owners()
+        sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        for raw_key, value in values.items():
+            key = raw_key.replace("-", "_")
+            if key not in owners:
+                raise SpecError(
+                    f"unknown setting '{raw_key}'",
+                    where=source,
+                    hint="run `qbatch run --help` for the valid names",
+                )
+            sections[owners[key]][key] = value
+        spec = cls(**{name: SECTIONS[name](**kw) for name, kw in sections.items()})
+        spec.validate()
+        return spec
+
+    def flat(self) -> dict[str, Any]:
+        """The spec as flat key/value pairs (for manifests and --dry-run output)."""
+        out: dict[str, Any] = {}
+        for name in SECTIONS:
+            out.update(dataclasses.asdict(getattr(self, name)))
+        return out
+
+    def validate(self) -> None:
+        _check_choice("shape", self.input.shape, SHAPES)
+        if self.input.format is not None:
+            _check_choice("format", self.input.format, FORMATS)
+        _check_choice("output_format", self.output.output_format, OUTPUT_FORMATS)
+        _check_choice("progress", self.output.progress, PROGRESS)
+        _check_choice("on_bad_line", self.input.on_bad_line, ON_BAD_LINE)
+        _check_min("max_tokens", self.sampling.max_tokens, 1)
+        _check_min("sort_window", self.plan.sort_window, 1)
+        _check_min("chunk_tokens", self.plan.chunk_tokens, 1)
+        _check_min("tensor_parallel_size", self.engine.tensor_parallel_size, 1)
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes", "limit"):
+            value = getattr(self.engine, name, None) if hasattr(self.engine, name) else getattr(self.input, name)
+            if value is not None:
+                _check_min(name, value, 1)
+        util = self.engine.gpu_memory_utilization
+        if util is not None and not 0 < util <= 1:
+            raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")
+        _check_choice("backend", self.engine.backend, BACKENDS)
+        if self.engine.quantize not in (None, "awq"):
+            raise SpecError(f"quantize must be 'awq', got '{self.engine.quantize}'")
+        if self.input.raw and self.input.system_prompt:
+            raise SpecError("--system-prompt needs the chat template; it cannot be combined with --raw")
+        if self.input.shard is not None:
+            parse_shard(self.input.shard)
+        if self.output.restart and self.output.retry_errors:
+            raise SpecError("--restart starts over; --retry-errors resumes: choose one")
+
+
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML job file into flat key/value pairs; paths in it are relative to the file."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError("job file not found", where=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"job file is not valid TOML: {exc}", where=str(path)) from None
+    for key in ("inputs", "output_dir", "output-dir"):
+        if key in data:
+            data[key] = _relative_to(path.parent, data[key])
+    model = data.get("model")
+    if isinstance(model, str) and model.startswith("."):
+        data["model"] = str((path.parent / model).resolve())
+    return data
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """Parse `I/N` (0 <= I < N)."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise SpecError(f"shard must look like I/N (e.g. 0/4), got '{text}'") from None
+    if count < 1 or not 0 <= index < count:
+        raise SpecError(f"shard must satisfy 0 <= I < N, got '{text}'")
+    return index, count
+
+
+def _relative_to(base: Path, value: Any) -> Any:
+    if isinstance(value, list):
+        return [_relative_to(base, item) for item in value]
+    if isinstance(value, str) and not Path(value).is_absolute():
+        return str(base / value)
+    return value
+
+
+def _key_owners() -> dict[str, str]:
+    return {f.name: name for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(f"{name} must be one of {', '.join(choices)}; got '{value}'")
+
+
+def _check_min(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SpecError(f"{name} must be an integer >= {minimum}, got {value!r}")

