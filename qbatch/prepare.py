@@ -192,7 +192,7 @@ class Preparer:
             return "template"
         if self.input.shape != "auto":
             return self.input.shape
-        if "custom_id" in data and "body" in data:
+        if "custom_id" in data and ("body" in data or "url" in data):
             return "openai"
         if self.input.messages_column in data and self.input.prompt_column not in data:
             return "chat"

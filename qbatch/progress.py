@@ -10,7 +10,8 @@ LOG_EVERY_S = 30.0
 
 
 class Progress:
-    def __init__(self, mode: str, total: int, *, stream: TextIO = sys.stderr):
+    def __init__(self, mode: str, total: int, *, stream: TextIO | None = None):
+        stream = stream or sys.stderr
         if mode == "auto":
             mode = "bar" if stream.isatty() else "log"
         self.mode, self.total, self.stream = mode, total, stream

@@ -119,7 +119,7 @@ def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, f"line is not valid UTF-8 (byte {exc.start})"
+        return None, f"line is not valid UTF-8 (byte offset {exc.start})"
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -130,11 +130,12 @@ def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
 
 
 def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         reader = pq.ParquetFile(path)
-    except OSError as exc:
+    except (OSError, pa.ArrowException) as exc:
         raise InputError(f"not a readable Parquet file: {exc}", where=str(path)) from None
     row_index = 0
     for batch in reader.iter_batches(batch_size=PARQUET_BATCH_ROWS):

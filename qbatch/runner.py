@@ -152,8 +152,10 @@ class Job:
         return sum(counts.values())
 
 
-def run(spec: JobSpec, *, stream: TextIO = sys.stderr) -> Summary:
+def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
+    """Run a job to completion (or resume it); progress goes to `stream` (default stderr)."""
     started = time.monotonic()
+    stream = stream or sys.stderr
     job = Job.setup(spec)
     if spec.output.dry_run:
         return dry_run(job, started)
@@ -177,7 +179,10 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     manifest["rows_total"] = todo + len(done)
     out.write_manifest(manifest)
     progress = Progress(spec.output.progress, todo, stream=stream)
-    progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
+    if todo:
+        progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
+    else:
+        progress.log(f"no rows to process ({len(done)} already done, inputs: {', '.join(map(str, job.files))})")
     sources = [str(p) for p in job.files]
     try:
         if todo:
