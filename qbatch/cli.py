@@ -168,6 +168,39 @@ def status(output_dir: str, as_json: bool) -> None:
         print_status(info)
 
 
+@cli.command()
+@click.argument("model")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--w-bit", type=int, default=4, show_default=True, help="Bits per weight (AWQ is 4-bit).")
+@click.option("--group-size", type=int, default=128, show_default=True,
+              help="Weights sharing one scale; must divide the layer sizes (128, 64 or 32).")
+@click.option("--zero-point/--no-zero-point", default=True, show_default=True, help="Asymmetric quantization (a zero point per group).")
+@click.option("--version", "version_", type=click.Choice(["gemm", "gemv"]), default="gemm", show_default=True,
+              help="Weight packing: gemm (what vLLM loads) or gemv (AutoAWQ's own batch-1 kernel).")
+@click.option("--calib", type=click.Path(exists=True),
+              help="Calibration prompts: JSONL/Parquet in any `qbatch run` shape, rendered with the chat template.  [default: sample_data/calib.jsonl]")
+@click.option("--calib-samples", type=int, default=128, show_default=True, help="Calibration texts used: the first N that fit --calib-seq-len.")
+@click.option("--calib-seq-len", type=int, default=512, show_default=True, help="Tokens per calibration block; longer texts are skipped.")
+def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: bool, version_: str,
+             calib: str | None, calib_samples: int, calib_seq_len: int) -> None:
+    """Quantize MODEL to 4-bit AWQ with AutoAWQ into OUT_DIR, a folder `qbatch run --model` loads.
+
+    \b
+    Examples:
+      qbatch quantize smollm2-135m out/smollm2-awq --group-size 64
+      qbatch quantize Qwen/Qwen3-0.6B out/qwen3-awq --calib sample_data/chat.jsonl --calib-samples 64
+      qbatch run sample_data/prompts.jsonl -o out/awq-run --model out/qwen3-awq
+
+    `qbatch run --quantize awq` does the same once, into qbatch's cache.
+    """
+    from qbatch.quantize import AwqSettings, quantize as quantize_model, summary_lines
+
+    settings = AwqSettings(w_bit, group_size, zero_point, version_, calib, calib_samples, calib_seq_len)
+    meta = quantize_model(model, out_dir, settings)
+    for line in summary_lines(meta, out_dir):
+        click.echo(line)
+
+
 def main() -> None:
     cli(prog_name="qbatch")
 
