@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,7 +54,7 @@ class NullEngine:
 class VllmEngine:
     """vLLM's offline engine, driven request by request so it never drains between chunks."""
 
-    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int):
+    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
         try:
             from vllm import LLM
@@ -59,7 +62,7 @@ class VllmEngine:
             raise MissingDependency(
                 "vLLM is not installed", hint="pip install 'qbatch[cpu]' (CPU) or 'qbatch[gpu]' (CUDA)"
             ) from None
-        kwargs = engine_kwargs(spec, max_model_len)
+        kwargs = engine_kwargs(spec, max_model_len, tuned=tuned)
         if _on_cpu():
             _use_all_cores()
         try:
@@ -70,6 +73,7 @@ class VllmEngine:
                 hint="check the model name or folder; offline, use --model smollm2-135m (bundled)",
             ) from exc
         self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+        self._watchdog = EngineWatchdog(self.llm.llm_engine)
         self._next_id = 0
 
     def run(self, chunks: Iterable[Chunk]) -> Iterator[tuple[Chunk, list[Completion]]]:
@@ -97,8 +101,11 @@ class VllmEngine:
                 continue
             try:
                 outputs = engine.step()
-            except Exception as exc:
-                raise EngineError(f"the engine failed: {_first_line(exc)}",
+            except (Exception, KeyboardInterrupt) as exc:
+                if isinstance(exc, KeyboardInterrupt) and not self._watchdog.dead:
+                    raise
+                cause = "the engine process died" if self._watchdog.dead else _first_line(exc)
+                raise EngineError(f"the engine failed: {cause}",
                                   hint="finished parts are kept; rerun the same command to resume") from exc
             for output in outputs:
                 if output.finished and output.request_id in in_flight:
@@ -145,8 +152,51 @@ class VllmEngine:
         return chunk, slots
 
 
-def engine_kwargs(spec: EngineSpec, max_model_len: int) -> dict[str, Any]:
-    """LLM(...) keyword arguments: qbatch's throughput defaults, then the user's settings."""
+class EngineWatchdog:
+    """Notices when vLLM's engine process dies and unblocks the waiting main thread.
+
+    vLLM 0.32's client marks the engine dead but leaves `step()` waiting on its
+    output queue forever (a killed engine hung qbatch here). The watchdog polls
+    the engine's child processes; when one is gone it hands the client's queue
+    an exception (or, where that queue does not exist, interrupts the main thread).
+    """
+
+    POLL_S = 1.0
+
+    def __init__(self, llm_engine: Any):
+        import psutil
+
+        self.dead = False
+        self._client = getattr(llm_engine, "engine_core", None)
+        self._children = psutil.Process().children(recursive=True)
+        if self._children:
+            threading.Thread(target=self._watch, name="qbatch-engine-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        import psutil
+
+        while not self.dead:
+            time.sleep(self.POLL_S)
+            for child in self._children:
+                try:
+                    alive = child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+                except psutil.Error:
+                    alive = False
+                if not alive:
+                    self.dead = True
+                    break
+        queue = getattr(self._client, "outputs_queue", None)
+        if queue is not None:
+            queue.put_nowait(RuntimeError("engine core process died"))
+        else:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -> dict[str, Any]:
+    """LLM(...) keyword arguments: qbatch's throughput defaults, then the user's settings.
+
+    tuned=False leaves out qbatch's throughput settings (vLLM's own defaults, for benchmarks).
+    """
     kwargs: dict[str, Any] = {
         "dtype": spec.dtype,
         "seed": spec.seed,
@@ -159,7 +209,7 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int) -> dict[str, Any]:
             kwargs[name] = getattr(spec, name)
     if _on_cpu():
         kwargs.update(_cpu_defaults(spec))
-    if spec.performance_mode and "performance_mode" in _engine_arg_names():
+    if tuned and spec.performance_mode and "performance_mode" in _engine_arg_names():
         kwargs["performance_mode"] = spec.performance_mode
     return kwargs
 

@@ -31,7 +31,9 @@ from qbatch.records import Failure, Request, Row, failures_table, results_table
 from qbatch.spec import JobSpec, parse_shard
 
 # Settings that change what a row's result is: a rerun that changes one of these
-# must not mix its results with the old ones (planning and engine sizing may change).
+# must not mix its results with the old ones. Planning and engine sizing may change,
+# and so may max_model_len: raising it and rerunning with --retry-errors is how rows
+# that were too long get processed.
 RESULT_SETTINGS = (
     "shape", "prompt_column", "messages_column", "id_column", "template", "system_prompt", "raw", "thinking",
     "keep_columns", "dedupe", "shard", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -98,7 +100,6 @@ class Job:
     def fingerprint(self) -> dict[str, Any]:
         flat = self.spec.flat()
         settings = {key: flat[key] for key in RESULT_SETTINGS}
-        settings["max_model_len"] = self.max_model_len
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
         return {"settings": settings, "model": model_identity(self.spec.engine.model, self.model_path),
                 "inputs": [input_identity(p, f) for p, f in zip(self.files, formats, strict=True)]}
