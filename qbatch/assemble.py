@@ -19,9 +19,13 @@ ORDER = ["source_index", "row_index"]
 JSONL_SLICE_ROWS = 10_000
 
 
-def assemble(out: OutputDir, *, openai_jsonl: bool = False) -> dict[str, int]:
-    """Write results.parquet / errors.parquet (and results.jsonl); return row counts."""
-    results = _scan(out.part_files(RESULT_PREFIX))
+def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[Path] | None = None,
+             error_parts: list[Path] | None = None) -> dict[str, int]:
+    """Write results.parquet / errors.parquet (and results.jsonl); return row counts.
+
+    The parts default to OUT_DIR's own; `qbatch merge` passes those of several shards.
+    """
+    results = _scan(out.part_files(RESULT_PREFIX) if result_parts is None else result_parts)
     if results is None:
         results_frame = pl.LazyFrame(schema={"id": pl.String, "source_index": pl.Int32, "row_index": pl.Int64})
     else:
@@ -29,7 +33,7 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False) -> dict[str, int]:
     atomic_write(out.path / "results.parquet",
                  lambda tmp: results_frame.drop("source_index").sink_parquet(tmp, compression="zstd"))
 
-    errors = _scan(out.part_files(ERROR_PREFIX))
+    errors = _scan(out.part_files(ERROR_PREFIX) if error_parts is None else error_parts)
     if errors is None:
         errors_frame = pl.from_arrow(ERROR_SCHEMA.empty_table()).lazy()
     else:
