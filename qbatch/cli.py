@@ -188,7 +188,7 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
     \b
     Examples:
       qbatch quantize smollm2-135m out/smollm2-awq --group-size 64
-      qbatch quantize Qwen/Qwen3-0.6B out/qwen3-awq --calib sample_data/chat.jsonl --calib-samples 64
+      qbatch quantize Qwen/Qwen3-0.6B out/qwen3-awq --calib sample_data/mt_bench.jsonl --calib-samples 64
       qbatch run sample_data/prompts.jsonl -o out/awq-run --model out/qwen3-awq
 
     `qbatch run --quantize awq` does the same once, into qbatch's cache.
