@@ -287,3 +287,34 @@ def test_run_quantize_awq_on_the_real_engine(cli, tiny_qwen3, write_jsonl, tmp_p
     assert result.exit_code == 0, result.output
     assert_all_rows_answered(tmp_path / "out2")
     assert cached_models(cache) == [built]
+
+
+def test_concurrent_runs_build_the_cache_once(tiny_qwen3, cache, monkeypatch):
+    import threading
+    import time
+
+    from qbatch.spec import JobSpec
+
+    calls = []
+
+    def slow_build(source, target, settings, *, model_name, log):
+        calls.append(target)
+        time.sleep(0.5)  # the other run arrives while this one builds, and must wait on the lock
+        awq.write_atomically(target, lambda folder: (folder / awq.META_NAME).write_text("{}"))
+
+    monkeypatch.setattr(awq, "build", slow_build)
+    spec = JobSpec.from_flat({"quantize": "awq", "backend": "null", "progress": "none"})
+    paths: list[str] = []
+    threads = [threading.Thread(target=lambda: paths.append(awq.ensure_quantized(tiny_qwen3, spec))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and paths == [str(calls[0])] * 2
+
+
+def test_run_quantize_dry_run_builds_nothing(cli, tiny_qwen3, write_jsonl, tmp_path, cache):
+    result = cli(*run_args(write_jsonl(PROMPTS), tmp_path / "out", tiny_qwen3, "--backend", "null", "--dry-run"))
+    assert result.exit_code == 0, result.output
+    assert "rows valid" in result.stdout
+    assert not (cache / "awq").exists() or cached_models(cache) == []
