@@ -84,6 +84,8 @@ RUN_OPTIONS = [
     click.option("--max-num-batched-tokens", type=int, help="vLLM max_num_batched_tokens."),
     click.option("--dtype", help="vLLM dtype.  [default: auto]"),
     click.option("--quantization", help="vLLM quantization (usually detected from the checkpoint)."),
+    click.option("--data-parallel-size", type=int, help="Independent engines, one process per GPU.  [default: 1]"),
+    click.option("--gpus", callback=_csv, help="GPU ids for the engines (comma list), e.g. 0,1.  [default: 0..N-1]"),
     click.option("--tensor-parallel-size", type=int, help="vLLM tensor_parallel_size.  [default: 1]"),
     click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM enforce_eager: no torch.compile/CUDA graphs.  [default: on for CPU]"),
     click.option("--seed", type=int, help="vLLM engine seed.  [default: 0]"),
@@ -138,11 +140,15 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
+    from qbatch.engine import close_all as close_engines
     from qbatch.report import print_summary
     from qbatch.runner import run as run_job
 
     spec = build_spec(ctx, job, inputs)
-    summary = run_job(spec)
+    try:
+        summary = run_job(spec)
+    finally:
+        close_engines()
     print_summary(summary)
     if spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed):
         sys.exit(EXIT_ROW_ERRORS)
@@ -199,6 +205,28 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
     meta = quantize_model(model, out_dir, settings)
     for line in summary_lines(meta, out_dir):
         click.echo(line)
+
+
+@cli.command()
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the merged results.")
+@click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), default="parquet", show_default=True,
+              help="Also write results.jsonl in OpenAI Batch format (jsonl-openai).")
+def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> None:
+    """Combine the outputs of `qbatch run --shard I/N` runs into one results.parquet.
+
+    Refuses folders that ran different jobs, incomplete shards, and missing or repeated shards.
+
+    \b
+    Examples:
+      qbatch merge out/shard-0 out/shard-1 -o out/all
+      qbatch merge out/shard-* -o out/all --output-format jsonl-openai
+    """
+    from qbatch.merge import merge as merge_shards
+
+    counts = merge_shards(list(shard_dirs), output_dir, openai_jsonl=output_format == "jsonl-openai")
+    click.echo(f"merged {len(shard_dirs)} shards into {output_dir}: {counts['rows_ok']:,} results, "
+               f"{counts['rows_failed']:,} errors")
 
 
 def main() -> None:

@@ -28,6 +28,9 @@ FEED_FACTOR = 1.5
 CPU_KV_CACHE_BYTES = 2 << 30
 
 
+END = object()  # end of a chunk stream
+
+
 @dataclass(slots=True)
 class Chunk:
     index: int
@@ -35,9 +38,12 @@ class Chunk:
 
 
 class Engine(Protocol):
+    """Takes chunks (a `None` item means "nothing ready yet, keep generating") and yields
+    each chunk with its completions, in order of completion."""
+
     max_num_seqs: int
 
-    def run(self, chunks: Iterable[Chunk]) -> Iterator[tuple[Chunk, list[Completion]]]: ...
+    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]: ...
 
 
 class NullEngine:
@@ -45,8 +51,10 @@ class NullEngine:
 
     max_num_seqs = 256
 
-    def run(self, chunks: Iterable[Chunk]) -> Iterator[tuple[Chunk, list[Completion]]]:
+    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         for chunk in chunks:
+            if chunk is None:
+                continue
             yield chunk, [Completion(r, f"[null engine: {r.num_prompt_tokens} prompt tokens]", "length",
                                      r.sampling["max_tokens"]) for r in chunk.requests]
 
@@ -76,6 +84,13 @@ class VllmEngine:
         self._watchdog = EngineWatchdog(self.llm.llm_engine)
         self._next_id = 0
 
+    def close(self) -> None:
+        """Shut the engine processes down now, not at interpreter exit (a run on vLLM 0.26 hung there)."""
+        self._watchdog.stop()
+        shutdown = getattr(getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
     def run(self, chunks: Iterable[Chunk]) -> Iterator[tuple[Chunk, list[Completion]]]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -88,9 +103,11 @@ class VllmEngine:
         exhausted = False
         while True:
             while not exhausted and len(in_flight) < target:
-                chunk = next(chunk_iter, None)
-                if chunk is None:
+                chunk = next(chunk_iter, END)
+                if chunk is END:
                     exhausted = True
+                    break
+                if chunk is None:  # a live feed with nothing ready yet (data-parallel workers)
                     break
                 done = self._add_chunk(engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind)
                 if done is not None:
@@ -167,16 +184,23 @@ class EngineWatchdog:
         import psutil
 
         self.dead = False
+        self._stopped = False
         self._client = getattr(llm_engine, "engine_core", None)
         self._children = psutil.Process().children(recursive=True)
         if self._children:
             threading.Thread(target=self._watch, name="qbatch-engine-watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop watching: the engine is being shut down on purpose."""
+        self._stopped = True
 
     def _watch(self) -> None:
         import psutil
 
         while not self.dead:
             time.sleep(self.POLL_S)
+            if self._stopped:
+                return
             for child in self._children:
                 try:
                     alive = child.is_running() and child.status() != psutil.STATUS_ZOMBIE
@@ -218,13 +242,28 @@ def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
     """The engine for a spec; one per process and settings, reused (engine start costs tens of seconds)."""
     if spec.backend == "null":
         return NullEngine()
+    if spec.data_parallel_size > 1:
+        from qbatch.parallel import DataParallelEngine
+
+        engine_class: Any = DataParallelEngine
+    else:
+        engine_class = VllmEngine
     key = (model_path, max_model_len, repr(sorted(dataclasses.asdict(spec).items())))
     if key not in _ENGINES:
-        _ENGINES[key] = VllmEngine(spec, model_path, max_model_len)
+        _ENGINES[key] = engine_class(spec, model_path, max_model_len)
     return _ENGINES[key]
 
 
-_ENGINES: dict[tuple, VllmEngine] = {}
+_ENGINES: dict[tuple, Engine] = {}
+
+
+def close_all() -> None:
+    """Shut down every cached engine (the CLI calls this when a command ends)."""
+    while _ENGINES:
+        _, engine = _ENGINES.popitem()
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 def _cpu_defaults(spec: EngineSpec) -> dict[str, Any]:

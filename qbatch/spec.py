@@ -89,6 +89,8 @@ class EngineSpec:
     load_format: str | None = None
     performance_mode: str | None = "throughput"
     quantize: str | None = None  # "awq": quantize with AutoAWQ first, cached
+    data_parallel_size: int = 1  # independent engines, one process per GPU (parallel.py)
+    gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
     backend: str = "vllm"  # "null": an engine that returns instantly (pipeline benchmarks, tests)
 
 
@@ -153,6 +155,13 @@ class JobSpec:
         _check_min("sort_window", self.plan.sort_window, 1)
         _check_min("chunk_tokens", self.plan.chunk_tokens, 1)
         _check_min("tensor_parallel_size", self.engine.tensor_parallel_size, 1)
+        _check_min("data_parallel_size", self.engine.data_parallel_size, 1)
+        if self.engine.gpus is not None:
+            self.engine.gpus = [str(g) for g in self.engine.gpus]
+            if self.engine.data_parallel_size not in (1, len(self.engine.gpus)):
+                raise SpecError(f"--gpus lists {len(self.engine.gpus)} GPUs but data_parallel_size is "
+                                f"{self.engine.data_parallel_size}; give one GPU per engine")
+            self.engine.data_parallel_size = len(self.engine.gpus)
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes", "limit"):
             value = getattr(self.engine, name, None) if hasattr(self.engine, name) else getattr(self.input, name)
             if value is not None:

@@ -77,13 +77,27 @@ def write_jsonl(tmp_path: Path):
     return write
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_engines_at_end():
+    yield
+    from qbatch import engine
+
+    engine.close_all()
+
+
 @pytest.fixture
-def cli():
-    """cli(*args) -> click Result of `qbatch ARGS` run in-process (engines are reused)."""
+def cli(monkeypatch):
+    """cli(*args) -> click Result of `qbatch ARGS` run in-process.
+
+    The CLI shuts its engines down when a command ends; here they stay up for
+    the next test (one engine start per model and settings per session).
+    """
     from click.testing import CliRunner
 
+    from qbatch import engine
     from qbatch.cli import cli as qbatch_cli
 
+    monkeypatch.setattr(engine, "close_all", lambda: None)
     runner = CliRunner()
 
     def invoke(*args: str):
