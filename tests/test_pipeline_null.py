@@ -198,3 +198,23 @@ def test_user_mistakes_get_messages_not_tracebacks(run_null, tmp_path):
     result = run_null(tmp_path / "in.jsonl", "-o", tmp_path / "file")
     assert result.exit_code == 2 and "'-o' / '--output-dir'" in result.stderr and "is a file" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_keep_columns_and_sampling_defaults_from_generation_config(run_null, write_jsonl, bundled_model, tmp_path):
+    import shutil
+
+    from qbatch.runner import Job
+    from qbatch.spec import JobSpec
+
+    model = tmp_path / "model"
+    shutil.copytree(bundled_model, model)
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20}))
+    path = write_jsonl([{"id": 1, "prompt": "x", "a": 1, "b": "two", "c": [3]}])
+    spec = JobSpec.from_flat({"inputs": [str(path)], "model": str(model), "top_p": 0.5})
+    base = Job.setup(spec).preparer.base_sampling
+    assert base == {"temperature": 0.6, "top_p": 0.5, "top_k": 20, "max_tokens": 2048}  # the job's top_p wins
+    out = tmp_path / "out"
+    result = run_null(path, "-o", out, "--keep-columns", "b,c")
+    assert result.exit_code == 0, result.output
+    df = pl.read_parquet(out / "results.parquet")
+    assert "a" not in df.columns and df["b"].to_list() == ["two"] and df["c"].to_list() == [[3]]
