@@ -10,10 +10,12 @@ a half-written model behind. Any other name is passed to vLLM as is.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from qbatch.errors import MissingDependency, ModelError
 
@@ -106,3 +108,30 @@ def _fsync_tree(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def model_max_len(model_path: str, revision: str | None) -> int:
+    """The context length vLLM would derive from the model's config."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, revision=revision)
+    except Exception as exc:
+        raise ModelError(f"cannot load the config of model '{model_path}': {str(exc).splitlines()[0][:300]}",
+                         hint=OFFLINE_HINT) from None
+    config = getattr(config, "text_config", None) or config
+    return int(getattr(config, "max_position_embeddings", None) or 2048)
+
+
+def model_identity(name: str, path: str) -> dict[str, Any]:
+    """The model's name plus a hash of its config and weight files' names and sizes (local folders)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"name": name}
+    digest = hashlib.sha256()
+    for file in sorted(folder.iterdir()):
+        if file.suffix in (".json", ".safetensors", ".bin", ".model", ".jinja"):
+            digest.update(f"{file.name}:{file.stat().st_size}".encode())
+            if file.suffix == ".json":
+                digest.update(file.read_bytes())
+    return {"name": name, "path": str(folder), "sha256": digest.hexdigest()}

@@ -7,7 +7,6 @@ read and tokenized in a background thread while the engine generates.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import queue
 import sys
@@ -22,9 +21,9 @@ from typing import Any, TextIO
 from qbatch import __version__, engine as engines, models
 from qbatch.assemble import assemble
 from qbatch.checkpoint import ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
-from qbatch.errors import InputError, ModelError, SpecError
+from qbatch.errors import InputError, SpecError
 from qbatch.planning import cut_chunks, sort_window
-from qbatch.prepare import Preparer, RowError, generation_defaults, in_shard, load_tokenizer
+from qbatch.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.progress import Progress
 from qbatch.readers import detect_format, expand_inputs, read_rows
 from qbatch.records import Failure, Request, Row, failures_table, results_table
@@ -90,7 +89,7 @@ class Job:
 
             model_path = ensure_quantized(model_path, spec)
         tokenizer = load_tokenizer(spec.engine.tokenizer or model_path, spec.engine.revision)
-        max_model_len = spec.engine.max_model_len or model_max_len(model_path, spec.engine.revision)
+        max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
         base = {**generation_defaults(model_path), "max_tokens": spec.sampling.max_tokens}
         base.update({k: v for k, v in asdict(spec.sampling).items() if v is not None and v is not False})
         preparer = Preparer(spec, tokenizer, max_model_len=max_model_len, base_sampling=base,
@@ -101,7 +100,7 @@ class Job:
         flat = self.spec.flat()
         settings = {key: flat[key] for key in RESULT_SETTINGS}
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
-        return {"settings": settings, "model": model_identity(self.spec.engine.model, self.model_path),
+        return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
                 "inputs": [input_identity(p, f) for p, f in zip(self.files, formats, strict=True)]}
 
     def rows(self) -> Iterator[Row]:
@@ -312,33 +311,6 @@ def stats_dict(summary: Summary) -> dict[str, Any]:
                  total_tok_s=round(total / summary.generate_s, 1) if summary.generate_s else 0.0,
                  rows_per_s=round(summary.rows_ok / summary.generate_s, 2) if summary.generate_s else 0.0)
     return stats
-
-
-def model_max_len(model_path: str, revision: str | None) -> int:
-    """The context length vLLM would derive from the model's config."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model_path, revision=revision)
-    except Exception as exc:
-        raise ModelError(f"cannot load the config of model '{model_path}': {str(exc).splitlines()[0][:300]}",
-                         hint=models.OFFLINE_HINT) from None
-    config = getattr(config, "text_config", None) or config
-    return int(getattr(config, "max_position_embeddings", None) or 2048)
-
-
-def model_identity(name: str, path: str) -> dict[str, Any]:
-    """The model's name plus a hash of its config and weight files' names and sizes (local folders)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return {"name": name}
-    digest = hashlib.sha256()
-    for file in sorted(folder.iterdir()):
-        if file.suffix in (".json", ".safetensors", ".bin", ".model", ".jinja"):
-            digest.update(f"{file.name}:{file.stat().st_size}".encode())
-            if file.suffix == ".json":
-                digest.update(file.read_bytes())
-    return {"name": name, "path": str(folder), "sha256": digest.hexdigest()}
 
 
 def _manifest(job: Job, previous: dict[str, Any] | None, fingerprint: dict[str, Any], *, status: str) -> dict[str, Any]:
