@@ -9,6 +9,7 @@ chunk is still the unit that is written (and redone after a crash).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import signal
@@ -188,6 +189,7 @@ class EngineWatchdog:
         self._client = getattr(llm_engine, "engine_core", None)
         self._children = psutil.Process().children(recursive=True)
         if self._children:
+            atexit.register(self.stop)  # runs before vLLM's own exit-time shutdown (registered earlier)
             threading.Thread(target=self._watch, name="qbatch-engine-watchdog", daemon=True).start()
 
     def stop(self) -> None:
