@@ -18,22 +18,12 @@ from typing import Any
 from qbatch.errors import ModelError, SpecError
 from qbatch.records import Failure, Request, Row
 from qbatch.spec import JobSpec
+from qbatch.validate import (
+    FLOAT_PARAMS, INT_PARAMS, OPENAI_URLS, RowError, check_messages, check_params, check_text, keys,
+    render_template, sampling_overrides, thinking_flag,
+)
 
-ROLES = {"system", "user", "assistant", "tool", "developer"}
-OPENAI_KEYS = {"custom_id", "method", "url", "body"}
-OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-FLOAT_PARAMS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-INT_PARAMS = ("max_tokens", "top_k", "seed", "n", "min_tokens")
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-class RowError(Exception):
-    """A problem with one row; becomes a Failure."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
 
 
 @dataclass(slots=True)
@@ -81,7 +71,7 @@ def row_id(row: Row, id_column: str | None, positional_prefix: bool) -> str:
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value) != "":
             return str(value)
         if id_column:
-            raise RowError("missing_id", f"row has no usable '{id_column}' (set by --id-column); keys: {_keys(data)}")
+            raise RowError("missing_id", f"row has no usable '{id_column}' (set by --id-column); keys: {keys(data)}")
     return f"{Path(row.source).name}:{row.row_index}" if positional_prefix else str(row.row_index)
 
 
@@ -150,18 +140,18 @@ class Preparer:
         shape = self._shape(data)
         if shape == "openai":
             return self._draft_openai(row, rid, data)
-        overrides = _sampling_overrides(data)
-        thinking = _thinking(data.get("enable_thinking"), self.input.thinking)
+        overrides = sampling_overrides(data)
+        thinking = thinking_flag(data.get("enable_thinking"), self.input.thinking)
         if shape == "chat":
-            messages = _check_messages(data.get(self.input.messages_column), self.input.messages_column)
+            messages = check_messages(data.get(self.input.messages_column), self.input.messages_column)
             messages = self._with_system(messages)
             skip = {self.input.messages_column}
             return _Draft(row, rid, messages, None, overrides, thinking, self._extra(data, skip))
         if shape == "template":
-            text = _render_template(self.input.template or "", data)
+            text = render_template(self.input.template or "", data)
             skip: set[str] = set()
         else:
-            text = _check_text(data.get(self.input.prompt_column), self.input.prompt_column, data)
+            text = check_text(data.get(self.input.prompt_column), self.input.prompt_column, data)
             skip = {self.input.prompt_column}
         if self.input.raw:
             return _Draft(row, rid, None, text, overrides, thinking, self._extra(data, skip))
@@ -178,13 +168,13 @@ class Preparer:
         params = {k: body[k] for k in (*FLOAT_PARAMS, *INT_PARAMS, "stop") if k in body and body[k] is not None}
         if body.get("max_completion_tokens") is not None:
             params["max_tokens"] = body["max_completion_tokens"]
-        overrides = _check_params(params)
+        overrides = check_params(params)
         kwargs = body.get("chat_template_kwargs") or {}
-        thinking = _thinking(kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, self.input.thinking)
+        thinking = thinking_flag(kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, self.input.thinking)
         if OPENAI_URLS[url] == "completion":
-            text = _check_text(body.get("prompt"), "body.prompt", body)
+            text = check_text(body.get("prompt"), "body.prompt", body)
             return _Draft(row, rid, None, text, overrides, thinking, {})
-        messages = self._with_system(_check_messages(body.get("messages"), "body.messages"))
+        messages = self._with_system(check_messages(body.get("messages"), "body.messages"))
         return _Draft(row, rid, messages, None, overrides, thinking, {})
 
     def _shape(self, data: dict[str, Any]) -> str:
@@ -200,7 +190,7 @@ class Preparer:
             return "prompt"
         raise RowError(
             "missing_prompt",
-            f"row has no '{self.input.prompt_column}' or '{self.input.messages_column}' column; keys: {_keys(data)}. "
+            f"row has no '{self.input.prompt_column}' or '{self.input.messages_column}' column; keys: {keys(data)}. "
             "Use --prompt-column NAME or --template '...{column}...'",
         )
 
@@ -217,46 +207,47 @@ class Preparer:
 
     # -- bulk render + tokenize -------------------------------------------
     def _tokenize(self, drafts: list[_Draft], failures: list[Failure]) -> list[Request]:
-        texts: list[str | None] = [None] * len(drafts)
-        templated = [i for i, d in enumerate(drafts) if d.messages is not None]
-        for thinking in {drafts[i].thinking for i in templated}:
-            group = [i for i in templated if drafts[i].thinking == thinking]
+        """Render chats in groups (one per thinking value), then encode everything in two batch calls."""
+        texts: list[str | None] = [d.text for d in drafts]
+        for thinking in {d.thinking for d in drafts if d.messages is not None}:
+            group = [i for i, d in enumerate(drafts) if d.messages is not None and d.thinking == thinking]
             for i, text in zip(group, self._render([drafts[i].messages for i in group], thinking), strict=True):
-                texts[i] = text
+                if isinstance(text, RowError):
+                    failures.append(_failure(drafts[i].row, drafts[i].id, text))
+                else:
+                    texts[i] = text
         token_ids: list[list[int] | None] = [None] * len(drafts)
-        for add_special, group in ((False, templated), (True, [i for i, d in enumerate(drafts) if d.messages is None])):
-            batch = [texts[i] if texts[i] is not None else drafts[i].text for i in group]
-            if batch:
-                encoded = self.tokenizer(batch, add_special_tokens=add_special)["input_ids"]
-                for i, ids, text in zip(group, encoded, batch, strict=True):
-                    token_ids[i], texts[i] = ids, text
+        for templated in (True, False):  # chat templates carry their own special tokens
+            group = [i for i, d in enumerate(drafts) if (d.messages is not None) == templated and texts[i] is not None]
+            if group:
+                encoded = self.tokenizer([texts[i] for i in group], add_special_tokens=not templated)["input_ids"]
+                for i, ids in zip(group, encoded, strict=True):
+                    token_ids[i] = ids
         requests = []
         for draft, ids, text in zip(drafts, token_ids, texts, strict=True):
+            if ids is None:  # the template refused it: already a failure
+                continue
             try:
-                requests.append(self._request(draft, ids or [], text))
+                requests.append(self._request(draft, ids, text))
             except RowError as exc:
                 failures.append(_failure(draft.row, draft.id, exc))
         return requests
 
-    def _render(self, conversations: list[Any], thinking: bool | None) -> list[str]:
+    def _render(self, conversations: list[Any], thinking: bool | None) -> list[str | RowError]:
         kwargs = {} if thinking is None else {"enable_thinking": thinking}
         try:
-            rendered = self.tokenizer.apply_chat_template(
-                conversations, tokenize=False, add_generation_prompt=True, **kwargs
-            )
-        except Exception:  # one bad conversation fails the batch call: render one by one
-            rendered = [self._render_one(c, kwargs) for c in conversations]
-        return list(rendered)
+            return list(self.tokenizer.apply_chat_template(
+                conversations, tokenize=False, add_generation_prompt=True, **kwargs))
+        except Exception:  # one bad conversation fails the whole call: render one by one
+            return [self._render_one(c, kwargs) for c in conversations]
 
-    def _render_one(self, conversation: Any, kwargs: dict[str, Any]) -> str:
+    def _render_one(self, conversation: Any, kwargs: dict[str, Any]) -> str | RowError:
         try:
             return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, **kwargs)
-        except Exception as exc:
-            return _RenderFailed(str(exc))
+        except Exception as exc:  # templates raise anything (jinja errors, raise_exception(...))
+            return RowError("template_error", f"the chat template rejected the messages: {exc}")
 
     def _request(self, draft: _Draft, ids: list[int], text: str | None) -> Request:
-        if isinstance(text, _RenderFailed):
-            raise RowError("template_error", f"the chat template rejected the messages: {text.reason}")
         num = len(ids)
         if num == 0:
             raise RowError("empty_prompt", "prompt is empty after tokenization")
@@ -274,125 +265,3 @@ class Preparer:
         prompt = text if self.spec.output.include_prompt else None
         return Request(draft.id, draft.row.source_index, draft.row.row_index, ids, sampling, thinking,
                        draft.extra, prompt)
-
-
-
-class _RenderFailed(str):
-    """Marks a conversation the chat template refused, carrying the reason."""
-
-    def __new__(cls, reason: str) -> _RenderFailed:
-        obj = super().__new__(cls, "")
-        obj.reason = reason
-        return obj
-
-
-def _keys(data: dict[str, Any]) -> str:
-    return ", ".join(sorted(map(str, data))) or "(none)"
-
-
-def _check_text(value: Any, column: str, data: dict[str, Any]) -> str:
-    if value is None:
-        if column not in data:
-            raise RowError("missing_prompt", f"row has no '{column}'; keys: {_keys(data)}")
-        raise RowError("empty_prompt", f"'{column}' is null")
-    if not isinstance(value, str):
-        raise RowError("bad_prompt", f"'{column}' must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise RowError("empty_prompt", f"'{column}' is empty")
-    return value
-
-
-def _check_messages(value: Any, column: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise RowError("bad_messages", f"'{column}' must be a non-empty list of {{role, content}} objects")
-    out = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise RowError("bad_messages", f"{column}[{i}] must be an object, got {type(message).__name__}")
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise RowError("bad_messages", f"{column}[{i}].role must be one of {', '.join(sorted(ROLES))}; got {role!r}")
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
-                raise RowError("bad_messages", f"{column}[{i}].content: only text parts are supported")
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise RowError("bad_messages", f"{column}[{i}].content must be a string, got {type(content).__name__}")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
-    if not any(m["content"].strip() for m in out):
-        raise RowError("empty_prompt", f"every message in '{column}' is empty")
-    return out
-
-
-def _render_template(template: str, data: dict[str, Any]) -> str:
-    try:
-        text = template.format_map(data)
-    except KeyError as exc:
-        raise RowError("template_error", f"--template needs column {exc}; row has: {_keys(data)}") from None
-    except (ValueError, IndexError, AttributeError) as exc:
-        raise RowError("template_error", f"--template cannot be filled: {exc}") from None
-    if not text.strip():
-        raise RowError("empty_prompt", "--template produced an empty prompt")
-    return text
-
-
-def _thinking(row_value: Any, job_value: bool | None) -> bool | None:
-    if row_value is None:
-        return job_value
-    if not isinstance(row_value, bool):
-        raise RowError("bad_param", f"enable_thinking must be true or false, got {row_value!r}")
-    return row_value
-
-
-def _sampling_overrides(data: dict[str, Any]) -> dict[str, Any]:
-    params = {k: data[k] for k in (*FLOAT_PARAMS, *INT_PARAMS, "stop", "ignore_eos") if data.get(k) is not None}
-    nested = data.get("sampling_params")
-    if nested is not None:
-        if not isinstance(nested, dict):
-            raise RowError("bad_param", f"sampling_params must be an object, got {type(nested).__name__}")
-        params.update({k: v for k, v in nested.items() if v is not None})
-    return _check_params(params)
-
-
-def _check_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Type- and range-check per-row sampling values, with the rule in the message."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        if key in FLOAT_PARAMS:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise RowError("bad_param", f"{key} must be a number, got {value!r}")
-            value = float(value)
-        elif key in INT_PARAMS:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise RowError("bad_param", f"{key} must be an integer, got {value!r}")
-        elif key == "stop":
-            value = [value] if isinstance(value, str) else value
-            if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
-                raise RowError("bad_param", f"stop must be a string or a list of strings, got {value!r}")
-        elif key == "ignore_eos":
-            if not isinstance(value, bool):
-                raise RowError("bad_param", f"ignore_eos must be true or false, got {value!r}")
-        else:
-            raise RowError("bad_param", f"unknown sampling parameter '{key}'")
-        out[key] = value
-    _check_ranges(out)
-    return out
-
-
-def _check_ranges(p: dict[str, Any]) -> None:
-    rules = [
-        ("max_tokens", lambda v: v >= 1, ">= 1"),
-        ("temperature", lambda v: v >= 0, ">= 0"),
-        ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-        ("top_k", lambda v: v >= -1, ">= -1 (0 or -1: off)"),
-        ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),
-        ("presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
-        ("frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
-        ("repetition_penalty", lambda v: v > 0, "> 0"),
-        ("min_tokens", lambda v: v >= 0, ">= 0"),
-        ("n", lambda v: v == 1, "1 (qbatch returns one completion per row)"),
-    ]
-    for key, ok, rule in rules:
-        if key in p and not ok(p[key]):
-            raise RowError("bad_param", f"{key} must be {rule}, got {p[key]!r}")

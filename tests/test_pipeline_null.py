@@ -218,3 +218,23 @@ def test_keep_columns_and_sampling_defaults_from_generation_config(run_null, wri
     assert result.exit_code == 0, result.output
     df = pl.read_parquet(out / "results.parquet")
     assert "a" not in df.columns and df["b"].to_list() == ["two"] and df["c"].to_list() == [[3]]
+
+
+def test_a_conversation_the_template_rejects_fails_alone(cli, write_jsonl, bundled_model, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(bundled_model, model)
+    strict = ("{% if messages[-1]['role'] != 'user' %}{{ raise_exception('the last message must come from the user') }}"
+              "{% endif %}" + (model / "chat_template.jinja").read_text())
+    (model / "chat_template.jinja").write_text(strict)
+    rows = [{"id": "ok", "prompt": "hi"},
+            {"id": "bad", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]},
+            {"id": "ok2", "messages": [{"role": "user", "content": "hello"}]}]
+    out = tmp_path / "out"
+    result = cli("run", write_jsonl(rows), "-o", out, "--model", model, "--backend", "null", "--progress", "none")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["ok", "ok2"]
+    errors = pl.read_parquet(out / "errors.parquet")
+    assert errors.select("id", "error").rows() == [("bad", "template_error")]
+    assert "the last message must come from the user" in errors["message"][0]
