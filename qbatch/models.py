@@ -134,4 +134,4 @@ def model_identity(name: str, path: str) -> dict[str, Any]:
             digest.update(f"{file.name}:{file.stat().st_size}".encode())
             if file.suffix == ".json":
                 digest.update(file.read_bytes())
-    return {"name": name, "path": str(folder), "sha256": digest.hexdigest()}
+    return {"name": name, "sha256": digest.hexdigest()}  # not the path: the cache may move
