@@ -174,6 +174,87 @@ def status(output_dir: str, as_json: bool) -> None:
         print_status(info)
 
 
+def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[dict[str, Any]]:
+    """'KEY=VALUE KEY=VALUE' strings -> dicts; values are read as TOML (numbers, true/false), else text."""
+    import tomllib
+
+    out = []
+    for text in values:
+        pairs: dict[str, Any] = {}
+        for item in text.split():
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise click.BadParameter(f"expected KEY=VALUE, got '{item}'", ctx=ctx, param=param)
+            try:
+                pairs[key] = tomllib.loads(f"v = {value}")["v"]
+            except tomllib.TOMLDecodeError:
+                pairs[key] = value
+        out.append(pairs)
+    return out
+
+
+@cli.command()
+@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short"]))
+@click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
+              help="Comma list of vllm-text, vllm-tokens, qbatch, hf.")
+@click.option("--rows", type=int, help="Rows per workload.  [default: uniform 3072, varied/short 4096; null engine 100000]")
+@click.option("--hf-rows", type=int, default=256, show_default=True, help="Rows per workload in the hf mode.")
+@click.option("--length-scale", type=float, default=1.0, show_default=True, help="Scale prompt and output lengths.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic workloads.")
+@click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model, as in `qbatch run`.  [env QBATCH_MODEL]")
+@click.option("--load-format", help="vLLM load_format (dummy: random weights, nothing downloaded).")
+@click.option("-s", "--set", "settings", multiple=True, callback=_key_values, metavar="KEY=VALUE",
+              help="A `qbatch run` setting for every mode (repeatable), e.g. -s max_num_seqs=512.")
+@click.option("--variant", multiple=True, callback=_key_values, metavar="'KEY=VALUE ...'",
+              help="Also run the qbatch mode with these planning settings (repeatable).")
+@click.option("--vllm-defaults", is_flag=True, help="Run the raw vLLM modes on vLLM's own engine defaults.")
+@click.option("--null-engine", is_flag=True, help="Time qbatch's pipeline alone against bare tokenization.")
+@click.option("--prompts", type=click.Path(dir_okay=False, exists=True),
+              help="With --null-engine: JSONL whose `prompt`/`turns` texts are sampled.")
+@click.option("--work-dir", type=click.Path(file_okay=False), help="Keep inputs and outputs here.  [default: temporary]")
+@click.option("--inputs-only", is_flag=True, help="Only write the workloads' JSONL files into --work-dir.")
+@click.option("--json", "json_path", default="bench.json", show_default=True, type=click.Path(dir_okay=False),
+              help="Write the results here as JSON.")
+def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_rows: int, length_scale: float, seed: int,
+          model: str | None, load_format: str | None, settings: list[dict[str, Any]], variant: list[dict[str, Any]],
+          vllm_defaults: bool, null_engine: bool, prompts: str | None, work_dir: str | None, inputs_only: bool,
+          json_path: str) -> None:
+    """Time synthetic workloads through raw vLLM, qbatch and Transformers, side by side on one engine.
+
+    \b
+    Examples:
+      qbatch bench varied --model smollm2-135m --rows 64 --length-scale 0.25
+      qbatch bench --model smollm2-135m --null-engine --rows 100000
+      qbatch bench uniform varied short --model Qwen/Qwen3-0.6B --modes vllm-text,vllm-tokens,qbatch,hf
+    """
+    import shlex
+
+    from qbatch import bench as benchmarks
+
+    run_settings = {k: v for k, v in (("model", model), ("load_format", load_format)) if v}
+    for pairs in settings:
+        run_settings.update(pairs)
+    spec = benchmarks.BenchSettings(list(workloads or benchmarks.WORKLOADS), modes or [], run_settings, rows, hf_rows,
+                                    length_scale, seed, vllm_defaults, variant, work_dir)
+    if inputs_only:
+        if not work_dir:
+            raise click.UsageError("--inputs-only needs --work-dir")
+        for path in benchmarks.write_workloads(spec):
+            click.echo(path)
+        return
+    from qbatch.engine import close_all as close_engines
+
+    try:
+        report = benchmarks.pipeline_bench(spec, prompts_file=prompts) if null_engine else benchmarks.run_bench(spec)
+    finally:
+        close_engines()
+    report["command"] = "qbatch " + shlex.join(sys.argv[1:])
+    with open(json_path, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=2, default=str)
+    click.echo(benchmarks.format_table(report))
+    click.echo(f"results: {json_path}")
+
+
 @cli.command()
 @click.argument("model")
 @click.argument("out_dir", type=click.Path(file_okay=False))

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from qbatch.errors import EngineError, MissingDependency, ModelError
+from qbatch.errors import EngineError, MissingDependency, ModelError, SpecError
 from qbatch.records import Completion, Request
 from qbatch.spec import EngineSpec
 
@@ -27,6 +27,7 @@ from qbatch.spec import EngineSpec
 # scheduler always has the next rows waiting when a sequence finishes.
 FEED_FACTOR = 1.5
 CPU_KV_CACHE_BYTES = 2 << 30
+EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 
 
 END = object()  # end of a chunk stream
@@ -237,7 +238,25 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -
         kwargs.update(_cpu_defaults(spec))
     if tuned and spec.performance_mode and "performance_mode" in _engine_arg_names():
         kwargs["performance_mode"] = spec.performance_mode
+    kwargs.update(_extra_engine_args())
     return kwargs
+
+
+def _extra_engine_args() -> dict[str, Any]:
+    """Any other vLLM engine argument, as a JSON object in $QBATCH_VLLM_ARGS (experiments, tuning)."""
+    import json
+
+    text = os.environ.get(EXTRA_ARGS_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{EXTRA_ARGS_ENV} is not valid JSON: {exc}",
+                        hint=f"""e.g. {EXTRA_ARGS_ENV}='{{"compilation_config": {{"mode": 0}}}}'""") from None
+    if not isinstance(extra, dict):
+        raise SpecError(f"{EXTRA_ARGS_ENV} must be a JSON object of LLM(...) keyword arguments")
+    return extra
 
 
 def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:

