@@ -165,7 +165,8 @@ class BenchSettings:
     modes: list[str] = field(default_factory=lambda: ["vllm-text", "vllm-tokens", "qbatch"])
     run_settings: dict[str, Any] = field(default_factory=dict)
     rows: int | None = None  # None: DEFAULT_ROWS
-    hf_rows: int = 256
+    hf_rows: int = 64
+    repeats: int = 1  # runs of every engine mode per workload, in alternating order
     length_scale: float = 1.0
     seed: int = 0
     vllm_defaults: bool = False  # raw modes on vLLM's own engine defaults instead of qbatch's
@@ -181,8 +182,8 @@ class BenchSettings:
         if self.vllm_defaults and ("qbatch" in self.modes or self.variants):
             raise SpecError("--vllm-defaults compares raw vLLM on its own defaults; it cannot run the qbatch mode",
                             hint="pass --modes vllm-text,vllm-tokens with --vllm-defaults")
-        if self.rows is not None and self.rows < 1 or self.hf_rows < 1 or self.length_scale <= 0:
-            raise SpecError("--rows and --hf-rows must be >= 1 and --length-scale > 0")
+        if (self.rows is not None and self.rows < 1) or self.hf_rows < 1 or self.repeats < 1 or self.length_scale <= 0:
+            raise SpecError("--rows, --hf-rows and --repeats must be >= 1 and --length-scale > 0")
 
 
 def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -216,15 +217,34 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
 def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Workload], work: Path, job: Any,
                       measurements: list[Measurement], log: Callable[[str], None]) -> None:
     _warm_up(llm)
+    sequence = _vllm_modes(settings)
     for workload in workloads.values():
-        for mode, variant in _vllm_modes(settings):
-            llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
-            if mode == "qbatch":
-                spec = _qbatch_spec(settings, work / f"{workload.name}.jsonl", work / f"out-{workload.name}", variant)
-                measurements.append(_run_qbatch(spec, workload, variant))
-            else:
-                measurements.append(_run_vllm(llm, workload, mode, job.preparer.base_sampling))
-            log(_line(measurements[-1]))
+        runs: dict[int, list[Measurement]] = {i: [] for i in range(len(sequence))}
+        for repeat in range(settings.repeats):
+            # Alternate the order: on the H200 the first mode after start ran fastest, so a
+            # fixed order would favour one mode; forward then backward cancels a steady drift.
+            order = list(range(len(sequence)))[::-1 if repeat % 2 else 1]
+            for i in order:
+                mode, variant = sequence[i]
+                llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
+                if mode == "qbatch":
+                    spec = _qbatch_spec(settings, work / f"{workload.name}.jsonl", work / f"out-{workload.name}",
+                                        variant)
+                    runs[i].append(_run_qbatch(spec, workload, variant))
+                else:
+                    runs[i].append(_run_vllm(llm, workload, mode, job.preparer.base_sampling))
+                log(_line(runs[i][-1]))
+        measurements.extend(_mean(runs[i]) for i in range(len(sequence)))
+
+
+def _mean(runs: list[Measurement]) -> Measurement:
+    """One measurement per mode: the mean wall time of its repeats (the work is identical)."""
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    walls = [m.wall_s for m in runs]
+    return Measurement(first.workload, first.mode, first.rows, sum(walls) / len(walls), first.prompt_tokens,
+                       first.output_tokens, {**first.notes, "wall_s_runs": [round(w, 3) for w in walls]})
 
 
 def write_workloads(settings: BenchSettings, *, log: Callable[[str], None] = print) -> list[Path]:
@@ -339,7 +359,9 @@ def _run_hf(model_path: str, engine_spec: Any, workload: Workload, num_rows: int
         else:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     model.eval()
-    rows = list(range(min(num_rows, workload.num_rows)))
+    # Static batches of similar prompt lengths (as a careful Transformers user would cut them);
+    # each batch still runs to its longest max_tokens, which is what static batching costs.
+    rows = sorted(range(min(num_rows, workload.num_rows)), key=lambda i: len(workload.prompt_token_ids[i]))
     batch_size = min(HF_MAX_BATCH, len(rows))
     started = time.monotonic()
     for begin in range(0, len(rows), batch_size):

@@ -83,6 +83,7 @@ class OutputDir:
         self.path = Path(path)
         self.parts = self.path / "parts"
         self._lock_fd: int | None = None
+        self._last_number: dict[str, int] = {}  # per part prefix, once the folder was listed
 
     @property
     def manifest_path(self) -> Path:
@@ -155,6 +156,7 @@ class OutputDir:
         return previous
 
     def wipe(self) -> None:
+        self._last_number.clear()
         shutil.rmtree(self.parts, ignore_errors=True)
         self.parts.mkdir(parents=True, exist_ok=True)
         for name in ("manifest.json", "stats.json", "results.parquet", "errors.parquet", "results.jsonl"):
@@ -181,8 +183,13 @@ class OutputDir:
         return path
 
     def _next_number(self, prefix: str) -> int:
-        existing = self.part_files(prefix)
-        return int(existing[-1].stem.removeprefix(prefix)) + 1 if existing else 1
+        # List the folder once, then count: listing it for every part made writing n parts
+        # O(n^2) (30 s of a 1M-row run with 2,000 parts). The lock makes this process the only writer.
+        if prefix not in self._last_number:
+            existing = self.part_files(prefix)
+            self._last_number[prefix] = int(existing[-1].stem.removeprefix(prefix)) if existing else 0
+        self._last_number[prefix] += 1
+        return self._last_number[prefix]
 
 
 def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

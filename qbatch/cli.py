@@ -198,7 +198,9 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
               help="Comma list of vllm-text, vllm-tokens, qbatch, hf.")
 @click.option("--rows", type=int, help="Rows per workload.  [default: uniform 3072, varied/short 4096; null engine 100000]")
-@click.option("--hf-rows", type=int, default=256, show_default=True, help="Rows per workload in the hf mode.")
+@click.option("--hf-rows", type=int, default=64, show_default=True, help="Rows per workload in the hf mode.")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Runs of each engine mode per workload, in alternating order; reports the mean.")
 @click.option("--length-scale", type=float, default=1.0, show_default=True, help="Scale prompt and output lengths.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic workloads.")
 @click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model, as in `qbatch run`.  [env QBATCH_MODEL]")
@@ -215,8 +217,8 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @click.option("--inputs-only", is_flag=True, help="Only write the workloads' JSONL files into --work-dir.")
 @click.option("--json", "json_path", default="bench.json", show_default=True, type=click.Path(dir_okay=False),
               help="Write the results here as JSON.")
-def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_rows: int, length_scale: float, seed: int,
-          model: str | None, load_format: str | None, settings: list[dict[str, Any]], variant: list[dict[str, Any]],
+def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_rows: int, repeats: int,
+          length_scale: float, seed: int, model: str | None, load_format: str | None, settings: list[dict[str, Any]], variant: list[dict[str, Any]],
           vllm_defaults: bool, null_engine: bool, prompts: str | None, work_dir: str | None, inputs_only: bool,
           json_path: str) -> None:
     """Time synthetic workloads through raw vLLM, qbatch and Transformers, side by side on one engine.
@@ -234,8 +236,9 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     run_settings = {k: v for k, v in (("model", model), ("load_format", load_format)) if v}
     for pairs in settings:
         run_settings.update(pairs)
-    spec = benchmarks.BenchSettings(list(workloads or benchmarks.WORKLOADS), modes or [], run_settings, rows, hf_rows,
-                                    length_scale, seed, vllm_defaults, variant, work_dir)
+    spec = benchmarks.BenchSettings(list(workloads or benchmarks.WORKLOADS), modes or [], run_settings, rows=rows,
+                                    hf_rows=hf_rows, repeats=repeats, length_scale=length_scale, seed=seed,
+                                    vllm_defaults=vllm_defaults, variants=variant, work_dir=work_dir)
     if inputs_only:
         if not work_dir:
             raise click.UsageError("--inputs-only needs --work-dir")

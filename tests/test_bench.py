@@ -110,7 +110,8 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     """The benchmark never rots: every mode runs on the tiny Qwen3 and generates exactly the forced tokens."""
     out = tmp_path / "bench.json"
     result = cli("bench", "varied", "--model", tiny_qwen3, "--rows", 6, "--length-scale", 0.05, "--hf-rows", 2,
-                 "--modes", "vllm-text,vllm-tokens,qbatch,hf", "--variant", "sort_window=2", "--json", out)
+                 "--modes", "vllm-text,vllm-tokens,qbatch,hf", "--variant", "sort_window=2", "--repeats", 2,
+                 "--json", out)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {r["mode"]: r for r in report["results"]}
@@ -124,4 +125,5 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     assert rows["vllm-tokens"]["vs_vllm_tokens"] == 1.0
     assert rows["qbatch"]["notes"]["engine_start_s"] < 1  # the engine was reused, not started again
     assert rows["hf"]["rows"] == 2
+    assert len(rows["qbatch"]["notes"]["wall_s_runs"]) == 2  # two runs, in alternating order
     assert "vs vllm-tokens" in result.output

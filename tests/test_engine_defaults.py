@@ -1,0 +1,53 @@
+"""qbatch's engine defaults (engine_kwargs), with the platform faked: no vLLM import, no GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from qbatch import engine
+from qbatch.errors import SpecError
+from qbatch.spec import EngineSpec
+
+
+@pytest.fixture
+def platform(monkeypatch):
+    """platform(hopper=True): engine_kwargs as on an H100/H200 with vLLM that knows performance_mode."""
+
+    def set_platform(*, hopper: bool) -> None:
+        monkeypatch.setattr(engine, "_on_cpu", lambda: False)
+        monkeypatch.setattr(engine, "_on_hopper", lambda: hopper)
+        monkeypatch.setattr(engine, "_engine_arg_names", lambda: {"performance_mode"})
+        monkeypatch.delenv(engine.EXTRA_ARGS_ENV, raising=False)
+
+    return set_platform
+
+
+def test_hopper_skips_torch_compile_and_captures_full_cuda_graphs(platform):
+    platform(hopper=True)
+    kwargs = engine.engine_kwargs(EngineSpec(), 4096)
+    assert kwargs["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL"}
+    assert kwargs["performance_mode"] == "throughput"
+
+
+def test_other_gpus_enforce_eager_and_vllm_defaults_keep_vllms_compilation(platform):
+    platform(hopper=False)
+    assert "compilation_config" not in engine.engine_kwargs(EngineSpec(), 4096)
+    platform(hopper=True)
+    assert "compilation_config" not in engine.engine_kwargs(EngineSpec(enforce_eager=True), 4096)
+    untuned = engine.engine_kwargs(EngineSpec(), 4096, tuned=False)
+    assert "compilation_config" not in untuned and "performance_mode" not in untuned
+
+
+def test_extra_engine_args_come_last(platform, monkeypatch):
+    platform(hopper=True)
+    monkeypatch.setenv(engine.EXTRA_ARGS_ENV, '{"compilation_config": {"mode": 3}, "max_num_seqs": 512}')
+    kwargs = engine.engine_kwargs(EngineSpec(max_num_seqs=64), 4096)
+    assert kwargs["compilation_config"] == {"mode": 3} and kwargs["max_num_seqs"] == 512
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_extra_engine_args_must_be_a_json_object(platform, monkeypatch, text):
+    platform(hopper=False)
+    monkeypatch.setenv(engine.EXTRA_ARGS_ENV, text)
+    with pytest.raises(SpecError, match="QBATCH_VLLM_ARGS"):
+        engine.engine_kwargs(EngineSpec(), 4096)
