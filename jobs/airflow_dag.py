@@ -33,3 +33,27 @@ with DAG(
         bash_command="qbatch status /data/results/{{ ds }} --json",
     )
     generate >> report
+
+# Fan-out without Ray: N mapped copies each process a stable slice of the rows
+# (`--shard I/N`, by id hash), then `qbatch merge` combines them and refuses
+# shards of different jobs, incomplete shards and missing or repeated ones.
+SHARDS = 4
+with DAG(
+    dag_id="qbatch_sharded",
+    start_date=datetime(2026, 1, 1),
+    schedule="@daily",
+    catchup=False,
+    default_args={"retries": 3, "retry_delay": timedelta(minutes=5)},
+) as sharded:
+    shard_runs = BashOperator.partial(task_id="generate_shard").expand(
+        bash_command=[
+            "qbatch run --job /opt/jobs/qwen3_0.6b.toml /data/prompts/{{ ds }}/*.jsonl "
+            f"--shard {i}/{SHARDS} -o /data/results/{{{{ ds }}}}/shard-{i} --progress log"
+            for i in range(SHARDS)
+        ]
+    )
+    merge = BashOperator(
+        task_id="merge",
+        bash_command="qbatch merge /data/results/{{ ds }}/shard-* -o /data/results/{{ ds }}/all",
+    )
+    shard_runs >> merge
