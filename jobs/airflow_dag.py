@@ -13,12 +13,13 @@ from datetime import datetime, timedelta
 from airflow import DAG
 from airflow.operators.bash import BashOperator
 
+# Retries are cheap: a rerun resumes where the killed attempt stopped.
+DAG_ARGS = dict(start_date=datetime(2026, 1, 1), schedule="@daily", catchup=False,
+                default_args={"retries": 3, "retry_delay": timedelta(minutes=5)})
+
 with DAG(
     dag_id="qbatch_nightly",
-    start_date=datetime(2026, 1, 1),
-    schedule="@daily",
-    catchup=False,
-    default_args={"retries": 3, "retry_delay": timedelta(minutes=5)},
+    **DAG_ARGS,
 ) as dag:
     generate = BashOperator(
         task_id="generate",
@@ -40,10 +41,7 @@ with DAG(
 SHARDS = 4
 with DAG(
     dag_id="qbatch_sharded",
-    start_date=datetime(2026, 1, 1),
-    schedule="@daily",
-    catchup=False,
-    default_args={"retries": 3, "retry_delay": timedelta(minutes=5)},
+    **DAG_ARGS,
 ) as sharded:
     shard_runs = BashOperator.partial(task_id="generate_shard").expand(
         bash_command=[
