@@ -6,9 +6,8 @@ cache hands back the very engine the raw vLLM modes drive, so every mode runs
 on the same engine settings and the same prompts. Output lengths are forced
 (`ignore_eos` + per-row `max_tokens`), so every mode does the same work.
 
-`pipeline_bench` times qbatch's own pipeline with the null engine against bare
-batch tokenization of the same prompts. vLLM and torch are imported inside
-functions only.
+vLLM and torch are imported inside functions only. The null-engine benchmark of
+qbatch's own pipeline is in bench_pipeline.py.
 """
 
 from __future__ import annotations
@@ -19,11 +18,9 @@ import math
 import os
 import platform
 import random
-import resource
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +34,6 @@ DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096}
 BASELINE = "vllm-tokens"
 WORD_POOL_SIZE = 4000
 HF_MAX_BATCH = 256
-PIPELINE_BATCH_ROWS = 8192
 
 
 # -- workloads ------------------------------------------------------------------
@@ -106,11 +102,11 @@ def make_workload(name: str, tokenizer: Any, num_rows: int, *, seed: int = 0, sc
     """Rows of random single-token words sized so the chat-templated prompt has the sampled length."""
     lengths = sample_lengths(name, num_rows, seed=seed, scale=scale)
     pool = word_pool(tokenizer)
-    overhead = len(_encode(tokenizer, [_render(tokenizer, [pool[0]])[0]])[0]) - 1
+    overhead = len(encode_ids(tokenizer, [render_chat(tokenizer, [pool[0]])[0]])[0]) - 1
     rng = random.Random(f"{name}:{seed}:words")
     texts = [" ".join(rng.choices(pool, k=max(1, prompt - overhead))) for prompt, _ in lengths]
-    prompts = _render(tokenizer, texts)
-    return Workload(name, texts, prompts, _encode(tokenizer, prompts), [output for _, output in lengths])
+    prompts = render_chat(tokenizer, texts)
+    return Workload(name, texts, prompts, encode_ids(tokenizer, prompts), [output for _, output in lengths])
 
 
 def word_pool(tokenizer: Any, size: int = WORD_POOL_SIZE) -> list[str]:
@@ -120,22 +116,22 @@ def word_pool(tokenizer: Any, size: int = WORD_POOL_SIZE) -> list[str]:
         word = token[1:] if token[:1] in ("Ġ", "▁") else ""
         if word.isascii() and word.isalpha() and word.islower() and 3 <= len(word) <= 10:
             candidates.append(word)
-    alone = _encode(tokenizer, candidates)
-    spaced = _encode(tokenizer, [" " + w for w in candidates])
+    alone = encode_ids(tokenizer, candidates)
+    spaced = encode_ids(tokenizer, [" " + w for w in candidates])
     pool = [w for w, a, s in zip(candidates, alone, spaced, strict=True) if len(a) == 1 and len(s) == 1][:size]
     if len(pool) < 100:
         raise SpecError("the tokenizer has too few whole-word tokens to build synthetic prompts")
     return pool
 
 
-def _render(tokenizer: Any, texts: list[str]) -> list[str]:
+def render_chat(tokenizer: Any, texts: list[str]) -> list[str]:
     if not getattr(tokenizer, "chat_template", None):
         return list(texts)
     return list(tokenizer.apply_chat_template([[{"role": "user", "content": t}] for t in texts], tokenize=False,
                                               add_generation_prompt=True))
 
 
-def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+def encode_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
@@ -191,9 +187,9 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
     from qbatch.runner import Job
 
     settings.validate()
-    with _work_dir(settings.work_dir) as work:
+    with work_dir(settings.work_dir) as work:
         (work / "placeholder.jsonl").write_text('{"prompt": "hi"}\n')
-        spec = _qbatch_spec(settings, work / "placeholder.jsonl", work / "out")
+        spec = qbatch_spec(settings, work / "placeholder.jsonl", work / "out")
         job = Job.setup(spec)
         workloads = _workloads(settings, job.preparer.tokenizer, work, log)
         measurements: list[Measurement] = []
@@ -228,7 +224,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
                 mode, variant = sequence[i]
                 llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
                 if mode == "qbatch":
-                    spec = _qbatch_spec(settings, work / f"{workload.name}.jsonl", work / f"out-{workload.name}",
+                    spec = qbatch_spec(settings, work / f"{workload.name}.jsonl", work / f"out-{workload.name}",
                                         variant)
                     runs[i].append(_run_qbatch(spec, workload, variant))
                 else:
@@ -253,9 +249,9 @@ def write_workloads(settings: BenchSettings, *, log: Callable[[str], None] = pri
     from qbatch.prepare import load_tokenizer
 
     settings.validate()
-    spec = _qbatch_spec(settings, Path("unused.jsonl"), Path("unused"))
+    spec = qbatch_spec(settings, Path("unused.jsonl"), Path("unused"))
     tokenizer = load_tokenizer(spec.engine.tokenizer or models.resolve(spec.engine.model), spec.engine.revision)
-    with _work_dir(settings.work_dir) as work:
+    with work_dir(settings.work_dir) as work:
         _workloads(settings, tokenizer, work, log)
         return [work / f"{name}.jsonl" for name in settings.workloads]
 
@@ -275,7 +271,7 @@ def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
     return modes + [("qbatch", variant) for variant in settings.variants]
 
 
-def _qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None) -> Any:
+def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None) -> Any:
     from qbatch.spec import JobSpec
 
     values = {"progress": "none", **settings.run_settings, **(variant or {}), "inputs": [str(path)],
@@ -405,7 +401,9 @@ def _report(settings: BenchSettings, workloads: dict[str, Workload], measurement
 def format_table(report: dict[str, Any]) -> str:
     """The side-by-side table `qbatch bench` prints."""
     if report["kind"] == "pipeline":
-        return _format_pipeline(report)
+        from qbatch.bench_pipeline import format_pipeline
+
+        return format_pipeline(report)
     head = f"{'workload':<9} {'mode':<26} {'rows':>6} {'wall s':>8} {'rows/s':>9} {'out tok/s':>10} " \
            f"{'total tok/s':>11} {'vs ' + BASELINE:>15}"
     lines = [head]
@@ -461,7 +459,7 @@ def _hardware() -> dict[str, Any]:
     return info
 
 
-class _work_dir:
+class work_dir:
     """The given folder, or a temporary one removed afterwards."""
 
     def __init__(self, path: str | None):
@@ -478,145 +476,3 @@ class _work_dir:
     def __exit__(self, *exc: Any) -> None:
         if self._tmp is not None:
             self._tmp.cleanup()
-
-
-# -- the pipeline alone (null engine) -------------------------------------------
-def mt_bench_like_rows(num_rows: int, pool: list[str], *, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Rows like MT-bench's: a question drawn from `pool`, numbered so no two are equal."""
-    rng = random.Random(seed)
-    categories = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-    for i in range(num_rows):
-        yield {"id": f"q{i}", "category": rng.choice(categories), "prompt": f"Question {i}: {rng.choice(pool)}"}
-
-
-def prompt_pool(path: str | None, tokenizer: Any, *, seed: int = 0) -> list[str]:
-    """Prompt texts from a JSONL file (`prompt` or MT-bench `turns`), or synthetic ones (~20-120 words)."""
-    if path:
-        pool = []
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                data = json.loads(line) if line.strip() else {}
-                pool += [t for t in data.get("turns", [data.get("prompt")]) if isinstance(t, str) and t.strip()]
-        if not pool:
-            raise SpecError("no prompts found (expected `prompt` or `turns` keys)", where=path)
-        return pool
-    rng = random.Random(seed)
-    words = word_pool(tokenizer)
-    return [" ".join(rng.choices(words, k=rng.randint(20, 120))) + "?" for _ in range(500)]
-
-
-def pipeline_bench(settings: BenchSettings, *, prompts_file: str | None = None,
-                   log: Callable[[str], None] = print) -> dict[str, Any]:
-    """qbatch's pipeline with the null engine vs bare batch tokenization of the same prompts."""
-    from qbatch import models
-    from qbatch.prepare import load_tokenizer
-    from qbatch.runner import Job, run
-
-    rows = settings.rows or 100_000
-    with _work_dir(settings.work_dir) as work:
-        path = work / "pipeline.jsonl"
-        spec = _qbatch_spec(settings, path, work / "out-pipeline", {"backend": "null"})
-        tokenizer = load_tokenizer(spec.engine.tokenizer or models.resolve(spec.engine.model))
-        pool = prompt_pool(prompts_file, tokenizer, seed=settings.seed)
-        with open(path, "w", encoding="utf-8") as handle:
-            for row in mt_bench_like_rows(rows, pool, seed=settings.seed):
-                handle.write(json.dumps(row) + "\n")
-        log(f"wrote {rows:,} rows ({path.stat().st_size / 1e6:.0f} MB) from {len(pool)} prompts")
-
-        gc.collect()
-        sampler = _RssSampler()
-        cpu0, started = _cpu_seconds(), time.monotonic()
-        with sampler:
-            summary = run(spec)
-        pipeline_s, cpu_s = time.monotonic() - started, _cpu_seconds() - cpu0
-        log(f"pipeline: {summary.rows_ok:,} rows in {pipeline_s:.1f}s")
-
-        job = Job.setup(spec)
-        started = time.monotonic()
-        job.count_todo(set())
-        prescan_s = time.monotonic() - started
-        stages = _stage_times(path, job.preparer.tokenizer)
-    result = {
-        "rows": rows, "pipeline_s": round(pipeline_s, 2), "pipeline_rows_per_s": round(rows / pipeline_s, 1),
-        "pipeline_cpu_utilization": round(cpu_s / pipeline_s, 2), "cores": len(os.sched_getaffinity(0)),
-        "rss_start_mb": sampler.start_mb, "rss_peak_mb": sampler.peak_mb,
-        "rss_growth_mb": round(sampler.peak_mb - sampler.start_mb, 1),
-        "prescan_s": round(prescan_s, 2), "prompt_tokens": summary.prompt_tokens, "num_chunks": summary.num_chunks,
-        **stages,
-    }
-    for base in ("tokenize_rendered", "tokenize_raw"):
-        result[f"vs_{base}"] = round(result["pipeline_rows_per_s"] / result[f"{base}_rows_per_s"], 3)
-    return {"kind": "pipeline", **environment(), "settings": {**asdict(settings), "work_dir": None,
-                                                             "prompts_file": prompts_file}, "results": result}
-
-
-def _stage_times(path: Path, tokenizer: Any) -> dict[str, Any]:
-    """Each stage alone, in windows: JSON parsing, chat template, batch tokenization (raw and rendered)."""
-    times = dict.fromkeys(("parse", "render", "tokenize_raw", "tokenize_rendered"), 0.0)
-    rows = 0
-
-    def timed(name: str, func: Callable[[], Any]) -> Any:
-        started = time.monotonic()
-        out = func()
-        times[name] += time.monotonic() - started
-        return out
-
-    with open(path, "rb") as handle:
-        while lines := [line for _, line in zip(range(PIPELINE_BATCH_ROWS), handle)]:
-            texts = timed("parse", lambda: [json.loads(line)["prompt"] for line in lines])  # noqa: B023
-            rendered = timed("render", lambda: _render(tokenizer, texts))  # noqa: B023
-            timed("tokenize_raw", lambda: _encode(tokenizer, texts))  # noqa: B023
-            timed("tokenize_rendered", lambda: _encode(tokenizer, rendered))  # noqa: B023
-            rows += len(lines)
-    out: dict[str, Any] = {f"{name}_s": round(value, 2) for name, value in times.items()}
-    out.update({f"{name}_rows_per_s": round(rows / value, 1) for name, value in times.items() if value})
-    return out
-
-
-def _format_pipeline(report: dict[str, Any]) -> str:
-    r = report["results"]
-    return "\n".join([
-        f"null-engine pipeline, {r['rows']:,} rows, {r['cores']} cores",
-        f"  qbatch run (null engine)        {r['pipeline_rows_per_s']:>10,.0f} rows/s  {r['pipeline_s']:>7.1f}s  "
-        f"cpu {r['pipeline_cpu_utilization']:.2f} cores, peak RSS {r['rss_peak_mb']:,.0f} MB "
-        f"(+{r['rss_growth_mb']:,.0f} MB)",
-        f"  tokenize rendered prompts alone {r['tokenize_rendered_rows_per_s']:>10,.0f} rows/s  "
-        f"{r['tokenize_rendered_s']:>7.1f}s  pipeline at {r['vs_tokenize_rendered']:.0%} of it",
-        f"  tokenize raw prompts alone      {r['tokenize_raw_rows_per_s']:>10,.0f} rows/s  "
-        f"{r['tokenize_raw_s']:>7.1f}s  pipeline at {r['vs_tokenize_raw']:.0%} of it",
-        f"  stages alone: JSON parse {r['parse_s']:.1f}s, chat template {r['render_s']:.1f}s, "
-        f"pre-scan (count_todo) {r['prescan_s']:.1f}s",
-    ])
-
-
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class _RssSampler:
-    """Peak resident memory while the block runs, sampled every 20 ms from /proc/self/statm."""
-
-    def __init__(self) -> None:
-        self.start_mb = self.peak_mb = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    @staticmethod
-    def _rss_mb() -> float:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak_mb = max(self.peak_mb, self._rss_mb())
-
-    def __enter__(self) -> _RssSampler:
-        self.start_mb = self.peak_mb = round(self._rss_mb(), 1)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_mb = round(max(self.peak_mb, self._rss_mb()), 1)

@@ -248,7 +248,12 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     from qbatch.engine import close_all as close_engines
 
     try:
-        report = benchmarks.pipeline_bench(spec, prompts_file=prompts) if null_engine else benchmarks.run_bench(spec)
+        if null_engine:
+            from qbatch.bench_pipeline import pipeline_bench
+
+            report = pipeline_bench(spec, prompts_file=prompts)
+        else:
+            report = benchmarks.run_bench(spec)
     finally:
         close_engines()
     report["command"] = "qbatch " + shlex.join(sys.argv[1:])
