@@ -63,6 +63,11 @@ class Summary:
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     chunks: list[dict[str, Any]] = field(default_factory=list)
 
+    def count_failures(self, failures: list[Failure]) -> None:
+        self.rows_failed += len(failures)
+        for f in failures:
+            self.failures_by_kind[f.error] = self.failures_by_kind.get(f.error, 0) + 1
+
     @property
     def output_tok_s(self) -> float:
         return self.completion_tokens / self.generate_s if self.generate_s else 0.0
@@ -226,9 +231,7 @@ def _chunks(items: Iterable[list[Failure] | list[Request]], out: OutputDir, summ
 
 def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, progress: Progress) -> None:
     out.write_part(ERROR_PREFIX, failures_table(failures))
-    summary.rows_failed += len(failures)
-    for f in failures:
-        summary.failures_by_kind[f.error] = summary.failures_by_kind.get(f.error, 0) + 1
+    summary.count_failures(failures)
     progress.update(len(failures), failed=len(failures))
 
 
@@ -290,9 +293,7 @@ def dry_run(job: Job, started: float) -> Summary:
     job.count_todo(set())
     for item in job.work(set()):
         if item and isinstance(item[0], Failure):
-            summary.rows_failed += len(item)
-            for f in item:
-                summary.failures_by_kind[f.error] = summary.failures_by_kind.get(f.error, 0) + 1
+            summary.count_failures(item)
             continue
         summary.rows_ok += len(item)
         summary.prompt_tokens += sum(r.num_prompt_tokens for r in item)
