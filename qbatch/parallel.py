@@ -1,12 +1,12 @@
 """Data parallel on one host: N independent engines, one process per GPU, one coordinator.
 
 A 0.6B model fits on any GPU many times over, so scaling means more copies,
-not a split model. This process stays the coordinator: it reads, plans,
-writes parts, holds the lock and keeps the manifest, exactly as with one
-engine; each worker process owns one vLLM engine (CUDA_VISIBLE_DEVICES=its
-GPU) and pulls chunks. A worker that dies loses only its chunks in flight,
-which go to the others. vLLM's own `LLM(data_parallel_size>1)` refuses to
-start in one process, so qbatch does not use it.
+not a split model. This process stays the coordinator (dispatch.py): it
+reads, plans, writes parts, holds the lock and keeps the manifest, exactly as
+with one engine; each worker process owns one vLLM engine
+(CUDA_VISIBLE_DEVICES=its GPU) and pulls chunks. vLLM's own
+`LLM(data_parallel_size>1)` refuses to start in one process, so qbatch does
+not use it.
 """
 
 from __future__ import annotations
@@ -15,47 +15,33 @@ import atexit
 import multiprocessing as mp
 import os
 import queue
-from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from qbatch.engine import END, Chunk
-from qbatch.errors import EngineError, ModelError
-from qbatch.records import Completion
+from qbatch.dispatch import POLL_S, STOP, Dispatcher, Message, Worker, feed, pack, start_engine
+from qbatch.engine import Chunk
+from qbatch.errors import ModelError
 from qbatch.spec import EngineSpec
 
-CHUNKS_PER_WORKER = 3  # queued ahead so a worker never waits for its next chunk
-POLL_S = 1.0
 STARTUP_TIMEOUT_S = 1800.0
-STOP = "stop"
 
 
-@dataclass
-class _Worker:
-    rank: int
-    device: str
-    process: Any
-    tasks: Any
-    outstanding: dict[int, Chunk] = field(default_factory=dict)
-
-
-class DataParallelEngine:
-    """Implements the Engine protocol over N worker processes."""
+class DataParallelEngine(Dispatcher):
+    """Implements the Engine protocol over N worker processes on this host."""
 
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int):
+        super().__init__()
         devices = spec.gpus or [str(i) for i in range(spec.data_parallel_size)]
         context = mp.get_context("spawn")  # vLLM and CUDA do not survive fork
         self._results = context.Queue()
         worker_spec = replace(spec, data_parallel_size=1, gpus=None)
-        self._workers: dict[int, _Worker] = {}
         for rank, device in enumerate(devices):
             tasks = context.Queue()
             process = context.Process(target=_worker_main, name=f"qbatch-dp-{rank}",
                                       args=(rank, len(devices), device, worker_spec, model_path, max_model_len,
                                             tasks, self._results))
             process.start()
-            self._workers[rank] = _Worker(rank, device, process, tasks)
+            self._workers[rank] = Worker(rank, f"worker {rank} (device {device})", (process, tasks))
         atexit.register(self.close)
         self.max_num_seqs = self._wait_ready()
 
@@ -67,7 +53,7 @@ class DataParallelEngine:
                 message = self._results.get(timeout=POLL_S)
             except queue.Empty:
                 waited += POLL_S
-                dead = [w.rank for w in self._workers.values() if not w.process.is_alive() and w.rank not in ready]
+                dead = [w.rank for w in self._workers.values() if not self._is_alive(w) and w.rank not in ready]
                 if dead or waited > STARTUP_TIMEOUT_S:
                     self.close()
                     raise ModelError(f"engine worker(s) {dead} exited while starting", hint="see the log above")
@@ -78,58 +64,27 @@ class DataParallelEngine:
             ready[message[1]] = message[2]
         return sum(ready.values())
 
-    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
-        source = iter(chunks)
-        retry: deque[Chunk] = deque()
-        exhausted = False
-        while True:
-            exhausted = self._hand_out(source, retry, exhausted)
-            if exhausted and not retry and not any(w.outstanding for w in self._workers.values()):
-                return
-            try:
-                message = self._results.get(timeout=POLL_S)
-            except queue.Empty:
-                self._reap(retry)
-                continue
-            if message[0] == "failed":
-                raise EngineError(f"the engine failed in worker {message[1]}: {message[2]}",
-                                  hint="finished parts are kept; rerun the same command to resume")
-            _, rank, index, outputs = message
-            worker = self._workers.get(rank)
-            chunk = worker.outstanding.pop(index, None) if worker else None
-            if chunk is not None:
-                yield chunk, [Completion(request, *output) for request, output in zip(chunk.requests, outputs)]
+    def _send(self, worker: Worker, chunk: Chunk) -> None:
+        worker.handle[1].put(chunk)
 
-    def _hand_out(self, source: Iterator[Chunk | None], retry: deque[Chunk], exhausted: bool) -> bool:
-        for worker in sorted(self._workers.values(), key=lambda w: len(w.outstanding)):
-            while len(worker.outstanding) < CHUNKS_PER_WORKER:
-                chunk = retry.popleft() if retry else (END if exhausted else next(source, END))
-                if chunk is END:
-                    return True
-                if chunk is None:
-                    break
-                worker.outstanding[chunk.index] = chunk
-                worker.tasks.put(chunk)
-        return exhausted
+    def _receive(self, timeout: float) -> Message | None:
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            return None
 
-    def _reap(self, retry: deque[Chunk]) -> None:
-        """Give the chunks of dead workers to the living; fail when none is left."""
-        for worker in [w for w in self._workers.values() if not w.process.is_alive()]:
-            retry.extend(worker.outstanding.values())
-            del self._workers[worker.rank]
-            print(f"qbatch: engine worker {worker.rank} (device {worker.device}) died; "
-                  f"{len(worker.outstanding)} chunks go to the others", flush=True)
-        if not self._workers:
-            raise EngineError("every engine worker died", hint="finished parts are kept; rerun to resume")
+    def _is_alive(self, worker: Worker) -> bool:
+        return worker.handle[0].is_alive()
 
     def close(self) -> None:
         for worker in self._workers.values():
-            if worker.process.is_alive():
-                worker.tasks.put(STOP)
+            if self._is_alive(worker):
+                worker.handle[1].put(STOP)
         for worker in self._workers.values():
-            worker.process.join(timeout=30)
-            if worker.process.is_alive():
-                worker.process.kill()
+            process = worker.handle[0]
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
         self._workers.clear()
 
 
@@ -142,38 +97,17 @@ def _worker_main(rank: int, world: int, device: str, spec: EngineSpec, model_pat
         setproctitle.setproctitle(f"qbatch::dp-worker-{rank}")
     except ImportError:
         pass
-    from qbatch.engine import VllmEngine, _on_cpu
-
     try:
-        if _on_cpu() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            # CPU engines: each gets its own cores, or their OpenMP threads fight over all of them
-            cores = sorted(os.sched_getaffinity(0))
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores[rank::world] or cores))
-        engine = VllmEngine(spec, model_path, max_model_len)
+        engine = start_engine(spec, model_path, max_model_len, rank, world)
     except BaseException as exc:  # reported to the coordinator, which says so and stops
         results.put(("failed", rank, str(exc)))
         return
     results.put(("ready", rank, engine.max_num_seqs))
+    parent = os.getppid()
     try:
-        for chunk, completions in engine.run(_feed(tasks)):
-            outputs = [(c.text, c.finish_reason, c.num_completion_tokens, c.num_cached_tokens, c.error)
-                       for c in completions]
-            results.put(("done", rank, chunk.index, outputs))
+        for chunk, completions in engine.run(feed(tasks, orphaned=lambda: os.getppid() != parent)):
+            results.put(("done", rank, chunk.index, pack(completions)))
     except BaseException as exc:
         results.put(("failed", rank, str(exc)))
     finally:
         engine.close()  # a multiprocessing child skips atexit: vLLM's engine process would outlive it
-
-
-def _feed(tasks: Any) -> Iterator[Chunk | None]:
-    """Chunks from the coordinator; None while none is waiting (the engine keeps generating)."""
-    parent = os.getppid()
-    while os.getppid() == parent:  # an orphaned worker (coordinator killed) stops
-        try:
-            item = tasks.get(timeout=0.005)
-        except queue.Empty:
-            yield None
-            continue
-        if item == STOP:
-            return
-        yield item
