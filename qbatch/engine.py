@@ -289,10 +289,14 @@ def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
     """The engine for a spec; one per process and settings, reused (engine start costs tens of seconds)."""
     if spec.backend == "null":
         return NullEngine()
-    if spec.data_parallel_size > 1:
+    if spec.backend == "ray":
+        from qbatch.cluster import RayEngine
+
+        engine_class: Any = RayEngine
+    elif spec.data_parallel_size > 1:
         from qbatch.parallel import DataParallelEngine
 
-        engine_class: Any = DataParallelEngine
+        engine_class = DataParallelEngine
     else:
         engine_class = VllmEngine
     key = (model_path, max_model_len, repr(sorted(dataclasses.asdict(spec).items())))

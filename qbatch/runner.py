@@ -104,6 +104,8 @@ class Job:
     def fingerprint(self) -> dict[str, Any]:
         flat = self.spec.flat()
         settings = {key: flat[key] for key in RESULT_SETTINGS}
+        if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
+            settings["backend"] = "vllm"
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
         return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
                 "inputs": [input_identity(p, f) for p, f in zip(self.files, formats, strict=True)]}

@@ -21,7 +21,7 @@ FORMATS = ("jsonl", "parquet")
 OUTPUT_FORMATS = ("parquet", "jsonl-openai")
 PROGRESS = ("auto", "bar", "log", "none")
 ON_BAD_LINE = ("error", "skip")
-BACKENDS = ("vllm", "null")
+BACKENDS = ("vllm", "ray", "null")
 
 
 @dataclass
@@ -91,7 +91,8 @@ class EngineSpec:
     quantize: str | None = None  # "awq": quantize with AutoAWQ first, cached
     data_parallel_size: int = 1  # independent engines, one process per GPU (parallel.py)
     gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
-    backend: str = "vllm"  # "null": an engine that returns instantly (pipeline benchmarks, tests)
+    backend: str = "vllm"  # "ray": engines in Ray actors (cluster.py); "null": returns instantly (tests)
+    ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
 
 
 @dataclass
@@ -170,6 +171,7 @@ class JobSpec:
         if util is not None and not 0 < util <= 1:
             raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")
         _check_choice("backend", self.engine.backend, BACKENDS)
+        self._check_ray()
         if self.engine.quantize not in (None, "awq"):
             raise SpecError(f"quantize must be 'awq', got '{self.engine.quantize}'")
         if self.input.raw and self.input.system_prompt:
@@ -178,6 +180,13 @@ class JobSpec:
             parse_shard(self.input.shard)
         if self.output.restart and self.output.retry_errors:
             raise SpecError("--restart starts over; --retry-errors resumes: choose one")
+
+    def _check_ray(self) -> None:
+        if self.engine.backend == "ray" and self.engine.gpus is not None:
+            raise SpecError("--gpus picks GPUs of this machine; with --backend ray, Ray assigns them",
+                            hint="pass --data-parallel-size N for N engines, one per GPU")
+        if self.engine.ray_address and self.engine.backend != "ray":
+            raise SpecError("--ray-address needs --backend ray")
 
 
 def load_job_file(path: str | Path) -> dict[str, Any]:
