@@ -166,9 +166,10 @@ class EngineActor:
                 future.set_exception(exc)
 
     def stop(self) -> None:
+        """Shut the engine down; chunks still in flight (an interrupted run) are not waited for."""
         self._tasks.put(STOP)
-        if self._thread is not None:
-            self._thread.join(timeout=STOP_TIMEOUT_S / 3)
+        if self._thread is not None and not self._pending:
+            self._thread.join(timeout=STOP_TIMEOUT_S)
         if self._engine is not None:
             self._engine.close()
 

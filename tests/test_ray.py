@@ -64,6 +64,16 @@ def test_a_run_may_move_between_the_vllm_and_ray_backends(bundled_model):
     assert fingerprint("ray") == fingerprint("vllm") != fingerprint("null")
 
 
+def test_an_actor_that_cannot_find_the_model_says_which_node():
+    from qbatch.cluster import EngineActor
+    from qbatch.errors import ModelError
+    from qbatch.spec import EngineSpec
+
+    with pytest.raises(ModelError, match=r"^model folder not found on Ray node .+ \(/nowhere/model\)$") as info:
+        EngineActor(EngineSpec(), "/nowhere/model", 512).start(0, 1)
+    assert info.value.hint == "every node needs the model at the same path: a shared filesystem, or a copy"
+
+
 def part_ids(out: Path) -> list[str]:
     return [i for p in sorted((out / "parts").glob("part-*.parquet")) for i in pl.read_parquet(p)["id"].to_list()]
 
