@@ -20,12 +20,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from qbatch.engine import END, Chunk
+from qbatch.engine import END, FEED_FACTOR, Chunk
 from qbatch.errors import EngineError, ModelError
 from qbatch.records import Completion
 from qbatch.spec import EngineSpec
 
-CHUNKS_PER_WORKER = 3  # queued ahead so a worker never waits for its next chunk
+# Rows handed to a worker ahead of its engine: its own feed target (FEED_FACTOR x max_num_seqs) plus
+# one chunk, so the engine never waits for the coordinator. Handing out by rows, not by a fixed number
+# of chunks, keeps the engines evenly loaded, so they finish together (chunks of ~2,000 rows went 3:1).
 POLL_S = 1.0
 STARTUP_TIMEOUT_S = 1800.0
 STOP = "stop"
@@ -37,7 +39,13 @@ class _Worker:
     device: str
     process: Any
     tasks: Any
+    capacity: int = 1  # rows its engine keeps in flight
     outstanding: dict[int, Chunk] = field(default_factory=dict)
+
+    @property
+    def load(self) -> float:
+        """Outstanding rows as a share of capacity: the least loaded worker gets the next chunk."""
+        return sum(len(c.requests) for c in self.outstanding.values()) / self.capacity
 
 
 class DataParallelEngine:
@@ -76,6 +84,7 @@ class DataParallelEngine:
                 self.close()
                 raise ModelError(f"engine worker {message[1]} could not start: {message[2]}")
             ready[message[1]] = message[2]
+            self._workers[message[1]].capacity = int(message[2] * FEED_FACTOR)
         return sum(ready.values())
 
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
@@ -101,16 +110,18 @@ class DataParallelEngine:
                 yield chunk, [Completion(request, *output) for request, output in zip(chunk.requests, outputs)]
 
     def _hand_out(self, source: Iterator[Chunk | None], retry: deque[Chunk], exhausted: bool) -> bool:
-        for worker in sorted(self._workers.values(), key=lambda w: len(w.outstanding)):
-            while len(worker.outstanding) < CHUNKS_PER_WORKER:
-                chunk = retry.popleft() if retry else (END if exhausted else next(source, END))
-                if chunk is END:
-                    return True
-                if chunk is None:
-                    break
-                worker.outstanding[chunk.index] = chunk
-                worker.tasks.put(chunk)
-        return exhausted
+        """Give chunks to the least loaded worker until every worker has its capacity's worth."""
+        while True:
+            worker = min(self._workers.values(), key=lambda w: w.load)
+            if worker.load >= 1:
+                return exhausted
+            chunk = retry.popleft() if retry else (END if exhausted else next(source, END))
+            if chunk is END:
+                return True
+            if chunk is None:
+                return exhausted
+            worker.outstanding[chunk.index] = chunk
+            worker.tasks.put(chunk)
 
     def _reap(self, retry: deque[Chunk]) -> None:
         """Give the chunks of dead workers to the living; fail when none is left."""
