@@ -24,6 +24,11 @@ class Progress:
 
             self._bar = tqdm(total=total, unit="row", file=stream, dynamic_ncols=True, smoothing=0.1)
 
+    def start_clock(self) -> float:
+        """Rates count from here (generation start), not from before the engine loaded."""
+        self.started = self._last_log = time.monotonic()
+        return self.started
+
     def update(self, rows: int, failed: int = 0, completion_tokens: int = 0) -> None:
         self.done += rows
         self.failed += failed

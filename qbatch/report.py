@@ -31,6 +31,7 @@ def print_summary(summary: Summary) -> None:
         ("tokens in / out", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}"),
         ("output tok/s", f"{summary.output_tok_s:,.1f}"),
         ("engine start / generate / wall", f"{summary.engine_start_s:.1f}s / {summary.generate_s:.1f}s / {summary.wall_s:.1f}s"),
+        ("of the rest: setup / assemble", f"{summary.setup_s:.1f}s / {summary.assemble_s:.1f}s"),
         ("results", f"{Path(summary.output_dir or '.') / 'results.parquet'} ({summary.total_ok:,} rows)"),
         ("errors", f"{Path(summary.output_dir or '.') / 'errors.parquet'} ({summary.total_failed:,} rows)"),
     ])

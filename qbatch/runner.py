@@ -56,8 +56,10 @@ class Summary:
     completion_tokens: int = 0
     num_chunks: int = 0
     wall_s: float = 0.0
+    setup_s: float = 0.0  # start to engine creation: inputs, tokenizer, fingerprint, resume scan, id pre-scan
     engine_start_s: float = 0.0
     generate_s: float = 0.0
+    assemble_s: float = 0.0  # results.parquet / errors.parquet from the parts
     total_ok: int = 0
     total_failed: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
@@ -194,12 +196,13 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     try:
         if todo:
             t0 = time.monotonic()
+            summary.setup_s = t0 - started
+            work = Prefetch(job.work(done))  # the first chunks are prepared while the engine starts
             engine = engines.create(spec.engine, job.model_path, job.max_model_len)
             summary.engine_start_s = time.monotonic() - t0
             progress.log(f"engine ready in {summary.engine_start_s:.1f}s")
-            gen_start = time.monotonic()
-            chunks = _chunks(prefetch(job.work(done)), out, summary, progress)
-            for chunk, completions in engine.run(chunks):
+            gen_start = progress.start_clock()
+            for chunk, completions in engine.run(_chunks(work, out, summary, progress)):
                 _write_chunk(chunk, completions, out, summary, progress, sources, gen_start,
                              spec.output.include_prompt)
             summary.generate_s = time.monotonic() - gen_start
@@ -208,8 +211,12 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
         out.write_manifest(manifest)
         raise
     finally:
+        if todo:
+            work.close()
         progress.close()
+    t0 = time.monotonic()
     counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai")
+    summary.assemble_s = time.monotonic() - t0
     summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
     summary.status = "completed"
     summary.wall_s = time.monotonic() - started
@@ -257,36 +264,49 @@ def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summar
     progress.update(len(ok), completion_tokens=completion_tokens)
 
 
-def prefetch(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:
-    """Run a generator in a background thread, `depth` items ahead (tokenization overlaps generation)."""
-    box: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
+class Prefetch:
+    """Runs a generator in a background thread, `depth` items ahead (tokenization overlaps generation).
 
-    def produce() -> None:
+    The thread starts at once, not at the first `next()`, so preparing begins while the engine loads.
+    """
+
+    _END = object()
+
+    def __init__(self, items: Iterable[Any], depth: int = 2):
+        self._box: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        threading.Thread(target=self._produce, args=(items,), name="qbatch-prepare", daemon=True).start()
+
+    def _produce(self, items: Iterable[Any]) -> None:
         try:
             for item in items:
-                while not stop.is_set():
+                while not self._stop.is_set():
                     try:
-                        box.put(item, timeout=0.1)
+                        self._box.put(item, timeout=0.1)
                         break
                     except queue.Full:
                         continue
-                if stop.is_set():
+                if self._stop.is_set():
                     return
-            box.put(end)
+            self._box.put(self._END)
         except BaseException as exc:  # handed to the consumer, raised there
-            box.put(exc)
+            self._box.put(exc)
 
-    thread = threading.Thread(target=produce, name="qbatch-prepare", daemon=True)
-    thread.start()
-    try:
-        while (item := box.get()) is not end:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        item = self._box.get()
+        if item is self._END or isinstance(item, BaseException):
+            self.close()
+            if item is self._END:
+                raise StopIteration
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop the producer (also when the consumer gave up early)."""
+        self._stop.set()
 
 
 def dry_run(job: Job, started: float) -> Summary:
