@@ -17,12 +17,11 @@ import os
 import platform
 import queue
 import threading
-from collections import Counter
-from concurrent.futures import Future
+from collections import Counter, deque
 from dataclasses import replace
 from typing import Any
 
-from qbatch.dispatch import CHUNKS_PER_WORKER, STOP, Dispatcher, Message, Output, Worker, feed, pack, start_engine
+from qbatch.dispatch import STOP, Dispatcher, Message, Worker, feed, pack, start_engine
 from qbatch.engine import Chunk, _first_line
 from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError
 from qbatch.spec import EngineSpec
@@ -42,7 +41,8 @@ class RayEngine(Dispatcher):
         self._ray = import_ray()
         self._owns_ray = connect(self._ray, spec)
         self._actors: list[Any] = []
-        self._refs: dict[Any, tuple[int, int]] = {}  # a pending generate() -> (rank, chunk index)
+        self._polls: dict[Any, int] = {}  # each live actor's pending events() call -> its rank
+        self._inbox: deque[Message] = deque()  # messages already fetched, not yet handed to the coordinator
         self._dead: set[int] = set()
         atexit.register(self.close)
         try:
@@ -55,7 +55,7 @@ class RayEngine(Dispatcher):
         ray = self._ray
         on_gpu = ray.cluster_resources().get("GPU", 0) > 0
         actor_class = ray.remote(EngineActor).options(
-            max_concurrency=CHUNKS_PER_WORKER + 2,  # generate() calls wait in threads while the engine runs
+            max_concurrency=4,  # events() waits in a thread while submit() and stop() come in
             runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}},
             **({"num_gpus": spec.tensor_parallel_size} if on_gpu else {"num_cpus": 1}),
         )
@@ -68,6 +68,7 @@ class RayEngine(Dispatcher):
         sizes = self._get([actor.start.remote(*local[rank]) for rank, actor in enumerate(self._actors)])
         for rank, (actor, (_, host, pid)) in enumerate(zip(self._actors, places, strict=True)):
             self._workers[rank] = Worker(rank, f"actor {rank} (node {host}, pid {pid})", actor)
+            self._polls[actor.events.remote()] = rank
         print(f"qbatch: {len(self._actors)} engine actors ({'GPU' if on_gpu else 'CPU'}) on {len(set(nodes))} "
               f"Ray node(s); their logs: {LOG_FOLDER} on each node", flush=True)
         return sum(sizes)
@@ -89,23 +90,22 @@ class RayEngine(Dispatcher):
                              hint="see the log above") from None
 
     def _send(self, worker: Worker, chunk: Chunk) -> None:
-        self._refs[worker.handle.generate.remote(chunk)] = (worker.rank, chunk.index)
+        worker.handle.submit.remote(chunk)  # its answer comes as an event
 
     def _receive(self, timeout: float) -> Message | None:
         ray = self._ray
-        if not self._refs:
-            return None
-        ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)
-        if not ready:
-            return None
-        rank, index = self._refs.pop(ready[0])
-        try:
-            return "done", rank, index, ray.get(ready[0])
-        except ray.exceptions.RayTaskError as exc:  # the engine raised inside the actor
-            return "failed", rank, _first_line(exc.cause or exc)
-        except ray.exceptions.RayError:  # the actor, its process or its node is gone
-            self._dead.add(rank)
-            return None
+        if not self._inbox and self._polls:
+            ready, _ = ray.wait(list(self._polls), num_returns=1, timeout=timeout)
+            if ready:
+                rank = self._polls.pop(ready[0])
+                try:
+                    events = ray.get(ready[0])
+                except ray.exceptions.RayError:  # the actor, its process or its node is gone
+                    self._dead.add(rank)
+                    return None
+                self._polls[self._workers[rank].handle.events.remote()] = rank
+                self._inbox.extend((kind, rank, *rest) for kind, *rest in events)
+        return self._inbox.popleft() if self._inbox else None
 
     def _is_alive(self, worker: Worker) -> bool:
         return worker.rank not in self._dead
@@ -124,12 +124,19 @@ class RayEngine(Dispatcher):
 
 
 class EngineActor:
-    """One vLLM engine in a Ray actor; a thread keeps it fed across chunks, as a local engine is."""
+    """One vLLM engine in a Ray actor; a thread keeps it fed across chunks, as a local engine is.
+
+    The driver submits chunks and long-polls `events()`: the engine asking for more ("want"),
+    a finished chunk ("done") or its failure ("failed").
+    """
+
+    EVENT_WAIT_S = 1.0
 
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int):
         self._args = (spec, model_path, max_model_len)
         self._tasks: queue.Queue = queue.Queue()
-        self._pending: dict[int, Future] = {}
+        self._events: queue.Queue = queue.Queue()
+        self._open = 0  # chunks submitted and not yet done
         self._engine: Any = None
         self._thread: threading.Thread | None = None
 
@@ -150,25 +157,32 @@ class EngineActor:
         self._thread.start()
         return self._engine.max_num_seqs
 
-    def generate(self, chunk: Chunk) -> list[Output]:
-        """The chunk's completions once all its rows are done; other chunks share the engine meanwhile."""
-        future: Future = Future()
-        self._pending[chunk.index] = future
+    def submit(self, chunk: Chunk) -> None:
+        self._open += 1
         self._tasks.put(chunk)
-        return future.result()
+
+    def events(self) -> list[tuple[Any, ...]]:
+        """What happened since the last call; waits up to EVENT_WAIT_S for something."""
+        try:
+            events = [self._events.get(timeout=self.EVENT_WAIT_S)]
+        except queue.Empty:
+            return []
+        while not self._events.empty():
+            events.append(self._events.get_nowait())
+        return events
 
     def _generate(self) -> None:
         try:
-            for chunk, completions in self._engine.run(feed(self._tasks)):
-                self._pending.pop(chunk.index).set_result(pack(completions))
-        except BaseException as exc:  # every waiting generate() raises it, and the coordinator says so
-            for future in self._pending.values():
-                future.set_exception(exc)
+            for chunk, completions in self._engine.run(feed(self._tasks, ask=lambda: self._events.put(("want",)))):
+                self._open -= 1
+                self._events.put(("done", chunk.index, pack(completions)))
+        except BaseException as exc:  # the coordinator says so and stops
+            self._events.put(("failed", _first_line(exc)))
 
     def stop(self) -> None:
         """Shut the engine down; chunks still in flight (an interrupted run) are not waited for."""
         self._tasks.put(STOP)
-        if self._thread is not None and not self._pending:
+        if self._thread is not None and not self._open:
             self._thread.join(timeout=STOP_TIMEOUT_S)
         if self._engine is not None:
             self._engine.close()

@@ -1,5 +1,12 @@
 """Many engines behind one coordinator: hand chunks out, collect them back, redo a dead worker's chunks.
 
+Workers pull: a worker asks for a chunk ("want") whenever its engine has room
+for more requests (fewer than FEED_FACTOR x max_num_seqs in flight), and the
+coordinator answers with the next chunk. Counting whole chunks instead starves
+engines: a chunk stays open until its longest row ends, so most of the rows a
+worker "holds" are long finished (two H200s reached 1.53x one, not 2x), and
+chunks pushed ahead pile up behind one engine while another goes idle at the end.
+
 Shared by the one-host backend (parallel.py, worker processes) and the Ray
 backend (cluster.py, actors); they differ only in how a chunk travels. The
 coordinator stays the only writer of OUT_DIR, so a chunk is written once,
@@ -22,14 +29,13 @@ from qbatch.errors import EngineError
 from qbatch.records import Completion
 from qbatch.spec import EngineSpec
 
-CHUNKS_PER_WORKER = 3  # queued ahead so a worker never waits for its next chunk
 POLL_S = 1.0
 STOP = "stop"
 RESUME_HINT = "finished parts are kept; rerun the same command to resume"
 
 # A completion as it travels back from a worker: text, finish_reason, completion tokens, cached tokens, error.
 Output = tuple[str, str | None, int, int, str | None]
-# What a worker reports: ("done", rank, chunk index, outputs) or ("failed", rank, why).
+# What a worker reports: ("want", rank), ("done", rank, chunk index, outputs) or ("failed", rank, why).
 Message = tuple[Any, ...]
 
 
@@ -48,39 +54,50 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self._workers: dict[int, Worker] = {}
+        self._wanting: deque[int] = deque()  # workers that asked for a chunk, in order of asking
 
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         source = iter(chunks)
         retry: deque[Chunk] = deque()
+        wanting = self._wanting
         exhausted = False
         while True:
-            exhausted = self._hand_out(source, retry, exhausted)
+            exhausted = self._hand_out(source, retry, wanting, exhausted)
             if exhausted and not retry and not any(w.outstanding for w in self._workers.values()):
                 return
             message = self._receive(POLL_S)
             if message is None:
                 self._reap(retry)
                 continue
-            if message[0] == "failed":
-                worker = self._workers.get(message[1])
-                raise EngineError(f"the engine failed in {worker.label if worker else message[1]}: {message[2]}",
-                                  hint=RESUME_HINT)
-            _, rank, index, outputs = message
+            kind, rank = message[0], message[1]
             worker = self._workers.get(rank)
-            chunk = worker.outstanding.pop(index, None) if worker else None
-            if chunk is not None:  # None: a late answer of a worker already given up
-                yield chunk, [Completion(request, *output) for request, output in zip(chunk.requests, outputs)]
+            if kind == "want":
+                if rank not in wanting:
+                    wanting.append(rank)
+            elif kind == "failed":
+                raise EngineError(f"the engine failed in {worker.label if worker else rank}: {message[2]}",
+                                  hint=RESUME_HINT)
+            else:
+                chunk = worker.outstanding.pop(message[2], None) if worker else None
+                if chunk is not None:  # None: a late answer of a worker already given up
+                    yield chunk, [Completion(request, *output) for request, output in zip(chunk.requests, message[3])]
 
-    def _hand_out(self, source: Iterator[Chunk | None], retry: deque[Chunk], exhausted: bool) -> bool:
-        for worker in sorted(self._workers.values(), key=lambda w: len(w.outstanding)):
-            while len(worker.outstanding) < CHUNKS_PER_WORKER:
-                chunk = retry.popleft() if retry else (END if exhausted else next(source, END))
-                if chunk is END:
-                    return True
-                if chunk is None:
-                    break
-                worker.outstanding[chunk.index] = chunk
-                self._send(worker, slim(chunk))
+    def _hand_out(self, source: Iterator[Chunk | None], retry: deque[Chunk], wanting: deque[int],
+                  exhausted: bool) -> bool:
+        """A chunk for each worker that asked (a dead worker's chunks first); True once the source is done."""
+        while wanting:
+            worker = self._workers.get(wanting[0])
+            if worker is None:  # died since it asked
+                wanting.popleft()
+                continue
+            chunk = retry.popleft() if retry else (END if exhausted else next(source, END))
+            if chunk is END:
+                return True
+            if chunk is None:  # nothing ready yet
+                return exhausted
+            wanting.popleft()
+            worker.outstanding[chunk.index] = chunk
+            self._send(worker, slim(chunk))
         return exhausted
 
     def _reap(self, retry: deque[Chunk]) -> None:
@@ -124,14 +141,23 @@ def start_engine(spec: EngineSpec, model_path: str, max_model_len: int, local_ra
     return VllmEngine(spec, model_path, max_model_len)
 
 
-def feed(tasks: Any, orphaned: Callable[[], bool] = lambda: False) -> Iterator[Chunk | None]:
-    """Chunks from the coordinator's queue until STOP; None while none is waiting (the engine keeps generating)."""
+def feed(tasks: Any, ask: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> Iterator[Chunk | None]:
+    """A worker's chunks from the coordinator, until STOP.
+
+    The engine draws from it whenever it has room; when no chunk is waiting this asks the
+    coordinator for one (once until it comes) and yields None, so the engine keeps generating.
+    """
+    asked = False
     while not orphaned():
         try:
-            item = tasks.get(timeout=0.005)
+            item = tasks.get_nowait()
         except queue.Empty:
+            if not asked:
+                ask()
+                asked = True
             yield None
             continue
         if item == STOP:
             return
+        asked = False
         yield item

@@ -27,6 +27,7 @@ from qbatch.spec import EngineSpec
 # scheduler always has the next rows waiting when a sequence finishes.
 FEED_FACTOR = 1.5
 CPU_KV_CACHE_BYTES = 2 << 30
+IDLE_S = 0.002
 EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 # On Hopper GPUs qbatch skips torch.compile and captures full CUDA graphs instead (FlashAttention 3
 # runs every batch shape inside one). H200, vLLM 0.26, the 4096-row varied job (docs/benchmarks.md):
@@ -123,6 +124,7 @@ class VllmEngine:
             if not in_flight:
                 if exhausted:
                     return
+                time.sleep(IDLE_S)  # a live feed with nothing for us yet: wait without spinning
                 continue
             try:
                 outputs = engine.step()

@@ -61,6 +61,9 @@ class DataParallelEngine(Dispatcher):
             if message[0] == "failed":
                 self.close()
                 raise ModelError(f"engine worker {message[1]} could not start: {message[2]}")
+            if message[0] == "want":  # a worker that is ready asks for work before the others are
+                self._wanting.append(message[1])
+                continue
             ready[message[1]] = message[2]
         return sum(ready.values())
 
@@ -105,7 +108,8 @@ def _worker_main(rank: int, world: int, device: str, spec: EngineSpec, model_pat
     results.put(("ready", rank, engine.max_num_seqs))
     parent = os.getppid()
     try:
-        for chunk, completions in engine.run(feed(tasks, orphaned=lambda: os.getppid() != parent)):
+        chunks = feed(tasks, ask=lambda: results.put(("want", rank)), orphaned=lambda: os.getppid() != parent)
+        for chunk, completions in engine.run(chunks):
             results.put(("done", rank, chunk.index, pack(completions)))
     except BaseException as exc:
         results.put(("failed", rank, str(exc)))

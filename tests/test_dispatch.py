@@ -14,22 +14,32 @@ from qbatch.records import Request
 
 
 class InProcessWorkers(Dispatcher):
-    """Workers that answer in turn; `dying` vanishes once it holds 3 chunks, and answers them after all."""
+    """Workers that ask for chunks while they hold fewer than `room`, and answer in turn;
+    `dying` vanishes once it holds 2 chunks, and answers them after all."""
 
-    def __init__(self, num_workers: int, dying: int | None = None, failing: int | None = None):
+    def __init__(self, num_workers: int, dying: int | None = None, failing: int | None = None,
+                 room: dict[int, int] | None = None):
         super().__init__()
         self.max_num_seqs = 8
         self.inbox = {rank: deque() for rank in range(num_workers)}
-        self.dying, self.failing, self.dead = dying, failing, set()
+        self.dying, self.failing, self.dead, self.asked = dying, failing, set(), set()
+        self.room = room or {}
+        self.received = {rank: [] for rank in range(num_workers)}
         for rank in range(num_workers):
             self._workers[rank] = Worker(rank, f"worker {rank}", None)
 
     def _send(self, worker, chunk):
         self.inbox[worker.rank].append(chunk)
-        if worker.rank == self.dying and len(self.inbox[worker.rank]) == 3:
+        self.received[worker.rank].append(chunk.index)
+        self.asked.discard(worker.rank)
+        if worker.rank == self.dying and len(self.inbox[worker.rank]) == 2:
             self.dead.add(worker.rank)
 
     def _receive(self, timeout):
+        for rank, inbox in self.inbox.items():
+            if rank not in self.dead and rank not in self.asked and len(inbox) < self.room.get(rank, 2):
+                self.asked.add(rank)
+                return "want", rank
         reaped = [rank for rank in self.inbox if rank in self.dead and rank not in self._workers]
         for rank in reaped + [rank for rank in self.inbox if rank not in self.dead]:  # late answers first
             inbox = self.inbox[rank]
@@ -56,7 +66,7 @@ def test_a_dead_workers_chunks_go_to_the_others_once(capsys):
     for chunk, completions in results:
         assert [c.request.id for c in completions] == [r.id for r in chunk.requests]
         assert completions[0].request.extra == {"keep": "x"}  # the coordinator's requests, not the slim copies
-    assert "qbatch: engine worker 1 died; 3 chunks go to the others" in capsys.readouterr().out
+    assert "qbatch: engine worker 1 died; 2 chunks go to the others" in capsys.readouterr().out
 
 
 def test_an_engine_failure_or_no_worker_left_stops_the_run():
@@ -64,3 +74,27 @@ def test_an_engine_failure_or_no_worker_left_stops_the_run():
         list(InProcessWorkers(1, failing=0).run(make_chunks(4)))
     with pytest.raises(EngineError, match="every engine worker died"):
         list(InProcessWorkers(1, dying=0).run(make_chunks(4)))
+
+
+def test_chunks_go_only_to_workers_that_ask():
+    """A worker whose engine is full never asks, so it is never handed chunks to sit on."""
+    workers = InProcessWorkers(2, room={0: 2, 1: 0})
+    results = list(workers.run(make_chunks(10)))
+    assert sorted(chunk.index for chunk, _ in results) == list(range(10))
+    assert workers.received == {0: list(range(10)), 1: []}
+
+
+def test_feed_asks_once_until_a_chunk_comes():
+    import queue
+
+    from qbatch.dispatch import STOP, feed
+
+    tasks, asks = queue.Queue(), []
+    chunks = feed(tasks, ask=lambda: asks.append(1))
+    assert next(chunks) is None and next(chunks) is None
+    assert len(asks) == 1  # asked once, not at every engine step
+    tasks.put("chunk")
+    assert next(chunks) == "chunk"
+    assert next(chunks) is None and len(asks) == 2  # room again: asks again
+    tasks.put(STOP)
+    assert list(chunks) == []

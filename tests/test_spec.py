@@ -51,3 +51,11 @@ def test_bad_toml_names_the_file(tmp_path):
 
 def test_parse_shard():
     assert parse_shard("1/4") == (1, 4)
+
+
+def test_default_chunk_budget_is_split_among_engines():
+    """With N engines the default chunks are 4N times smaller, so the engines finish close together."""
+    assert JobSpec.from_flat({}).plan.chunk_tokens == 1_048_576
+    assert JobSpec.from_flat({"data_parallel_size": 2}).plan.chunk_tokens == 1_048_576 // 8
+    assert JobSpec.from_flat({"gpus": ["0", "1", "2", "3"]}).plan.chunk_tokens == 1_048_576 // 16
+    assert JobSpec.from_flat({"data_parallel_size": 2, "chunk_tokens": 5000}).plan.chunk_tokens == 5000
