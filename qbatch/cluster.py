@@ -189,6 +189,7 @@ class EngineActor:
 
 
 def import_ray() -> Any:
+    """Ray is an extra: a run without it stops with the install command, before any engine starts."""
     try:
         import ray
     except ImportError:
