@@ -17,6 +17,7 @@ from typing import Any
 
 from qbatch.errors import ModelError, SpecError
 from qbatch.records import Failure, Request, Row
+from qbatch.splice import ChatSplicer
 from qbatch.spec import JobSpec
 from qbatch.validate import (
     FLOAT_PARAMS, INT_PARAMS, OPENAI_URLS, RowError, check_messages, check_params, check_text, keys,
@@ -33,7 +34,7 @@ class _Draft:
     row: Row
     id: str
     messages: list[dict[str, Any]] | None  # None: `text` is sent as is
-    text: str | None
+    text: str | None  # for chats: the rendered prompt, once rendered
     overrides: dict[str, Any]
     thinking: bool | None
     extra: dict[str, Any]
@@ -80,6 +81,14 @@ def fallback_id(row: Row) -> str:
     return f"{Path(row.source).name}#{row.row_index}"
 
 
+def _chat_template(tokenizer: Any) -> str | None:
+    """The template `apply_chat_template` uses when given no tools, or None if there is no single one."""
+    try:
+        return tokenizer.get_chat_template()
+    except (ValueError, AttributeError):
+        return None
+
+
 def _failure(row: Row, rid: str, exc: RowError) -> Failure:
     return Failure(rid, row.source, row.row_index, row.line, exc.kind, exc.message)
 
@@ -105,6 +114,7 @@ class Preparer:
         self.positional_prefix = positional_prefix
         self.model_thinks = "</think>" in tokenizer.get_vocab()
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        self.splicer = ChatSplicer(_chat_template(tokenizer) if self.has_template else None, self._apply_template)
         self._backend_agrees: dict[bool, bool] = {}  # add_special_tokens -> backend gives tokenizer()'s ids
         if not self.input.raw and not self.has_template and self.input.shape != "openai":
             raise SpecError(
@@ -114,15 +124,9 @@ class Preparer:
 
     def prepare(self, rows: list[tuple[Row, str]]) -> tuple[list[Request], list[Failure]]:
         """Requests and failures for a window of (row, id) pairs."""
-        drafts: list[_Draft] = []
-        failures: list[Failure] = []
-        for row, rid in rows:
-            try:
-                drafts.append(self._draft(row, rid))
-            except RowError as exc:
-                failures.append(_failure(row, rid, exc))
-        requests = self._tokenize(drafts, failures)
-        return requests, failures
+        drafts, failures = self.render(rows)
+        requests, more = self.encode(drafts)
+        return requests, failures + more
 
     def row_id(self, row: Row) -> str:
         """The row's id; rows whose id cannot be read get a stable one from their position."""
@@ -207,32 +211,51 @@ class Preparer:
         return {k: v for k, v in data.items() if k not in skip}
 
     # -- bulk render + tokenize -------------------------------------------
-    def _tokenize(self, drafts: list[_Draft], failures: list[Failure]) -> list[Request]:
-        """Render chats in groups (one per thinking value), then encode everything in two batch calls."""
-        texts: list[str | None] = [d.text for d in drafts]
-        for thinking in {d.thinking for d in drafts if d.messages is not None}:
-            group = [i for i, d in enumerate(drafts) if d.messages is not None and d.thinking == thinking]
-            for i, text in zip(group, self._render([drafts[i].messages for i in group], thinking), strict=True):
+    def render(self, rows: list[tuple[Row, str]]) -> tuple[list[_Draft], list[Failure]]:
+        """Drafts whose `text` is the prompt to encode (chats rendered), and the rows that failed.
+
+        This is the window's Python work; `encode` is mostly the tokenizer's own threads, so a
+        pipeline can render one window while the previous one is encoded.
+        """
+        drafts: list[_Draft] = []
+        failures: list[Failure] = []
+        for row, rid in rows:
+            try:
+                drafts.append(self._draft(row, rid))
+            except RowError as exc:
+                failures.append(_failure(row, rid, exc))
+        groups: dict[bool | None, list[_Draft]] = {}
+        for draft in drafts:
+            if draft.messages is not None:
+                draft.text = self.splicer.render(draft.messages, draft.thinking)
+                if draft.text is None:
+                    groups.setdefault(draft.thinking, []).append(draft)
+        refused: set[int] = set()
+        for thinking, group in groups.items():
+            for draft, text in zip(group, self._render([d.messages for d in group], thinking), strict=True):
                 if isinstance(text, RowError):
-                    failures.append(_failure(drafts[i].row, drafts[i].id, text))
+                    failures.append(_failure(draft.row, draft.id, text))
+                    refused.add(id(draft))
                 else:
-                    texts[i] = text
+                    draft.text = text
+        return ([d for d in drafts if id(d) not in refused] if refused else drafts), failures
+
+    def encode(self, drafts: list[_Draft]) -> tuple[list[Request], list[Failure]]:
+        """Requests for rendered drafts, encoded in two batch calls (chat templates carry their own special tokens)."""
         token_ids: list[list[int] | None] = [None] * len(drafts)
-        for templated in (True, False):  # chat templates carry their own special tokens
-            group = [i for i, d in enumerate(drafts) if (d.messages is not None) == templated and texts[i] is not None]
+        for templated in (True, False):
+            group = [i for i, d in enumerate(drafts) if (d.messages is not None) == templated]
             if group:
-                encoded = self._encode([texts[i] for i in group], add_special_tokens=not templated)
+                encoded = self._encode([drafts[i].text for i in group], add_special_tokens=not templated)
                 for i, ids in zip(group, encoded, strict=True):
                     token_ids[i] = ids
-        requests = []
-        for draft, ids, text in zip(drafts, token_ids, texts, strict=True):
-            if ids is None:  # the template refused it: already a failure
-                continue
+        requests, failures = [], []
+        for draft, ids in zip(drafts, token_ids, strict=True):
             try:
-                requests.append(self._request(draft, ids, text))
+                requests.append(self._request(draft, ids))
             except RowError as exc:
                 failures.append(_failure(draft.row, draft.id, exc))
-        return requests
+        return requests, failures
 
     def _encode(self, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
         """Token ids from the fast tokenizer's Rust batch encoder, which uses every core.
@@ -252,20 +275,23 @@ class Preparer:
         return self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
     def _render(self, conversations: list[Any], thinking: bool | None) -> list[str | RowError]:
-        kwargs = {} if thinking is None else {"enable_thinking": thinking}
+        """Jinja renders of conversations (one list or several): the template's own output."""
         try:
-            return list(self.tokenizer.apply_chat_template(
-                conversations, tokenize=False, add_generation_prompt=True, **kwargs))
+            return list(self._apply_template(conversations, thinking))
         except Exception:  # one bad conversation fails the whole call: render one by one
-            return [self._render_one(c, kwargs) for c in conversations]
+            return [self._render_one(c, thinking) for c in conversations]
 
-    def _render_one(self, conversation: Any, kwargs: dict[str, Any]) -> str | RowError:
+    def _render_one(self, conversation: Any, thinking: bool | None) -> str | RowError:
         try:
-            return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, **kwargs)
+            return self._apply_template(conversation, thinking)
         except Exception as exc:  # templates raise anything (jinja errors, raise_exception(...))
             return RowError("template_error", f"the chat template rejected the messages: {exc}")
 
-    def _request(self, draft: _Draft, ids: list[int], text: str | None) -> Request:
+    def _apply_template(self, conversations: Any, thinking: bool | None) -> Any:
+        kwargs = {} if thinking is None else {"enable_thinking": thinking}
+        return self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True, **kwargs)
+
+    def _request(self, draft: _Draft, ids: list[int]) -> Request:
         num = len(ids)
         if num == 0:
             raise RowError("empty_prompt", "prompt is empty after tokenization")
@@ -280,6 +306,6 @@ class Preparer:
         thinking = None
         if self.model_thinks:
             thinking = True if draft.thinking is None else draft.thinking
-        prompt = text if self.spec.output.include_prompt else None
+        prompt = draft.text if self.spec.output.include_prompt else None
         return Request(draft.id, draft.row.source_index, draft.row.row_index, ids, sampling, thinking,
                        draft.extra, prompt)
