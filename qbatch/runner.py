@@ -7,12 +7,14 @@ read and tokenized in a background thread while the engine generates.
 
 from __future__ import annotations
 
+import gc
 import json
 import queue
 import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -122,26 +124,40 @@ class Job:
 
     def work(self, done: set[str]) -> Iterator[list[Failure] | list[Request]]:
         """Failures and chunks of requests, window by window."""
+        for items in self.windows(done):
+            yield from items
+
+    def windows(self, done: set[str]) -> Iterator[list[list[Failure] | list[Request]]]:
+        """Each window's failures and chunks, in one list.
+
+        Rows are read, checked and rendered in a thread of their own, one window ahead, while
+        this one encodes (in the tokenizer's own threads, outside the GIL): encoding is most of
+        the work, so the Python work of the next window runs beside it instead of after it.
+        """
+        for drafts, failures in prefetch(self._rendered_windows(done), depth=1):
+            requests, more = self.preparer.encode(drafts)
+            items: list[list[Failure] | list[Request]] = [failures + more] if failures or more else []
+            items.extend(cut_chunks(sort_window(requests), self.spec.plan.chunk_tokens))
+            yield items
+
+    def _rendered_windows(self, done: set[str]) -> Iterator[tuple[list[Any], list[Failure]]]:
         seen: set[str] = set()
         window: list[tuple[Row, str]] = []
+        failures: list[Failure] = []
         for row, rid in self.identified_rows(done):
             if rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
-                yield [Failure(rid, row.source, row.row_index, row.line, "duplicate_id",
-                               f"id '{rid}' already appeared earlier in the input; dropped by --dedupe")]
-                continue
-            seen.add(rid)
-            window.append((row, rid))
-            if len(window) >= self.spec.plan.sort_window:
-                yield from self._plan_window(window)
-                window = []
-        if window:
-            yield from self._plan_window(window)
-
-    def _plan_window(self, window: list[tuple[Row, str]]) -> Iterator[list[Failure] | list[Request]]:
-        requests, failures = self.preparer.prepare(window)
-        if failures:
-            yield failures
-        yield from cut_chunks(sort_window(requests), self.spec.plan.chunk_tokens)
+                failures.append(Failure(rid, row.source, row.row_index, row.line, "duplicate_id",
+                                        f"id '{rid}' already appeared earlier in the input; dropped by --dedupe"))
+            else:
+                seen.add(rid)
+                window.append((row, rid))
+            if len(window) + len(failures) >= self.spec.plan.sort_window:
+                drafts, refused = self.preparer.render(window)
+                yield drafts, failures + refused
+                window, failures = [], []
+        if window or failures:
+            drafts, refused = self.preparer.render(window)
+            yield drafts, failures + refused
 
     def count_todo(self, done: set[str]) -> int:
         """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
@@ -162,15 +178,33 @@ def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
     started = time.monotonic()
     stream = stream or sys.stderr
     job = Job.setup(spec)
-    if spec.output.dry_run:
-        return dry_run(job, started)
-    if not spec.output.output_dir:
-        raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
-    out = OutputDir(spec.output.output_dir).open()
+    with rare_collections():
+        if spec.output.dry_run:
+            return dry_run(job, started)
+        if not spec.output.output_dir:
+            raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
+        out = OutputDir(spec.output.output_dir).open()
+        try:
+            return _execute(job, out, started, stream)
+        finally:
+            out.close()
+
+
+@contextmanager
+def rare_collections() -> Iterator[None]:
+    """Run Python's cyclic garbage collector less often while rows stream through.
+
+    Every row in flight is a few container objects, and with the default thresholds a full
+    collection, which scans every object (transformers' and Arrow's too), ran every ~5,000
+    rows: 5.6 of 54 CPU-seconds for 200k rows (measured with gc.callbacks), 1.4 with these.
+    Rows form no reference cycles, so collecting less often holds no more memory.
+    """
+    before = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 100)
     try:
-        return _execute(job, out, started, stream)
+        yield
     finally:
-        out.close()
+        gc.set_threshold(*before)
 
 
 def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summary:
@@ -196,7 +230,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
             summary.engine_start_s = time.monotonic() - t0
             progress.log(f"engine ready in {summary.engine_start_s:.1f}s")
             gen_start = time.monotonic()
-            chunks = _chunks(prefetch(job.work(done)), out, summary, progress)
+            chunks = _chunks(prefetch(job.windows(done), depth=1), out, summary, progress)
             for chunk, completions in engine.run(chunks):
                 _write_chunk(chunk, completions, out, summary, progress, sources, gen_start,
                              spec.output.include_prompt)
@@ -218,15 +252,16 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     return summary
 
 
-def _chunks(items: Iterable[list[Failure] | list[Request]], out: OutputDir, summary: Summary,
+def _chunks(windows: Iterable[list[list[Failure] | list[Request]]], out: OutputDir, summary: Summary,
             progress: Progress) -> Iterator[engines.Chunk]:
     """Number the chunks for the engine; record failures as they come."""
-    for item in items:
-        if item and isinstance(item[0], Failure):
-            _record_failures(item, out, summary, progress)
-        else:
-            yield engines.Chunk(summary.num_chunks, item)
-            summary.num_chunks += 1
+    for items in windows:
+        for item in items:
+            if item and isinstance(item[0], Failure):
+                _record_failures(item, out, summary, progress)
+            else:
+                yield engines.Chunk(summary.num_chunks, item)
+                summary.num_chunks += 1
 
 
 def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, progress: Progress) -> None:
@@ -261,22 +296,29 @@ def prefetch(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:
     stop = threading.Event()
     end = object()
 
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                box.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        box.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(item):
                     return
-            box.put(end)
+            put(end)
         except BaseException as exc:  # handed to the consumer, raised there
-            box.put(exc)
+            put(exc)
+        finally:  # an inner prefetch stops its own thread
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
-    thread = threading.Thread(target=produce, name="qbatch-prepare", daemon=True)
+    thread = threading.Thread(target=produce, name="qbatch-prefetch", daemon=True)
     thread.start()
     try:
         while (item := box.get()) is not end:
