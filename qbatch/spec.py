@@ -66,7 +66,10 @@ class PlanSpec:
     """How rows are grouped: sorted inside a window, cut into token-budgeted chunks."""
 
     sort_window: int = 8192
-    chunk_tokens: int = 1_048_576
+    # ~2,000 rows a part at the default max_tokens (2048): ~500 parts per 1M rows instead of ~2,000,
+    # 6 CPU-seconds fewer (a table, a Parquet file and two fsyncs each). The engine is fed across
+    # chunk boundaries, so this changes what a crash redoes (the chunks in flight), not the feed.
+    chunk_tokens: int = 4_194_304
 
 
 @dataclass
