@@ -125,7 +125,7 @@ class Preparer:
     def prepare(self, rows: list[tuple[Row, str]]) -> tuple[list[Request], list[Failure]]:
         """Requests and failures for a window of (row, id) pairs."""
         drafts, failures = self.render(rows)
-        requests, more = self.encode(drafts)
+        requests, more = self.requests(drafts, self.encode(drafts))
         return requests, failures + more
 
     def row_id(self, row: Row) -> str:
@@ -218,7 +218,7 @@ class Preparer:
         """Drafts whose `text` is the prompt to encode (chats rendered), and the rows that failed.
 
         This is the window's Python work; `encode` is mostly the tokenizer's own threads, so a
-        pipeline can render one window while the previous one is encoded.
+        pipeline can render one window while the previous one is encoded (runner.Job.windows).
         """
         drafts: list[_Draft] = []
         failures: list[Failure] = []
@@ -243,15 +243,21 @@ class Preparer:
                     draft.text = text
         return ([d for d in drafts if id(d) not in refused] if refused else drafts), failures
 
-    def encode(self, drafts: list[_Draft]) -> tuple[list[Request], list[Failure]]:
-        """Requests for rendered drafts, encoded in two batch calls (chat templates carry their own special tokens)."""
-        token_ids: list[list[int] | None] = [None] * len(drafts)
-        for templated in (True, False):
-            group = [i for i, d in enumerate(drafts) if (d.messages is not None) == templated]
-            if group:
-                encoded = self._encode([drafts[i].text for i in group], add_special_tokens=not templated)
-                for i, ids in zip(group, encoded, strict=True):
-                    token_ids[i] = ids
+    def encode(self, drafts: list[_Draft]) -> list[list[int]]:
+        """Token ids of rendered drafts, in at most two batch calls (chat templates carry their own special tokens)."""
+        templated = [d.messages is not None for d in drafts]
+        if all(templated) or not any(templated):
+            return self._encode([d.text for d in drafts], add_special_tokens=not templated[0]) if drafts else []
+        token_ids: list[list[int]] = [[] for _ in drafts]
+        for flag in (True, False):
+            group = [i for i, t in enumerate(templated) if t == flag]
+            for i, ids in zip(group, self._encode([drafts[i].text for i in group], add_special_tokens=not flag),
+                              strict=True):
+                token_ids[i] = ids
+        return token_ids
+
+    def requests(self, drafts: list[_Draft], token_ids: list[list[int]]) -> tuple[list[Request], list[Failure]]:
+        """Requests for encoded drafts, and the rows whose prompts cannot be sent (empty, too long)."""
         requests, failures = [], []
         for draft, ids in zip(drafts, token_ids, strict=True):
             try:

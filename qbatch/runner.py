@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
-import queue
 import sys
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -30,6 +28,7 @@ from qbatch.progress import Progress
 from qbatch.readers import detect_format, expand_inputs, read_rows
 from qbatch.records import Failure, Request, Row, failures_table, results_table
 from qbatch.spec import JobSpec, parse_shard
+from qbatch.stages import Stages
 
 # Settings that change what a row's result is: a rerun that changes one of these
 # must not mix its results with the old ones. Planning and engine sizing may change,
@@ -124,23 +123,23 @@ class Job:
 
     def work(self, done: set[str]) -> Iterator[list[Failure] | list[Request]]:
         """Failures and chunks of requests, window by window."""
-        for items in self.windows(done):
-            yield from items
+        with self.windows(done) as windows:
+            for items in windows:
+                yield from items
 
-    def windows(self, done: set[str]) -> Iterator[list[list[Failure] | list[Request]]]:
-        """Each window's failures and chunks, in one list.
+    def windows(self, done: set[str]) -> Stages:
+        """Each window's failures and chunks, in one list, prepared in three threads, started now.
 
-        Rows are read, checked and rendered in a thread of their own, one window ahead, while
-        this one encodes (in the tokenizer's own threads, outside the GIL): encoding is most of
-        the work, so the Python work of the next window runs beside it instead of after it.
+        Rendering (read, parse, check, template: Python), encoding (the tokenizer's own threads,
+        outside the GIL: most of the work) and planning (requests, sort, chunks) each get a
+        thread, so the encoder never waits for Python work; what consumes the windows (the
+        engine, the writer) runs beside them too.
         """
-        for drafts, failures in prefetch(self._rendered_windows(done), depth=1):
-            requests, more = self.preparer.encode(drafts)
-            items: list[list[Failure] | list[Request]] = [failures + more] if failures or more else []
-            items.extend(cut_chunks(sort_window(requests), self.spec.plan.chunk_tokens))
-            yield items
+        return Stages(self._row_windows(done), ("qbatch-render", self._render), ("qbatch-encode", self._encode),
+                      ("qbatch-plan", self._plan))
 
-    def _rendered_windows(self, done: set[str]) -> Iterator[tuple[list[Any], list[Failure]]]:
+    def _row_windows(self, done: set[str]) -> Iterator[tuple[list[tuple[Row, str]], list[Failure]]]:
+        """Windows of (row, id) to process, with the duplicates that --dedupe drops from them."""
         seen: set[str] = set()
         window: list[tuple[Row, str]] = []
         failures: list[Failure] = []
@@ -152,12 +151,26 @@ class Job:
                 seen.add(rid)
                 window.append((row, rid))
             if len(window) + len(failures) >= self.spec.plan.sort_window:
-                drafts, refused = self.preparer.render(window)
-                yield drafts, failures + refused
+                yield window, failures
                 window, failures = [], []
         if window or failures:
-            drafts, refused = self.preparer.render(window)
-            yield drafts, failures + refused
+            yield window, failures
+
+    def _render(self, window: tuple[list[tuple[Row, str]], list[Failure]]) -> tuple[list[Any], list[Failure]]:
+        rows, failures = window
+        drafts, refused = self.preparer.render(rows)
+        return drafts, failures + refused
+
+    def _encode(self, window: tuple[list[Any], list[Failure]]) -> tuple[list[Any], list[Failure], list[list[int]]]:
+        drafts, failures = window
+        return drafts, failures, self.preparer.encode(drafts)
+
+    def _plan(self, window: tuple[list[Any], list[Failure], list[list[int]]]) -> list[list[Failure] | list[Request]]:
+        drafts, failures, token_ids = window
+        requests, refused = self.preparer.requests(drafts, token_ids)
+        items: list[list[Failure] | list[Request]] = [failures + refused] if failures or refused else []
+        items.extend(cut_chunks(sort_window(requests), self.spec.plan.chunk_tokens))
+        return items
 
     def count_todo(self, done: set[str]) -> int:
         """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
@@ -212,35 +225,26 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     fingerprint = job.fingerprint()
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
     done = out.done_ids(include_errors=not spec.output.retry_errors)
-    todo = job.count_todo(done)
-    summary = Summary(str(out.path), "running", rows_skipped=len(done))
-    manifest = _manifest(job, previous, fingerprint, status="running")
-    manifest["rows_total"] = todo + len(done)
-    out.write_manifest(manifest)
-    progress = Progress(spec.output.progress, todo, stream=stream)
-    if todo:
-        progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
-    else:
-        progress.log(f"no rows to process ({len(done)} already done, inputs: {', '.join(map(str, job.files))})")
-    sources = [str(p) for p in job.files]
-    try:
-        if todo:
-            t0 = time.monotonic()
-            engine = engines.create(spec.engine, job.model_path, job.max_model_len)
-            summary.engine_start_s = time.monotonic() - t0
-            progress.log(f"engine ready in {summary.engine_start_s:.1f}s")
-            gen_start = time.monotonic()
-            chunks = _chunks(prefetch(job.windows(done), depth=1), out, summary, progress)
-            for chunk, completions in engine.run(chunks):
-                _write_chunk(chunk, completions, out, summary, progress, sources, gen_start,
-                             spec.output.include_prompt)
-            summary.generate_s = time.monotonic() - gen_start
-    except BaseException:
-        manifest.update(status="failed", updated_at=_now())
+    with job.windows(done) as windows:  # they fill beside the pre-scan and the engine start
+        todo = job.count_todo(done)
+        summary = Summary(str(out.path), "running", rows_skipped=len(done))
+        manifest = _manifest(job, previous, fingerprint, status="running")
+        manifest["rows_total"] = todo + len(done)
         out.write_manifest(manifest)
-        raise
-    finally:
-        progress.close()
+        progress = Progress(spec.output.progress, todo, stream=stream)
+        if todo:
+            progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
+        else:
+            progress.log(f"no rows to process ({len(done)} already done, inputs: {', '.join(map(str, job.files))})")
+        try:
+            if todo:
+                _generate(job, windows, out, summary, progress)
+        except BaseException:
+            manifest.update(status="failed", updated_at=_now())
+            out.write_manifest(manifest)
+            raise
+        finally:
+            progress.close()
     counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai")
     summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
     summary.status = "completed"
@@ -250,6 +254,19 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     manifest["runs"][-1].update(finished_at=_now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
     out.write_manifest(manifest)
     return summary
+
+
+def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress) -> None:
+    """Start the engine, feed it the windows' chunks, write each chunk as it finishes."""
+    t0 = time.monotonic()
+    engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
+    summary.engine_start_s = time.monotonic() - t0
+    progress.log(f"engine ready in {summary.engine_start_s:.1f}s")
+    gen_start = time.monotonic()
+    sources = [str(p) for p in job.files]
+    for chunk, completions in engine.run(_chunks(windows, out, summary, progress)):
+        _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt)
+    summary.generate_s = time.monotonic() - gen_start
 
 
 def _chunks(windows: Iterable[list[list[Failure] | list[Request]]], out: OutputDir, summary: Summary,
@@ -288,45 +305,6 @@ def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summar
                            "completion_tokens": completion_tokens,
                            "finished_s": round(time.monotonic() - gen_start, 3)})
     progress.update(len(ok), completion_tokens=completion_tokens)
-
-
-def prefetch(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:
-    """Run a generator in a background thread, `depth` items ahead (tokenization overlaps generation)."""
-    box: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                box.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put(item):
-                    return
-            put(end)
-        except BaseException as exc:  # handed to the consumer, raised there
-            put(exc)
-        finally:  # an inner prefetch stops its own thread
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-
-    thread = threading.Thread(target=produce, name="qbatch-prefetch", daemon=True)
-    thread.start()
-    try:
-        while (item := box.get()) is not end:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
 
 
 def dry_run(job: Job, started: float) -> Summary:
