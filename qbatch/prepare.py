@@ -25,6 +25,7 @@ from qbatch.validate import (
 )
 
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (its `.ids`)
 
 
 @dataclass(slots=True)
@@ -243,31 +244,35 @@ class Preparer:
                     draft.text = text
         return ([d for d in drafts if id(d) not in refused] if refused else drafts), failures
 
-    def encode(self, drafts: list[_Draft]) -> list[list[int]]:
-        """Token ids of rendered drafts, in at most two batch calls (chat templates carry their own special tokens)."""
+    def encode(self, drafts: list[_Draft]) -> list[Encoded]:
+        """Encodings of rendered drafts, in at most two batch calls (chat templates carry their own special tokens).
+
+        They are the fast tokenizer's own objects where it is used: turning them into lists
+        of ints (`requests`) is Python work, which the encoding thread leaves to another.
+        """
         templated = [d.messages is not None for d in drafts]
         if all(templated) or not any(templated):
             return self._encode([d.text for d in drafts], add_special_tokens=not templated[0]) if drafts else []
-        token_ids: list[list[int]] = [[] for _ in drafts]
+        encoded: list[Encoded] = [[] for _ in drafts]
         for flag in (True, False):
             group = [i for i, t in enumerate(templated) if t == flag]
-            for i, ids in zip(group, self._encode([drafts[i].text for i in group], add_special_tokens=not flag),
-                              strict=True):
-                token_ids[i] = ids
-        return token_ids
+            for i, item in zip(group, self._encode([drafts[i].text for i in group], add_special_tokens=not flag),
+                               strict=True):
+                encoded[i] = item
+        return encoded
 
-    def requests(self, drafts: list[_Draft], token_ids: list[list[int]]) -> tuple[list[Request], list[Failure]]:
+    def requests(self, drafts: list[_Draft], encoded: list[Encoded]) -> tuple[list[Request], list[Failure]]:
         """Requests for encoded drafts, and the rows whose prompts cannot be sent (empty, too long)."""
         requests, failures = [], []
-        for draft, ids in zip(drafts, token_ids, strict=True):
+        for draft, item in zip(drafts, encoded, strict=True):
             try:
-                requests.append(self._request(draft, ids))
+                requests.append(self._request(draft, item if isinstance(item, list) else item.ids))
             except RowError as exc:
                 failures.append(_failure(draft.row, draft.id, exc))
         return requests, failures
 
-    def _encode(self, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
-        """Token ids from the fast tokenizer's Rust batch encoder, which uses every core.
+    def _encode(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded]:
+        """The fast tokenizer's Rust batch encoder, which uses every core.
 
         Skipping transformers' per-text wrapping of `tokenizer(list)` (attention masks, dicts)
         made tokenization ~1.5x faster (1M rows, 2 cores); the backend is used only after it
@@ -280,7 +285,7 @@ class Preparer:
                 [e.ids for e in backend.encode_batch(sample, add_special_tokens=add_special_tokens)]
                 == self.tokenizer(sample, add_special_tokens=add_special_tokens)["input_ids"])
         if backend is not None and self._backend_agrees[add_special_tokens]:
-            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+            return backend.encode_batch(texts, add_special_tokens=add_special_tokens)
         return self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
     def _render(self, conversations: list[Any], thinking: bool | None) -> list[str | RowError]:
