@@ -73,7 +73,7 @@ RUN_OPTIONS = [
     click.option("--stop", multiple=True, default=None, help="Stop string (repeatable)."),
     click.option("--ignore-eos", is_flag=True, default=None, help="Generate max_tokens regardless of EOS (benchmarks)."),
     click.option("--sort-window", type=int, help="Rows sorted by length together.  [default: 8192]"),
-    click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk/part.  [default: 1048576; with N engines, 1048576/(4N)]"),
+    click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk/part.  [default: 4194304; with N engines, 4194304/(16N)]"),
     click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model: hub name, folder, or smollm2-135m (bundled).  [default: Qwen/Qwen3-0.6B; env QBATCH_MODEL]"),
     click.option("--tokenizer", help="Tokenizer folder or name (default: the model's)."),
     click.option("--revision", help="Model revision (hub models)."),

@@ -18,7 +18,13 @@ from typing import IO
 from qbatch.errors import InputError
 from qbatch.records import Row
 
+try:  # parses a typical line 4-5x faster than json (the input is parsed twice: pre-scan and run)
+    from orjson import JSONDecodeError as FastJSONError, loads as fast_loads
+except ImportError:  # json alone gives the same rows
+    fast_loads = None
+
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+HUGE_FLOAT = float(2**63)  # orjson reads integers beyond 64 bits as floats; json keeps them exact
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 PARQUET_BATCH_ROWS = 4096
 
@@ -116,6 +122,14 @@ def _read_jsonl(path: Path, source_index: int, on_bad_line: str) -> Iterator[Row
 
 
 def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
+    if fast_loads is not None:
+        try:
+            data = fast_loads(raw)
+        except FastJSONError:
+            pass  # json says why, and accepts what orjson does not (NaN, Infinity, 1e400, lone surrogates)
+        else:
+            if isinstance(data, dict) and not _has_huge_number(data):
+                return data, None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -127,6 +141,17 @@ def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
     if not isinstance(data, dict):
         return None, f"line is JSON {type(data).__name__}, expected an object"
     return data, None
+
+
+def _has_huge_number(value: dict | list) -> bool:
+    for item in value.values() if type(value) is dict else value:
+        kind = type(item)
+        if kind is float:
+            if abs(item) >= HUGE_FLOAT:
+                return True
+        elif (kind is dict or kind is list) and _has_huge_number(item):
+            return True
+    return False
 
 
 def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:

@@ -103,25 +103,28 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
     """One chunk's results as an Arrow table (carried columns keep their types where they agree)."""
     from qbatch.reasoning import split_reasoning
 
+    requests = [c.request for c in completions]
     columns: dict[str, Any] = {
-        "id": [c.request.id for c in completions],
-        "source": [sources[c.request.source_index] for c in completions],
-        "source_index": [c.request.source_index for c in completions],
-        "row_index": [c.request.row_index for c in completions],
+        "id": [r.id for r in requests],
+        "source": [sources[r.source_index] for r in requests],
+        "source_index": [r.source_index for r in requests],
+        "row_index": [r.row_index for r in requests],
     }
-    extra_names: dict[str, None] = {}
-    for c in completions:
-        extra_names.update(dict.fromkeys(c.request.extra))
-    for name in extra_names:
+    key_orders = dict.fromkeys(tuple(r.extra) for r in requests)  # rows mostly share one: cheaper than per-row dicts
+    for name in dict.fromkeys(name for order in key_orders for name in order):
         if name not in columns and name not in RESULT_COLUMNS:
-            columns[name] = [c.request.extra.get(name) for c in completions]
+            columns[name] = [r.extra.get(name) for r in requests]
     if include_prompt:
-        columns["prompt"] = [c.request.prompt for c in completions]
-    splits = [split_reasoning(c.text, c.request.thinking) for c in completions]
-    columns["text"] = [text for _, text in splits]
-    columns["reasoning"] = [reasoning for reasoning, _ in splits]
+        columns["prompt"] = [r.prompt for r in requests]
+    if any(r.thinking is not None for r in requests):
+        splits = [split_reasoning(c.text, c.request.thinking) for c in completions]
+        columns["text"] = [text for _, text in splits]
+        columns["reasoning"] = [reasoning for reasoning, _ in splits]
+    else:  # no thinking model: the text as is (what split_reasoning returns for thinking=None)
+        columns["text"] = [c.text for c in completions]
+        columns["reasoning"] = [None] * len(completions)
     columns["finish_reason"] = [c.finish_reason for c in completions]
-    columns["prompt_tokens"] = [c.request.num_prompt_tokens for c in completions]
+    columns["prompt_tokens"] = [len(r.prompt_token_ids) for r in requests]
     columns["completion_tokens"] = [c.num_completion_tokens for c in completions]
     columns["cached_tokens"] = [c.num_cached_tokens for c in completions]
     return pa.table({name: _array(name, values) for name, values in columns.items()})

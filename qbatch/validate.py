@@ -14,6 +14,7 @@ FLOAT_PARAMS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_
 INT_PARAMS = ("max_tokens", "top_k", "seed", "n", "min_tokens")
 SAMPLING_KEYS = (*FLOAT_PARAMS, *INT_PARAMS, "stop", "ignore_eos")
 SAMPLING_KEY_SET = frozenset(SAMPLING_KEYS)
+OVERRIDE_KEY_SET = SAMPLING_KEY_SET | {"sampling_params"}
 
 
 class RowError(Exception):
@@ -86,6 +87,8 @@ def thinking_flag(row_value: Any, job_value: bool | None) -> bool | None:
 
 def sampling_overrides(data: dict[str, Any]) -> dict[str, Any]:
     # Runs for every row; most rows carry no sampling keys, so test that first (measured 10 s per 1M rows).
+    if OVERRIDE_KEY_SET.isdisjoint(data):
+        return {}
     params = {} if SAMPLING_KEY_SET.isdisjoint(data) else {k: data[k] for k in SAMPLING_KEYS if data.get(k) is not None}
     nested = data.get("sampling_params")
     if nested is not None:

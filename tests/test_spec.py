@@ -54,8 +54,8 @@ def test_parse_shard():
 
 
 def test_default_chunk_budget_is_split_among_engines():
-    """With N engines the default chunks are 4N times smaller, so the engines finish close together."""
-    assert JobSpec.from_flat({}).plan.chunk_tokens == 1_048_576
-    assert JobSpec.from_flat({"data_parallel_size": 2}).plan.chunk_tokens == 1_048_576 // 8
-    assert JobSpec.from_flat({"gpus": ["0", "1", "2", "3"]}).plan.chunk_tokens == 1_048_576 // 16
+    """With N engines the default chunks are 16N times smaller, so the engines finish close together."""
+    assert JobSpec.from_flat({}).plan.chunk_tokens == 4_194_304
+    assert JobSpec.from_flat({"data_parallel_size": 2}).plan.chunk_tokens == 131_072
+    assert JobSpec.from_flat({"gpus": ["0", "1", "2", "3"]}).plan.chunk_tokens == 65_536
     assert JobSpec.from_flat({"data_parallel_size": 2, "chunk_tokens": 5000}).plan.chunk_tokens == 5000
