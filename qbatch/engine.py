@@ -301,10 +301,25 @@ def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
         engine_class = DataParallelEngine
     else:
         engine_class = VllmEngine
-    key = (model_path, max_model_len, repr(sorted(dataclasses.asdict(spec).items())))
+    key = _key(spec, model_path, max_model_len)
     if key not in _ENGINES:
         _ENGINES[key] = engine_class(spec, model_path, max_model_len)
     return _ENGINES[key]
+
+
+def forks_on_create(spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
+    """Whether create() would fork this process: a new single vLLM engine (its engine core).
+
+    A fork while other threads run can leave the child with locks that never open, so
+    callers start their threads after such a create.
+    """
+    if spec.backend == "null" or spec.data_parallel_size > 1:  # data parallel workers are spawned
+        return False
+    return _key(spec, model_path, max_model_len) not in _ENGINES
+
+
+def _key(spec: EngineSpec, model_path: str, max_model_len: int) -> tuple:
+    return (model_path, max_model_len, repr(sorted(dataclasses.asdict(spec).items())))
 
 
 _ENGINES: dict[tuple, Engine] = {}

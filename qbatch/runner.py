@@ -2,7 +2,8 @@
 
 Everything that can be checked without the model (inputs, spec, output
 folder, manifest, duplicate ids) is checked before the engine loads. Rows are
-read and tokenized in a background thread while the engine generates.
+read, rendered, tokenized and planned in three threads of their own (stages.py)
+while the engine generates and this thread writes the results.
 """
 
 from __future__ import annotations
@@ -130,8 +131,8 @@ class Job:
             for items in windows:
                 yield from items
 
-    def windows(self, done: set[str]) -> Stages:
-        """Each window's failures and chunks, in one list, prepared in three threads, started now.
+    def windows(self, done: set[str], *, start: bool = True) -> Stages:
+        """Each window's failures and chunks, in one list, prepared in three threads (started now, or by start()).
 
         Rendering (read, parse, check, template: Python), encoding (the tokenizer's own threads,
         outside the GIL: most of the work) and planning (token ids as lists, requests, sort,
@@ -140,7 +141,7 @@ class Job:
         consumes the windows (the engine, the writer) runs beside them too.
         """
         return Stages(self._row_windows(done), ("qbatch-render", self._render), ("qbatch-encode", self._encode),
-                      ("qbatch-plan", self._plan))
+                      ("qbatch-plan", self._plan), start=start)
 
     def _row_windows(self, done: set[str]) -> Iterator[tuple[list[tuple[Row, str]], list[Failure]]]:
         """Windows of (row, id) to process, with the duplicates that --dedupe drops from them."""
@@ -212,7 +213,9 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     fingerprint = job.fingerprint()
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
     done = out.done_ids(include_errors=not spec.output.retry_errors)
-    with job.windows(done) as windows:  # they fill beside the pre-scan and the engine start
+    # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
+    early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
+    with job.windows(done, start=early) as windows:
         todo = job.count_todo(done)
         summary = Summary(str(out.path), "running", rows_skipped=len(done))
         manifest = _manifest(job, previous, fingerprint, status="running")
@@ -255,6 +258,7 @@ def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progr
     progress.log(f"engine ready in {summary.engine_start_s:.1f}s")
     gen_start = progress.start_clock()
     sources = [str(p) for p in job.files]
+    windows.start()
     for chunk, completions in engine.run(_chunks(windows, out, summary, progress)):
         _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt)
     summary.generate_s = time.monotonic() - gen_start

@@ -26,20 +26,30 @@ class _Failed:
 class Stages(Iterator[Any]):
     """`source` through `stages` (name, function): one thread per stage, `depth` items between stages.
 
-    The first stage's thread also iterates `source`. Threads start in the constructor, so a
-    pipeline can fill while the caller does something else (the duplicate-id pre-scan, the
-    engine start); close() stops them.
+    The first stage's thread also iterates `source`. Threads start in the constructor (or at
+    start()), so a pipeline can fill while the caller does something else (the duplicate-id
+    pre-scan); close() stops them.
     """
 
-    def __init__(self, source: Iterable[Any], *stages: tuple[str, Callable[[Any], Any]], depth: int = 1):
+    def __init__(self, source: Iterable[Any], *stages: tuple[str, Callable[[Any], Any]], depth: int = 1,
+                 start: bool = True):
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         inbox: Iterable[Any] = source
         for name, function in stages:
             outbox: queue.Queue = queue.Queue(maxsize=depth)
-            thread = threading.Thread(target=self._run, args=(inbox, function, outbox), name=name, daemon=True)
-            thread.start()
+            self._threads.append(threading.Thread(target=self._run, args=(inbox, function, outbox), name=name,
+                                                  daemon=True))
             inbox = self._drain(outbox)
         self._out = iter(inbox)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the threads (once; the constructor does unless told not to)."""
+        for thread in self._threads:
+            if thread.ident is None:
+                thread.start()
 
     def __next__(self) -> Any:
         try:

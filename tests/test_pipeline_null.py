@@ -130,6 +130,7 @@ def test_duplicate_ids_refused_or_deduped(run_null, write_jsonl, tmp_path):
     assert result.exit_code == EXIT_INPUT
     assert "Error: 1 ids appear more than once: 'a'" in result.stderr
     assert not (tmp_path / "out" / "results.parquet").exists()
+    assert not list((tmp_path / "out" / "parts").iterdir())  # refused before anything was written
     result = run_null(path, "-o", tmp_path / "out", "--dedupe")
     assert result.exit_code == 0, result.output
     assert pl.read_parquet(tmp_path / "out" / "results.parquet")["id"].to_list() == ["a", "b"]

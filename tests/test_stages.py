@@ -47,3 +47,17 @@ def test_stages_start_at_once_and_close_stops_them():
     stages.close()
     time.sleep(0.5)
     assert _alive("t-stop-") == []
+
+
+def test_a_pipeline_can_wait_for_start():
+    pulled = threading.Event()
+
+    def source():
+        pulled.set()
+        yield 1
+
+    stages = Stages(source(), ("t-later", lambda x: x), start=False)
+    assert not pulled.wait(0.3)
+    stages.start()
+    stages.start()  # once only
+    assert list(stages) == [1]
