@@ -59,10 +59,9 @@ class Dispatcher:
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         source = iter(chunks)
         retry: deque[Chunk] = deque()
-        wanting = self._wanting
         exhausted = False
         while True:
-            exhausted = self._hand_out(source, retry, wanting, exhausted)
+            exhausted = self._hand_out(source, retry, exhausted)
             if exhausted and not retry and not any(w.outstanding for w in self._workers.values()):
                 return
             message = self._receive(POLL_S)
@@ -72,8 +71,8 @@ class Dispatcher:
             kind, rank = message[0], message[1]
             worker = self._workers.get(rank)
             if kind == "want":
-                if rank not in wanting:
-                    wanting.append(rank)
+                if rank not in self._wanting:
+                    self._wanting.append(rank)
             elif kind == "failed":
                 raise EngineError(f"the engine failed in {worker.label if worker else rank}: {message[2]}",
                                   hint=RESUME_HINT)
@@ -82,9 +81,9 @@ class Dispatcher:
                 if chunk is not None:  # None: a late answer of a worker already given up
                     yield chunk, [Completion(request, *output) for request, output in zip(chunk.requests, message[3])]
 
-    def _hand_out(self, source: Iterator[Chunk | None], retry: deque[Chunk], wanting: deque[int],
-                  exhausted: bool) -> bool:
+    def _hand_out(self, source: Iterator[Chunk | None], retry: deque[Chunk], exhausted: bool) -> bool:
         """A chunk for each worker that asked (a dead worker's chunks first); True once the source is done."""
+        wanting = self._wanting
         while wanting:
             worker = self._workers.get(wanting[0])
             if worker is None:  # died since it asked

@@ -162,13 +162,6 @@ class JobSpec:
         _check_choice("on_bad_line", self.input.on_bad_line, ON_BAD_LINE)
         _check_min("max_tokens", self.sampling.max_tokens, 1)
         _check_min("sort_window", self.plan.sort_window, 1)
-        if self.plan.chunk_tokens is None:
-            # A chunk is done when its longest row is, so at the end one engine may still run a chunk
-            # while the others idle: with N engines, 16N times smaller chunks keep that tail short
-            # (2 H200s: 131k-token chunks, the last ones finished within 5 s of each other).
-            engines = self.engine.data_parallel_size if not self.engine.gpus else len(self.engine.gpus)
-            self.plan.chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
-        _check_min("chunk_tokens", self.plan.chunk_tokens, 1)
         _check_min("tensor_parallel_size", self.engine.tensor_parallel_size, 1)
         _check_min("data_parallel_size", self.engine.data_parallel_size, 1)
         if self.engine.gpus is not None:
@@ -177,6 +170,13 @@ class JobSpec:
                 raise SpecError(f"--gpus lists {len(self.engine.gpus)} GPUs but data_parallel_size is "
                                 f"{self.engine.data_parallel_size}; give one GPU per engine")
             self.engine.data_parallel_size = len(self.engine.gpus)
+        if self.plan.chunk_tokens is None:
+            # A chunk is done when its longest row is, so at the end one engine may still run a chunk
+            # while the others idle: with N engines, 16N times smaller chunks keep that tail short
+            # (2 H200s: 131k-token chunks, the last ones finished within 5 s of each other).
+            engines = self.engine.data_parallel_size  # set from --gpus above
+            self.plan.chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
+        _check_min("chunk_tokens", self.plan.chunk_tokens, 1)
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes", "limit"):
             value = getattr(self.engine, name, None) if hasattr(self.engine, name) else getattr(self.input, name)
             if value is not None:
