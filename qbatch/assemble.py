@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from qbatch.checkpoint import ERROR_PREFIX, RESULT_PREFIX, OutputDir, atomic_write
+from qbatch.checkpoint import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, atomic_write
 from qbatch.records import ERROR_SCHEMA
 
 ORDER = ["source_index", "row_index"]
@@ -43,7 +43,7 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
         # A row retried with --retry-errors that now succeeded leaves its old error behind: drop it.
         # Duplicates dropped by --dedupe share their id with a result and stay.
         errors_frame = (errors.join(ok_ids, on="id", how="left")
-                        .filter(pl.col("_ok").is_null() | (pl.col("error") == "duplicate_id"))
+                        .filter(pl.col("_ok").is_null() | (pl.col("error") == DUPLICATE_ID))
                         .drop("_ok")
                         .unique(subset=["id", "source", "row_index"], keep="last", maintain_order=True)
                         .sort(["source", "row_index"]))

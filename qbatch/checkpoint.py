@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
@@ -33,6 +34,7 @@ from qbatch.errors import CheckpointMismatch, LockedError, OutputError
 LOCK_NAME = ".qbatch.lock"
 TMP_MARK = ".tmp-"
 RESULT_PREFIX, ERROR_PREFIX = "part-", "errors-"
+DUPLICATE_ID = "duplicate_id"  # the error of a row that --dedupe dropped
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -167,15 +169,28 @@ class OutputDir:
         return sorted(p for p in self.parts.glob(f"{prefix}*.parquet") if TMP_MARK not in p.name)
 
     def done_ids(self, *, include_errors: bool) -> set[str]:
-        files = self.part_files(RESULT_PREFIX) + (self.part_files(ERROR_PREFIX) if include_errors else [])
+        """Ids with a result (and, unless errors are retried, with an error) in a finished part.
+
+        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
+        that error does not make the id done: a run killed before the kept row's result was
+        written would otherwise never process it.
+        """
         done: set[str] = set()
-        for path in files:
-            try:
-                done.update(pq.read_table(path, columns=["id"]).column("id").to_pylist())
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise OutputError(f"part file is unreadable: {exc}", where=str(path),
-                                  hint="delete that part (its rows will be redone) and rerun") from None
+        for path in self.part_files(RESULT_PREFIX):
+            done.update(self._read_part(path, ["id"]).column("id").to_pylist())
+        for path in self.part_files(ERROR_PREFIX) if include_errors else []:
+            table = self._read_part(path, ["id", "error"])
+            kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
+            done.update(table.column("id").filter(kept).to_pylist())
         return done
+
+    @staticmethod
+    def _read_part(path: Path, columns: list[str]) -> pa.Table:
+        try:
+            return pq.read_table(path, columns=columns)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise OutputError(f"part file is unreadable: {exc}", where=str(path),
+                              hint="delete that part (its rows will be redone) and rerun") from None
 
     def write_part(self, prefix: str, table: pa.Table) -> Path:
         path = self.parts / f"{prefix}{self._next_number(prefix):06d}.parquet"

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from qbatch import __version__, engine as engines, models
 from qbatch.assemble import assemble
-from qbatch.checkpoint import ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
+from qbatch.checkpoint import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
 from qbatch.errors import InputError, SpecError
 from qbatch.memory import rare_collections, release_freed_memory
 from qbatch.planning import cut_chunks, sort_window
@@ -150,7 +150,7 @@ class Job:
         failures: list[Failure] = []
         for row, rid in self.identified_rows(done):
             if rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
-                failures.append(Failure(rid, row.source, row.row_index, row.line, "duplicate_id",
+                failures.append(Failure(rid, row.source, row.row_index, row.line, DUPLICATE_ID,
                                         f"id '{rid}' already appeared earlier in the input; dropped by --dedupe"))
             else:
                 seen.add(rid)

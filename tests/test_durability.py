@@ -215,3 +215,24 @@ def test_status_json_for_schedulers(cli, small_job, tmp_path):
     assert info["last_run"]["rows_ok"] == 10
     result = cli("status", tmp_path / "out")
     assert "rows done       10" in result.stdout
+
+
+def test_dedupe_killed_before_the_kept_row_is_written_still_processes_it(cli, write_jsonl, bundled_model,
+                                                                          monkeypatch, tmp_path):
+    """The dropped duplicate's error row carries the kept row's id; it must not mark that id done."""
+    from qbatch import engine
+
+    path = write_jsonl([{"id": "a", "prompt": "1"}, {"id": "b", "prompt": "2"}, {"id": "a", "prompt": "3"}])
+    out = tmp_path / "out"
+    job = ["run", path, "-o", out, "--model", bundled_model, "--backend", "null", "--dedupe", "--progress", "none"]
+    monkeypatch.setattr(engine, "create", lambda *a, **k: FailingEngine(good=0))
+    assert cli(*job).exit_code == EXIT_ENGINE
+    error_parts = sorted((out / "parts").glob("errors-*.parquet"))
+    assert [pq.read_table(p).column("error").to_pylist() for p in error_parts] == [["duplicate_id"]]
+    assert not list((out / "parts").glob("part-*.parquet"))  # died before the kept row's result
+    monkeypatch.undo()
+    result = cli(*job)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b"]
+    errors = pl.read_parquet(out / "errors.parquet")
+    assert errors.select("id", "row_index", "error").rows() == [("a", 2, "duplicate_id")]  # not doubled
