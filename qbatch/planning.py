@@ -17,6 +17,9 @@ from qbatch.records import Request
 
 T = TypeVar("T")
 
+# Rows in the first window; windows then double up to sort_window, so generation starts early.
+FIRST_WINDOW = 512
+
 
 def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
     """Lists of `size` items (the last may be shorter)."""

@@ -239,3 +239,14 @@ def test_a_conversation_the_template_rejects_fails_alone(cli, write_jsonl, bundl
     errors = pl.read_parquet(out / "errors.parquet")
     assert errors.select("id", "error").rows() == [("bad", "template_error")]
     assert "the last message must come from the user" in errors["message"][0]
+
+
+def test_windows_grow_so_the_engine_starts_after_the_first_few_hundred_rows(run_null, write_jsonl, tmp_path):
+    out = tmp_path / "out"
+    result = run_null(write_jsonl([{"id": i, "prompt": "hi"} for i in range(1600)]), "-o", out, "--max-tokens", 4)
+    assert result.exit_code == 0, result.output
+    chunks = json.loads((out / "stats.json").read_text())["chunks"]
+    assert [c["rows"] for c in chunks] == [512, 1024, 64]  # then 2048, ... up to --sort-window
+    result = run_null(write_jsonl([{"id": i, "prompt": "hi"} for i in range(600)]), "-o", tmp_path / "small",
+                      "--max-tokens", 4, "--sort-window", 100)
+    assert [c["rows"] for c in json.loads((tmp_path / "small" / "stats.json").read_text())["chunks"]] == [100] * 6
