@@ -180,7 +180,8 @@ class Job:
         drafts, failures, encoded = window
         requests, refused = self.preparer.requests(drafts, encoded)
         items: list[list[Failure] | list[Request]] = [failures + refused] if failures or refused else []
-        items.extend(cut_chunks(sort_window(requests), self.spec.plan.chunk_tokens))
+        ordered = sort_window(requests) if self.spec.plan.order == "longest-first" else requests
+        items.extend(cut_chunks(ordered, self.spec.plan.chunk_tokens))
         return items
 
     def count_todo(self, done: set[str]) -> int:

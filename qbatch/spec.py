@@ -21,6 +21,7 @@ FORMATS = ("jsonl", "parquet")
 OUTPUT_FORMATS = ("parquet", "jsonl-openai")
 PROGRESS = ("auto", "bar", "log", "none")
 ON_BAD_LINE = ("error", "skip")
+ORDERS = ("longest-first", "input")
 BACKENDS = ("vllm", "ray", "null")
 
 
@@ -71,6 +72,7 @@ class PlanSpec:
     """How rows are grouped: sorted inside a window, cut into token-budgeted chunks."""
 
     sort_window: int = 8192
+    order: str = "longest-first"  # or "input": rows reach the engine (and the parts) in input order
     # None: DEFAULT_CHUNK_TOKENS, split among data-parallel engines (see validate). One engine is fed
     # across chunk boundaries, so the size changes what a crash redoes (the chunks in flight) and the
     # number of parts, not the feed.
@@ -162,6 +164,7 @@ class JobSpec:
         _check_choice("on_bad_line", self.input.on_bad_line, ON_BAD_LINE)
         _check_min("max_tokens", self.sampling.max_tokens, 1)
         _check_min("sort_window", self.plan.sort_window, 1)
+        _check_choice("order", self.plan.order, ORDERS)
         _check_min("tensor_parallel_size", self.engine.tensor_parallel_size, 1)
         _check_min("data_parallel_size", self.engine.data_parallel_size, 1)
         if self.engine.gpus is not None:

@@ -10,6 +10,7 @@ import gzip
 import json
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from qbatch.errors import EXIT_INPUT, EXIT_LOCKED, EXIT_MISMATCH, EXIT_ROW_ERRORS
@@ -250,3 +251,16 @@ def test_windows_grow_so_the_engine_starts_after_the_first_few_hundred_rows(run_
     result = run_null(write_jsonl([{"id": i, "prompt": "hi"} for i in range(600)]), "-o", tmp_path / "small",
                       "--max-tokens", 4, "--sort-window", 100)
     assert [c["rows"] for c in json.loads((tmp_path / "small" / "stats.json").read_text())["chunks"]] == [100] * 6
+
+
+def test_order_longest_first_or_input(run_null, write_jsonl, tmp_path):
+    path = write_jsonl([{"id": i, "prompt": "word " * (i + 1)} for i in range(6)])
+
+    def part_order(name: str, *flags) -> list[str]:
+        out = tmp_path / name
+        assert run_null(path, "-o", out, "--max-tokens", 4, *flags).exit_code == 0
+        return [i for p in sorted((out / "parts").glob("part-*.parquet")) for i in pq.read_table(p)["id"].to_pylist()]
+
+    assert part_order("sorted") == ["5", "4", "3", "2", "1", "0"]
+    assert part_order("input", "--order", "input") == ["0", "1", "2", "3", "4", "5"]
+    assert pl.read_parquet(tmp_path / "input" / "results.parquet")["id"].to_list() == [str(i) for i in range(6)]
