@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from qbatch.detokenize import FinalDecoder
 from qbatch.errors import EngineError, MissingDependency, ModelError, SpecError
 from qbatch.records import Completion, Request
 from qbatch.spec import EngineSpec
@@ -44,6 +45,16 @@ END = object()  # end of a chunk stream
 class Chunk:
     index: int
     requests: list[Request]
+
+
+@dataclass(slots=True)
+class OpenChunk:
+    """A chunk in the engine: its completions so far, and the token ids still to turn into text."""
+
+    chunk: Chunk
+    slots: list[Completion | None]
+    remaining: int
+    undecoded: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
 
 class Engine(Protocol):
@@ -90,6 +101,7 @@ class VllmEngine:
                 hint="check the model name or folder; offline, use --model smollm2-135m (bundled)",
             ) from exc
         self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+        self._decoder = FinalDecoder.for_tokenizer(self.llm.get_tokenizer())
         self._watchdog = EngineWatchdog(self.llm.llm_engine)
         self._next_id = 0
 
@@ -107,7 +119,7 @@ class VllmEngine:
         engine = self.llm.llm_engine
         target = int(self.max_num_seqs * FEED_FACTOR)
         chunk_iter = iter(chunks)
-        open_chunks: dict[int, tuple[Chunk, list[Completion | None], list[int]]] = {}
+        open_chunks: dict[int, OpenChunk] = {}
         in_flight: dict[str, tuple[int, int]] = {}  # request id -> (chunk index, position)
         exhausted = False
         while True:
@@ -142,41 +154,56 @@ class VllmEngine:
                         yield done
 
     def _add_chunk(self, engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind):
-        slots: list[Completion | None] = [None] * len(chunk.requests)
-        remaining = [len(chunk.requests)]
-        open_chunks[chunk.index] = (chunk, slots, remaining)
+        state = open_chunks[chunk.index] = OpenChunk(chunk, [None] * len(chunk.requests), len(chunk.requests))
+        slots = state.slots
         for pos, request in enumerate(chunk.requests):
             try:
-                params = SamplingParams(**request.sampling, output_kind=RequestOutputKind.FINAL_ONLY)
+                params = SamplingParams(**request.sampling, output_kind=RequestOutputKind.FINAL_ONLY,
+                                        detokenize=self._vllm_detokenizes(request))
                 request_id = f"q{self._next_id}"
                 self._next_id += 1
                 engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params)
             except (ValueError, TypeError) as exc:  # a row vLLM rejects fails alone
                 slots[pos] = Completion(request, "", None, 0, error=f"vLLM rejected the request: {_first_line(exc)}")
-                remaining[0] -= 1
+                state.remaining -= 1
                 continue
             in_flight[request_id] = (chunk.index, pos)
-        if remaining[0] == 0:
+        if state.remaining == 0:
             del open_chunks[chunk.index]
             return chunk, slots
         return None
 
-    @staticmethod
-    def _finish(open_chunks, index, pos, output):
-        chunk, slots, remaining = open_chunks[index]
+    def _vllm_detokenizes(self, request: Request) -> bool:
+        """Whether vLLM decodes this row's text (else qbatch does, once the chunk is done; see detokenize.py).
+
+        Stop strings are matched on the text as it grows: only vLLM's own detokenizer can do that.
+        """
+        return self._decoder is None or bool(request.sampling.get("stop"))
+
+    def _finish(self, open_chunks, index, pos, output):
+        state = open_chunks[index]
         completion = output.outputs[0]
-        slots[pos] = Completion(
-            chunk.requests[pos],
+        state.slots[pos] = Completion(
+            state.chunk.requests[pos],
             completion.text,
             completion.finish_reason,
             len(completion.token_ids),
             output.num_cached_tokens or 0,
         )
-        remaining[0] -= 1
-        if remaining[0]:
+        if not self._vllm_detokenizes(state.chunk.requests[pos]):
+            ids = list(completion.token_ids)
+            state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token
+        state.remaining -= 1
+        if state.remaining:
             return None
         del open_chunks[index]
-        return chunk, slots
+        if state.undecoded:
+            positions = list(state.undecoded)
+            texts = self._decoder.decode([state.chunk.requests[p].prompt_token_ids for p in positions],
+                                         list(state.undecoded.values()))
+            for p, text in zip(positions, texts, strict=True):
+                state.slots[p].text = text
+        return state.chunk, state.slots
 
 
 class EngineWatchdog:

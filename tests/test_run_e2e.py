@@ -103,3 +103,21 @@ def cli_status(out):
     result = CliRunner().invoke(cli, ["status", str(out), "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def test_texts_decoded_by_qbatch_equal_vllms_own(run_tiny, write_jsonl, monkeypatch, tmp_path):
+    """qbatch decodes finished rows itself (detokenize.py); the texts must be the ones vLLM would give."""
+    from qbatch import engine
+
+    rows = [{"id": i, "prompt": f"say something about {i}"} for i in range(24)]
+    rows.append({"id": "stop", "prompt": "count", "stop": ["e"]})  # stop strings: vLLM decodes these rows
+    path = write_jsonl(rows)
+    job = ("--no-thinking", "--max-tokens", "40", "--temperature", "0", "--ignore-eos")
+    assert run_tiny(path, "-o", tmp_path / "ours", *job).exit_code == 0
+    monkeypatch.setattr(engine.VllmEngine, "_vllm_detokenizes", lambda self, request: True)
+    assert run_tiny(path, "-o", tmp_path / "vllm", *job).exit_code == 0
+    ours = pl.read_parquet(tmp_path / "ours" / "results.parquet")
+    theirs = pl.read_parquet(tmp_path / "vllm" / "results.parquet")
+    assert ours["completion_tokens"].to_list() == theirs["completion_tokens"].to_list()
+    assert ours["text"].to_list() == theirs["text"].to_list()
+    assert ours["text"].str.len_chars().min() > 0 and "e" not in ours["text"][-1]
