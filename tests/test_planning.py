@@ -15,6 +15,11 @@ def test_sort_window_longest_prompt_first():
     assert [r.num_prompt_tokens for r in out] == [9, 5, 3]
 
 
+def test_sort_window_most_output_first_then_longest_prompt():
+    out = sort_window([req(9, 8), req(3, 500), req(5, 8), req(1, 64)])
+    assert [(r.sampling["max_tokens"], r.num_prompt_tokens) for r in out] == [(500, 3), (64, 1), (8, 9), (8, 5)]
+
+
 def test_cut_chunks_respects_token_budget():
     requests = [req(10, 10, str(i)) for i in range(10)]  # cost 20 each
     chunks = list(cut_chunks(requests, 60))
