@@ -14,6 +14,7 @@ edge, or cut at the end) is replayed through the tokenizer's own DecodeStream.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 CONTEXT_TOKENS = 8  # prompt tokens decoded before a row's output, then cut off again
@@ -36,9 +37,9 @@ class FinalDecoder:
             return None
         return cls(raw) if isinstance(raw, Tokenizer) else None
 
-    def decode(self, prompts: list[list[int]], outputs: list[list[int]]) -> list[str]:
+    def decode(self, prompts: list[list[int]], outputs: Sequence[Sequence[int]]) -> list[str]:
         heads = [ids[-CONTEXT_TOKENS:] for ids in prompts]
-        fulls = self.tokenizer.decode_batch([h + o for h, o in zip(heads, outputs, strict=True)],
+        fulls = self.tokenizer.decode_batch([h + list(o) for h, o in zip(heads, outputs, strict=True)],
                                             skip_special_tokens=True)
         head_texts = self.tokenizer.decode_batch(heads, skip_special_tokens=True)
         texts = []
@@ -49,7 +50,7 @@ class FinalDecoder:
                 texts.append(self.stream(prompt, output))
         return texts
 
-    def stream(self, prompt: list[int], output: list[int]) -> str:
+    def stream(self, prompt: list[int], output: Sequence[int]) -> str:
         """The slow, exact path: vLLM's own steps, a DecodeStream primed with the whole prompt."""
         from tokenizers.decoders import DecodeStream
 

@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,7 +55,8 @@ class OpenChunk:
     chunk: Chunk
     slots: list[Completion | None]
     remaining: int
-    undecoded: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    # 4 bytes a token: a Python list costs ~36 (a 2,000-row chunk of 2,048-token rows: 16 MB, not 150)
+    undecoded: dict[int, array] = dataclasses.field(default_factory=dict)
 
 
 class Engine(Protocol):
@@ -191,7 +193,7 @@ class VllmEngine:
             output.num_cached_tokens or 0,
         )
         if not self._vllm_detokenizes(state.chunk.requests[pos]):
-            ids = list(completion.token_ids)
+            ids = array("I", completion.token_ids)
             state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token
         state.remaining -= 1
         if state.remaining:
