@@ -28,6 +28,15 @@ class FinalDecoder:
         self.tokenizer = tokenizer  # a `tokenizers.Tokenizer`
 
     @classmethod
+    def for_llm(cls, llm: Any) -> FinalDecoder | None:
+        """A decoder for a vLLM `LLM`'s tokenizer, or None (vLLM then detokenizes as usual)."""
+        try:
+            tokenizer = llm.get_tokenizer()
+        except Exception:  # e.g. an engine started without a tokenizer
+            return None
+        return cls.for_tokenizer(tokenizer)
+
+    @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> FinalDecoder | None:
         """A decoder for vLLM's tokenizer when it wraps a Rust one (else None: let vLLM detokenize)."""
         raw = getattr(tokenizer, "_tokenizer", None)

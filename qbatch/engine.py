@@ -103,7 +103,7 @@ class VllmEngine:
                 hint="check the model name or folder; offline, use --model smollm2-135m (bundled)",
             ) from exc
         self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
-        self._decoder = FinalDecoder.for_tokenizer(self.llm.get_tokenizer())
+        self._decoder = FinalDecoder.for_llm(self.llm)
         self._watchdog = EngineWatchdog(self.llm.llm_engine)
         self._next_id = 0
 

@@ -76,3 +76,11 @@ def test_stop_token_is_left_out_as_vllm_does(tokenizer):
 
 def test_no_rust_tokenizer_leaves_decoding_to_vllm():
     assert FinalDecoder.for_tokenizer(object()) is None
+
+
+def test_an_engine_without_a_tokenizer_leaves_decoding_to_vllm():
+    class NoTokenizer:
+        def get_tokenizer(self):
+            raise ValueError("tokenizer was not initialized")
+
+    assert FinalDecoder.for_llm(NoTokenizer()) is None
