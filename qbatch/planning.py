@@ -1,10 +1,11 @@
 """Planning: sort requests by length inside a bounded window, cut token-budgeted chunks.
 
 Pure functions, no I/O and no vLLM. A window bounds memory (only it and the
-chunks cut from it are ever materialised); sorting inside it puts prompts of
-similar length together so the rows of a chunk finish at about the same time;
-the token budget (prompt + max_tokens) bounds the work a chunk represents,
-which is what a crash can cost.
+chunks cut from it are ever materialised; windows grow from FIRST_WINDOW rows
+so generation starts early); sorting inside it starts the longest rows first
+and puts rows of similar length in one chunk, so they finish at about the same
+time; the token budget (prompt + max_tokens) bounds the work a chunk
+represents, which is what a crash can cost.
 """
 
 from __future__ import annotations
