@@ -405,12 +405,13 @@ def format_table(report: dict[str, Any]) -> str:
 
         return format_pipeline(report)
     head = f"{'workload':<9} {'mode':<26} {'rows':>6} {'wall s':>8} {'rows/s':>9} {'out tok/s':>10} " \
-           f"{'total tok/s':>11} {'vs ' + BASELINE:>15}"
+           f"{'total tok/s':>11} {'vs ' + BASELINE:>15}  wall s of each run"
     lines = [head]
     for r in report["results"]:
         ratio = f"{r['vs_vllm_tokens']:.3f}x" if r["vs_vllm_tokens"] is not None else "-"
+        runs = " ".join(f"{w:.2f}" for w in r["notes"].get("wall_s_runs", []))  # the spread says how far to trust a ratio
         lines.append(f"{r['workload']:<9} {r['mode']:<26} {r['rows']:>6} {r['wall_s']:>8.2f} {r['rows_per_s']:>9.1f} "
-                     f"{r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} {ratio:>15}")
+                     f"{r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} {ratio:>15}  {runs}".rstrip())
     return "\n".join(lines)
 
 

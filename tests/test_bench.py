@@ -127,3 +127,5 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     assert rows["hf"]["rows"] == 2
     assert len(rows["qbatch"]["notes"]["wall_s_runs"]) == 2  # two runs, in alternating order
     assert "vs vllm-tokens" in result.output
+    runs = " ".join(f"{w:.2f}" for w in rows["qbatch"]["notes"]["wall_s_runs"])
+    assert any(line.startswith("varied") and line.endswith(runs) for line in result.output.splitlines())
