@@ -40,6 +40,11 @@ def sort_window(requests: list[Request]) -> list[Request]:
     return sorted(requests, key=lambda r: (r.sampling["max_tokens"], r.num_prompt_tokens), reverse=True)
 
 
+def order_window(requests: list[Request], order: str) -> list[Request]:
+    """The window in the job's --order: "longest-first" (sort_window) or "input" (as read)."""
+    return sort_window(requests) if order == "longest-first" else requests
+
+
 def cut_chunks(requests: Iterable[Request], chunk_tokens: int) -> Iterator[list[Request]]:
     """Consecutive chunks whose total cost stays within `chunk_tokens`.
 

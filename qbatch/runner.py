@@ -22,7 +22,7 @@ from qbatch.assemble import assemble
 from qbatch.checkpoint import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
 from qbatch.errors import InputError, SpecError
 from qbatch.memory import rare_collections, release_freed_memory
-from qbatch.planning import FIRST_WINDOW, cut_chunks, sort_window
+from qbatch.planning import FIRST_WINDOW, cut_chunks, order_window
 from qbatch.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.progress import Progress
 from qbatch.readers import detect_format, expand_inputs, read_rows
@@ -180,8 +180,7 @@ class Job:
         drafts, failures, encoded = window
         requests, refused = self.preparer.requests(drafts, encoded)
         items: list[list[Failure] | list[Request]] = [failures + refused] if failures or refused else []
-        ordered = sort_window(requests) if self.spec.plan.order == "longest-first" else requests
-        items.extend(cut_chunks(ordered, self.spec.plan.chunk_tokens))
+        items.extend(cut_chunks(order_window(requests, self.spec.plan.order), self.spec.plan.chunk_tokens))
         return items
 
     def count_todo(self, done: set[str]) -> int:
