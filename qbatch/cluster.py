@@ -59,7 +59,8 @@ class RayEngine(Dispatcher):
             runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}},
             **({"num_gpus": spec.tensor_parallel_size} if on_gpu else {"num_cpus": 1}),
         )
-        worker_spec = replace(spec, backend="vllm", ray_address=None, data_parallel_size=1, gpus=None)
+        worker_spec = replace(spec, backend="vllm", ray_address=None, data_parallel_size=1, gpus=None,
+                              engines_per_gpu=1)
         self._actors = [actor_class.remote(worker_spec, model_path, max_model_len)
                         for _ in range(spec.data_parallel_size)]
         places = self._get([actor.where.remote() for actor in self._actors])

@@ -102,14 +102,21 @@ class VllmEngine:
                 f"vLLM could not load model '{spec.model}': {_first_line(exc)}",
                 hint="check the model name or folder; offline, use --model smollm2-135m (bundled)",
             ) from exc
-        self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
-        self._decoder = FinalDecoder.for_llm(self.llm)
-        self._watchdog = EngineWatchdog(self.llm.llm_engine)
+        try:
+            self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+            self._decoder = FinalDecoder.for_llm(self.llm)
+            self._watchdog = EngineWatchdog(self.llm.llm_engine)
+        except BaseException:
+            self._shutdown()  # the engine processes would outlive a worker that fails here
+            raise
         self._next_id = 0
 
     def close(self) -> None:
         """Shut the engine processes down now, not at interpreter exit (a run on vLLM 0.26 hung there)."""
         self._watchdog.stop()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
         shutdown = getattr(getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
         if shutdown is not None:
             shutdown()
@@ -324,7 +331,7 @@ def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
         from qbatch.cluster import RayEngine
 
         engine_class: Any = RayEngine
-    elif spec.data_parallel_size > 1:
+    elif _engine_count(spec) > 1:
         from qbatch.parallel import DataParallelEngine
 
         engine_class = DataParallelEngine
@@ -342,9 +349,13 @@ def forks_on_create(spec: EngineSpec, model_path: str, max_model_len: int) -> bo
     A fork while other threads run can leave the child with locks that never open, so
     callers start their threads after such a create.
     """
-    if spec.backend == "null" or spec.data_parallel_size > 1:  # data parallel workers are spawned
+    if spec.backend == "null" or _engine_count(spec) > 1:  # data parallel workers are spawned
         return False
     return _key(spec, model_path, max_model_len) not in _ENGINES
+
+
+def _engine_count(spec: EngineSpec) -> int:
+    return spec.data_parallel_size * (spec.engines_per_gpu or 1)
 
 
 def _key(spec: EngineSpec, model_path: str, max_model_len: int) -> tuple:

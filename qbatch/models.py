@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -121,6 +122,27 @@ def model_max_len(model_path: str, revision: str | None) -> int:
                          hint=OFFLINE_HINT) from None
     config = getattr(config, "text_config", None) or config
     return int(getattr(config, "max_position_embeddings", None) or 2048)
+
+
+def weights_bytes(model_path: str) -> int | None:
+    """The size of the model's weights: its weight files, else estimated from config.json
+    (a folder loaded with load_format=dummy has none); None when neither is there."""
+    folder = Path(model_path)
+    files = [f for f in folder.glob("*") if f.suffix in (".safetensors", ".bin", ".gguf")] if folder.is_dir() else []
+    if files:
+        return sum(f.stat().st_size for f in files)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        config = config.get("text_config", config)
+        hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+        head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+        attention = head_dim * hidden * (2 * config["num_attention_heads"] + 2 * config.get("num_key_value_heads",
+                                                                                            config["num_attention_heads"]))
+        mlp = 3 * hidden * config.get("intermediate_size", 4 * hidden)
+        embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
+        return 2 * (embeddings + layers * (attention + mlp))  # 16-bit weights
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def model_identity(name: str, path: str) -> dict[str, Any]:

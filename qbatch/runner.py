@@ -22,6 +22,7 @@ from qbatch.assemble import assemble
 from qbatch.checkpoint import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
 from qbatch.errors import InputError, SpecError
 from qbatch.memory import rare_collections, release_freed_memory
+from qbatch.parallel import engines_per_gpu
 from qbatch.planning import FIRST_WINDOW, cut_chunks, order_window
 from qbatch.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.progress import Progress
@@ -96,6 +97,7 @@ class Job:
             from qbatch.quantize import ensure_quantized
 
             model_path = ensure_quantized(model_path, spec)
+        spec.resolve_engines(engines_per_gpu(spec.engine, model_path))
         tokenizer = load_tokenizer(spec.engine.tokenizer or model_path, spec.engine.revision)
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
         base = {**generation_defaults(model_path), "max_tokens": spec.sampling.max_tokens}

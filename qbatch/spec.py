@@ -73,7 +73,7 @@ class PlanSpec:
 
     sort_window: int = 8192
     order: str = "longest-first"  # or "input": rows reach the engine (and the parts) in input order
-    # None: DEFAULT_CHUNK_TOKENS, split among data-parallel engines (see validate). One engine is fed
+    # None: DEFAULT_CHUNK_TOKENS, split among the engines (see resolve_engines). One engine is fed
     # across chunk boundaries, so the size changes what a crash redoes (the chunks in flight) and the
     # number of parts, not the feed.
     chunk_tokens: int | None = None
@@ -100,6 +100,7 @@ class EngineSpec:
     performance_mode: str | None = "throughput"
     quantize: str | None = None  # "awq": quantize with AutoAWQ first, cached
     data_parallel_size: int = 1  # independent engines, one process per GPU (parallel.py)
+    engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by parallel.engines_per_gpu
     gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
     backend: str = "vllm"  # "ray": engines in Ray actors (cluster.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
@@ -169,19 +170,17 @@ class JobSpec:
         _check_min("data_parallel_size", self.engine.data_parallel_size, 1)
         if self.engine.gpus is not None:
             self.engine.gpus = [str(g) for g in self.engine.gpus]
+            twice = sorted({g for g in self.engine.gpus if self.engine.gpus.count(g) > 1})
+            if twice:
+                raise SpecError(f"--gpus lists GPU {twice[0]} more than once",
+                                hint=f"for several engines on one GPU pass --engines-per-gpu {self.engine.gpus.count(twice[0])}")
             if self.engine.data_parallel_size not in (1, len(self.engine.gpus)):
                 raise SpecError(f"--gpus lists {len(self.engine.gpus)} GPUs but data_parallel_size is "
                                 f"{self.engine.data_parallel_size}; give one GPU per engine")
             self.engine.data_parallel_size = len(self.engine.gpus)
-        if self.plan.chunk_tokens is None:
-            # A chunk is done when its longest row is, so at the end one engine may still run a chunk
-            # while the others idle: with N engines, 16N times smaller chunks keep that tail short
-            # (2 H200s: 131k-token chunks, the last ones finished within 5 s of each other).
-            engines = self.engine.data_parallel_size  # set from --gpus above
-            self.plan.chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
-        _check_min("chunk_tokens", self.plan.chunk_tokens, 1)
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes", "limit"):
-            value = getattr(self.engine, name, None) if hasattr(self.engine, name) else getattr(self.input, name)
+        for name in ("chunk_tokens", "engines_per_gpu", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                     "kv_cache_memory_bytes", "limit"):
+            value = next(getattr(part, name) for part in (self.engine, self.plan, self.input) if hasattr(part, name))
             if value is not None:
                 _check_min(name, value, 1)
         util = self.engine.gpu_memory_utilization
@@ -198,10 +197,23 @@ class JobSpec:
         if self.output.restart and self.output.retry_errors:
             raise SpecError("--restart starts over; --retry-errors resumes: choose one")
 
+    def resolve_engines(self, engines_per_gpu: int) -> None:
+        """Fix the engines per GPU (once the model and GPUs are known) and the chunk size that follows."""
+        self.engine.engines_per_gpu = engines_per_gpu
+        if self.plan.chunk_tokens is None:
+            # A chunk is done when its longest row is, so at the end one engine may still run a chunk
+            # while the others idle: with N engines, 16N times smaller chunks keep that tail short
+            # (2 H200s: 131k-token chunks, the last ones finished within 5 s of each other).
+            engines = self.engine.data_parallel_size * engines_per_gpu
+            self.plan.chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
+
     def _check_ray(self) -> None:
         if self.engine.backend == "ray" and self.engine.gpus is not None:
             raise SpecError("--gpus picks GPUs of this machine; with --backend ray, Ray assigns them",
                             hint="pass --data-parallel-size N for N engines, one per GPU")
+        if self.engine.backend == "ray" and (self.engine.engines_per_gpu or 1) > 1:
+            raise SpecError("--engines-per-gpu works on this machine's GPUs; with --backend ray, Ray gives "
+                            "each engine its own GPU", hint="leave --engines-per-gpu out with --backend ray")
         if self.engine.ray_address and self.engine.backend != "ray":
             raise SpecError("--ray-address needs --backend ray")
 

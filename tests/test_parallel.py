@@ -1,4 +1,8 @@
-"""Data parallel: two independent engine processes behind one coordinator (real engines, CPU)."""
+"""Data parallel: two independent engine processes behind one coordinator (real engines, CPU).
+
+They run as two engines on one device (--engines-per-gpu 2): the same workers as with
+--data-parallel-size 2, plus the second engine waiting for the first to start.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ def test_two_engines_one_output_and_a_dying_worker(tiny_qwen3, tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out), "--model", tiny_qwen3,
            "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens", "32",
-           "--chunk-tokens", "900", "--max-num-seqs", "8", "--data-parallel-size", "2", "--progress", "log"]
+           "--chunk-tokens", "900", "--max-num-seqs", "8", "--engines-per-gpu", "2", "--progress", "log"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 400
@@ -49,4 +53,4 @@ def test_two_engines_one_output_and_a_dying_worker(tiny_qwen3, tmp_path):
     assert results["id"].to_list() == [r["id"] for r in rows]  # all rows, once, in input order
     assert (results["completion_tokens"] == 32).all()
     if killed:
-        assert "engine worker 1 (device 1) died" in output
+        assert "engine worker 1 (device 0) died" in output

@@ -53,9 +53,30 @@ def test_parse_shard():
     assert parse_shard("1/4") == (1, 4)
 
 
+def _resolved(values: dict, engines_per_gpu: int = 1) -> JobSpec:
+    spec = JobSpec.from_flat(values)
+    spec.resolve_engines(engines_per_gpu)
+    return spec
+
+
 def test_default_chunk_budget_is_split_among_engines():
     """With N engines the default chunks are 16N times smaller, so the engines finish close together."""
-    assert JobSpec.from_flat({}).plan.chunk_tokens == 4_194_304
-    assert JobSpec.from_flat({"data_parallel_size": 2}).plan.chunk_tokens == 131_072
-    assert JobSpec.from_flat({"gpus": ["0", "1", "2", "3"]}).plan.chunk_tokens == 65_536
-    assert JobSpec.from_flat({"data_parallel_size": 2, "chunk_tokens": 5000}).plan.chunk_tokens == 5000
+    assert _resolved({}).plan.chunk_tokens == 4_194_304
+    assert _resolved({"data_parallel_size": 2}).plan.chunk_tokens == 131_072
+    assert _resolved({"gpus": ["0", "1", "2", "3"]}).plan.chunk_tokens == 65_536
+    assert _resolved({}, engines_per_gpu=2).plan.chunk_tokens == 131_072
+    assert _resolved({"data_parallel_size": 2}, engines_per_gpu=2).plan.chunk_tokens == 65_536
+    assert _resolved({"data_parallel_size": 2, "chunk_tokens": 5000}).plan.chunk_tokens == 5000
+
+
+def test_a_gpu_listed_twice_points_to_engines_per_gpu():
+    with pytest.raises(SpecError, match="GPU 0 more than once") as info:
+        JobSpec.from_flat({"gpus": ["0", "1", "0"]})
+    assert "--engines-per-gpu 2" in info.value.hint
+
+
+def test_engines_per_gpu_is_checked():
+    with pytest.raises(SpecError, match="engines_per_gpu"):
+        JobSpec.from_flat({"engines_per_gpu": 0})
+    with pytest.raises(SpecError, match="Ray gives each engine its own GPU"):
+        JobSpec.from_flat({"engines_per_gpu": 2, "backend": "ray"})
