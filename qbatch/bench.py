@@ -5,6 +5,10 @@ One process, one engine. The `qbatch` mode runs the whole `qbatch run` path
 cache hands back the very engine the raw vLLM modes drive, so every mode runs
 on the same engine settings and the same prompts. Output lengths are forced
 (`ignore_eos` + per-row `max_tokens`), so every mode does the same work.
+A qbatch run with more than one engine (two per GPU for a small model, the
+default on large GPUs, or --variant engines_per_gpu=2) cannot share the raw
+modes' engine: it runs after them, once their engine is gone, on engines
+started before its timing begins.
 
 vLLM and torch are imported inside functions only. The null-engine benchmark of
 qbatch's own pipeline is in bench_pipeline.py.
@@ -12,12 +16,14 @@ qbatch's own pipeline is in bench_pipeline.py.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import math
 import os
 import platform
 import random
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -189,7 +195,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
     settings.validate()
     with work_dir(settings.work_dir) as work:
         (work / "placeholder.jsonl").write_text('{"prompt": "hi"}\n')
-        spec = qbatch_spec(settings, work / "placeholder.jsonl", work / "out")
+        spec = qbatch_spec(settings, work / "placeholder.jsonl", work / "out", shared=True)
         job = Job.setup(spec)
         workloads = _workloads(settings, job.preparer.tokenizer, work, log)
         measurements: list[Measurement] = []
@@ -214,23 +220,74 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
                       measurements: list[Measurement], log: Callable[[str], None]) -> None:
     _warm_up(llm)
     sequence = _vllm_modes(settings)
+    specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
+             for w in workloads for i, (mode, variant) in enumerate(sequence) if mode == "qbatch"}
+    own = {i for (_, i), spec in specs.items() if _engine_processes(spec, job.model_path) > 1}
+    runs: dict[tuple[str, int], list[Measurement]] = {(w, i): [] for w in workloads for i in range(len(sequence))}
     for workload in workloads.values():
-        runs: dict[int, list[Measurement]] = {i: [] for i in range(len(sequence))}
         for repeat in range(settings.repeats):
             # Alternate the order: on the H200 the first mode after start ran fastest, so a
             # fixed order would favour one mode; forward then backward cancels a steady drift.
-            order = list(range(len(sequence)))[::-1 if repeat % 2 else 1]
-            for i in order:
-                mode, variant = sequence[i]
+            for i in [i for i in range(len(sequence)) if i not in own][::-1 if repeat % 2 else 1]:
                 llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
-                if mode == "qbatch":
-                    spec = qbatch_spec(settings, work / f"{workload.name}.jsonl", work / f"out-{workload.name}",
-                                        variant)
-                    runs[i].append(_run_qbatch(spec, workload, variant))
+                if sequence[i][0] == "qbatch":
+                    runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i][1]))
                 else:
-                    runs[i].append(_run_vllm(llm, workload, mode, job.preparer.base_sampling))
-                log(_line(runs[i][-1]))
-        measurements.extend(_mean(runs[i]) for i in range(len(sequence)))
+                    runs[workload.name, i].append(_run_vllm(llm, workload, sequence[i][0], job.preparer.base_sampling))
+                log(_line(runs[workload.name, i][-1]))
+    if own:
+        _close_engines()  # their GPU memory goes to the runs with engines of their own
+    for i in sorted(own):
+        for workload in workloads.values():
+            started = _start_engines(specs[workload.name, i])
+            for _ in range(settings.repeats):
+                runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i][1], started))
+                log(_line(runs[workload.name, i][-1]))
+        _close_engines()
+    measurements.extend(_mean(runs[w, i]) for w in workloads for i in range(len(sequence)))
+
+
+def _engine_processes(spec: Any, model_path: str) -> int:
+    from qbatch.parallel import engines_per_gpu
+
+    return spec.engine.data_parallel_size * engines_per_gpu(spec.engine, model_path)
+
+
+def _start_engines(spec: Any) -> float:
+    """Start a qbatch run's own engines (kept in qbatch.engine's cache for its runs); the seconds it took."""
+    from qbatch import engine as engines
+    from qbatch.runner import Job
+
+    started = time.monotonic()
+    job = Job.setup(copy.deepcopy(spec))  # resolves the engines per GPU as the run will
+    engines.create(job.spec.engine, job.model_path, job.max_model_len)
+    return time.monotonic() - started
+
+
+def _close_engines() -> None:
+    from qbatch import engine as engines
+
+    engines.close_all()
+    _free_torch_memory()
+    _wait_for_gpu_memory()
+
+
+def _wait_for_gpu_memory(timeout_s: float = 60.0) -> None:
+    """Wait until the GPUs in use are (nearly) empty: the driver may hand back the memory of an
+    engine process a moment after it exited, and the next engines would find too little free."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    command = ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            out = subprocess.run(command + (["-i", visible] if visible else []), capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+            usage = [[int(x) for x in line.split(",")] for line in out.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return  # no NVIDIA GPU
+        if all(used < 0.05 * total for used, total in usage):
+            return
+        time.sleep(0.5)
 
 
 def _mean(runs: list[Measurement]) -> Measurement:
@@ -271,10 +328,13 @@ def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
     return modes + [("qbatch", variant) for variant in settings.variants]
 
 
-def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None) -> Any:
+def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None, *,
+                shared: bool = False) -> Any:
+    """The spec of a qbatch run; shared=True: of the one engine the raw vLLM modes drive."""
     from qbatch.spec import JobSpec
 
-    values = {"progress": "none", **settings.run_settings, **(variant or {}), "inputs": [str(path)],
+    one_engine = {"engines_per_gpu": 1, "data_parallel_size": 1, "gpus": None} if shared else {}
+    values = {"progress": "none", **settings.run_settings, **(variant or {}), **one_engine, "inputs": [str(path)],
               "output_dir": str(out), "ignore_eos": True, "restart": True}
     return JobSpec.from_flat(values, source="qbatch bench")
 
@@ -325,16 +385,21 @@ def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, 
                        sum(len(o.outputs[0].token_ids) for o in outputs))
 
 
-def _run_qbatch(spec: Any, workload: Workload, variant: dict[str, Any]) -> Measurement:
+def _run_qbatch(spec: Any, workload: Workload, variant: dict[str, Any], engines_start_s: float | None = None
+                ) -> Measurement:
     """The full `qbatch run` path, in-process: JSONL -> tokenize -> plan -> engine -> Parquet."""
     from qbatch.runner import run
 
+    spec = copy.deepcopy(spec)  # run() resolves its defaults into the spec
     started = time.monotonic()
     summary = run(spec)
     wall = time.monotonic() - started
     name = "qbatch" + "".join(f" {k}={v}" for k, v in variant.items())
     notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
-             "chunks": summary.num_chunks, "rows_failed": summary.rows_failed}
+             "chunks": summary.num_chunks, "rows_failed": summary.rows_failed,
+             "engines": spec.engine.data_parallel_size * (spec.engine.engines_per_gpu or 1)}
+    if engines_start_s is not None:  # started before the timing, after the shared engine had gone
+        notes["own_engines_start_s"] = round(engines_start_s, 2)
     if summary.prompt_tokens != workload.num_prompt_tokens:
         notes["prompt_tokens_expected"] = workload.num_prompt_tokens
     return Measurement(workload.name, name, summary.rows_ok, wall, summary.prompt_tokens, summary.completion_tokens,

@@ -110,20 +110,23 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     """The benchmark never rots: every mode runs on the tiny Qwen3 and generates exactly the forced tokens."""
     out = tmp_path / "bench.json"
     result = cli("bench", "varied", "--model", tiny_qwen3, "--rows", 6, "--length-scale", 0.05, "--hf-rows", 2,
-                 "--modes", "vllm-text,vllm-tokens,qbatch,hf", "--variant", "sort_window=2", "--repeats", 2,
+                 "--modes", "vllm-text,vllm-tokens,qbatch,hf", "--variant", "engines_per_gpu=2", "--repeats", 2,
                  "--json", out)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {r["mode"]: r for r in report["results"]}
-    assert set(rows) == {"hf", "vllm-text", "vllm-tokens", "qbatch", "qbatch sort_window=2"}
+    assert set(rows) == {"hf", "vllm-text", "vllm-tokens", "qbatch", "qbatch engines_per_gpu=2"}
     expected = report["workloads"]["varied"]
-    for mode in ("vllm-tokens", "qbatch", "qbatch sort_window=2"):
+    for mode in ("vllm-tokens", "qbatch", "qbatch engines_per_gpu=2"):
         assert rows[mode]["rows"] == 6
         assert rows[mode]["output_tokens"] == expected["output_tokens"]  # ignore_eos + per-row max_tokens
         assert rows[mode]["prompt_tokens"] == expected["prompt_tokens"]  # the same prompts
     assert rows["vllm-text"]["output_tokens"] == expected["output_tokens"]
     assert rows["vllm-tokens"]["vs_vllm_tokens"] == 1.0
     assert rows["qbatch"]["notes"]["engine_start_s"] < 1  # the engine was reused, not started again
+    # two engines of its own, started after the shared one had gone and before the timing
+    two = rows["qbatch engines_per_gpu=2"]["notes"]
+    assert two["engines"] == 2 and two["engine_start_s"] < 1 and two["own_engines_start_s"] > 1
     assert rows["hf"]["rows"] == 2
     assert len(rows["qbatch"]["notes"]["wall_s_runs"]) == 2  # two runs, in alternating order
     assert "vs vllm-tokens" in result.output
