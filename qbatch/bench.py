@@ -260,7 +260,8 @@ def _start_engines(spec: Any) -> float:
 
     started = time.monotonic()
     job = Job.setup(copy.deepcopy(spec))  # resolves the engines per GPU as the run will
-    engines.create(job.spec.engine, job.model_path, job.max_model_len)
+    engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
+    getattr(engine, "wait_started", lambda: None)()  # a run begins on the first engine ready; timing waits for all
     return time.monotonic() - started
 
 

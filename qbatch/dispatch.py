@@ -55,6 +55,7 @@ class Dispatcher:
     def __init__(self) -> None:
         self._workers: dict[int, Worker] = {}
         self._wanting: deque[int] = deque()  # workers that asked for a chunk, in order of asking
+        self._starting: set[int] = set()  # workers whose engine is not ready yet (they join the run when it is)
 
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         source = iter(chunks)
@@ -68,18 +69,48 @@ class Dispatcher:
             if message is None:
                 self._reap(retry)
                 continue
+            if self._note(message):
+                continue
             kind, rank = message[0], message[1]
             worker = self._workers.get(rank)
-            if kind == "want":
-                if rank not in self._wanting:
-                    self._wanting.append(rank)
-            elif kind == "failed":
+            if kind == "failed":
                 raise EngineError(f"the engine failed in {worker.label if worker else rank}: {message[2]}",
                                   hint=RESUME_HINT)
-            else:
-                chunk = worker.outstanding.pop(message[2], None) if worker else None
-                if chunk is not None:  # None: a late answer of a worker already given up
-                    yield chunk, [Completion(request, *output) for request, output in zip(chunk.requests, message[3])]
+            chunk = worker.outstanding.pop(message[2], None) if worker else None
+            if chunk is not None:  # None: a late answer of a worker already given up
+                yield chunk, [Completion(request, *output) for request, output in zip(chunk.requests, message[3])]
+
+    def wait_started(self) -> None:
+        """Return once every engine has started (or failed to): a benchmark times runs on all of them."""
+        while self._starting:
+            message = self._receive(POLL_S)
+            if message is None:
+                self._reap(deque())
+                self._starting &= set(self._workers)
+            elif not self._note(message):
+                raise EngineError(f"unexpected message from an engine worker while starting: {message[:2]}")
+
+    def _note(self, message: Message) -> bool:
+        """Handle a worker asking for work, or starting (or failing to); False for anything else."""
+        kind, rank = message[0], message[1]
+        worker = self._workers.get(rank)
+        label = worker.label if worker else rank
+        if kind == "want":
+            if rank not in self._wanting:
+                self._wanting.append(rank)
+        elif kind == "ready":
+            self._starting.discard(rank)
+            print(f"qbatch: engine {label} ready, joins the run", flush=True)
+        elif kind == "failed" and rank in self._starting:
+            self._starting.discard(rank)
+            self._workers.pop(rank, None)  # nothing handed to it yet; its process exits on its own
+            print(f"qbatch: warning: engine {label} could not start, the run goes on without it: {message[2]}",
+                  flush=True)
+            if not self._workers:
+                raise EngineError("no engine could start", hint="see the warnings above")
+        else:
+            return False
+        return True
 
     def _hand_out(self, source: Iterator[Chunk | None], retry: deque[Chunk], exhausted: bool) -> bool:
         """A chunk for each worker that asked (a dead worker's chunks first); True once the source is done."""

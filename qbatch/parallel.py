@@ -13,7 +13,10 @@ loop runs on the CPU (Qwen3-0.6B on an H200: 65% busy with one engine, 96%
 with two, 1.26x the output tok/s), so by default such a model gets two
 engines per GPU, each with half of the GPU's memory. Engines sharing a GPU
 start one after another: vLLM sizes its KV cache from the memory that changed
-while it profiled, and a neighbour allocating meanwhile would count as its own.
+while it profiled, and a neighbour starting meanwhile would count as its own
+(a running one keeps its memory). The run starts as soon as one engine is
+ready; the others join when they are, and one that fails to start then is
+left out with a warning (the run goes on with the rest).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import multiprocessing as mp
 import os
 import queue
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -83,31 +87,34 @@ class DataParallelEngine(Dispatcher):
                                       args=(rank, len(devices), turn, worker_spec, model_path, max_model_len,
                                             tasks, self._results))
             process.start()
-            self._workers[rank] = Worker(rank, f"worker {rank} (device {device})", (process, tasks))
+            # the turn stays referenced: Process.start() drops its arguments (Python 3.12), and an event
+            # collected before a child unpickled it takes its semaphore along (FileNotFoundError there)
+            self._workers[rank] = Worker(rank, f"worker {rank} (device {device})", (process, tasks, turn))
         atexit.register(self.close)
-        self.max_num_seqs = self._wait_ready()
+        self.max_num_seqs = self._wait_first_ready() * len(devices)  # every engine has the same settings
 
-    def _wait_ready(self) -> int:
-        ready: dict[int, int] = {}
+    def _wait_first_ready(self) -> int:
+        """Wait for one engine: the run starts on it while the others start (they join when ready)."""
+        self._starting = set(self._workers)
         waited = 0.0
-        while len(ready) < len(self._workers):
+        while True:
             try:
                 message = self._results.get(timeout=POLL_S)
             except queue.Empty:
                 waited += POLL_S
-                dead = [w.rank for w in self._workers.values() if not self._is_alive(w) and w.rank not in ready]
+                dead = [w.rank for w in self._workers.values() if not self._is_alive(w)]
                 if dead or waited > STARTUP_TIMEOUT_S:
                     self.close()
                     raise ModelError(f"engine worker(s) {dead} exited while starting", hint="see the log above")
                 continue
-            if message[0] == "failed":
+            if message[0] == "failed":  # before any engine runs: the settings are wrong for all of them
                 self.close()
                 raise ModelError(f"engine worker {message[1]} could not start: {message[2]}")
-            if message[0] == "want":  # a worker that is ready asks for work before the others are
+            if message[0] == "want":
                 self._wanting.append(message[1])
-                continue
-            ready[message[1]] = message[2]
-        return sum(ready.values())
+            elif message[0] == "ready":
+                self._starting.discard(message[1])
+                return message[2]
 
     def _send(self, worker: Worker, chunk: Chunk) -> None:
         worker.handle[1].put(chunk)
@@ -123,7 +130,9 @@ class DataParallelEngine(Dispatcher):
 
     def close(self) -> None:
         for worker in self._workers.values():
-            if self._is_alive(worker):
+            if worker.rank in self._starting:  # holds no work: no need to wait for its engine to finish starting
+                _kill_tree(worker.handle[0].pid)
+            elif self._is_alive(worker):
                 worker.handle[1].put(STOP)
         for worker in self._workers.values():
             process = worker.handle[0]
@@ -131,6 +140,22 @@ class DataParallelEngine(Dispatcher):
             if process.is_alive():
                 process.kill()
         self._workers.clear()
+
+
+def _kill_tree(pid: int | None) -> None:
+    """Kill a worker and its engine's processes (they would outlive it)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        family = process.children(recursive=True) + [process]
+    except psutil.Error:
+        return
+    for member in family:
+        try:
+            member.kill()
+        except psutil.Error:
+            pass
 
 
 @dataclass
@@ -163,9 +188,12 @@ def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path
     except ImportError:
         pass
     try:
-        engine = _start_in_turn(turn, spec, model_path, max_model_len, rank, world)
+        # anything queued before this engine said "ready" is the coordinator's STOP: the run ended first
+        engine = _start_in_turn(turn, spec, model_path, max_model_len, rank, world, stopped=lambda: not tasks.empty())
     except BaseException as exc:  # reported to the coordinator, which says so and stops
         results.put(("failed", rank, str(exc)))
+        return
+    if engine is None:
         return
     results.put(("ready", rank, engine.max_num_seqs))
     parent = os.getppid()
@@ -179,13 +207,19 @@ def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path
         engine.close()  # a multiprocessing child skips atexit: vLLM's engine process would outlive it
 
 
-def _start_in_turn(turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int, rank: int, world: int) -> Any:
-    """Import while the engine before this one on the GPU starts, then start with this engine's share of it."""
+def _start_in_turn(turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int, rank: int, world: int,
+                   stopped: Callable[[], bool] = lambda: False) -> Any | None:
+    """Import while the engine before this one on the GPU starts, then start with this engine's share
+    of the GPU; None when the run ended first."""
     try:
         if turn.after is not None:
             import vllm  # noqa: F401  (the slow imports overlap the other engine's start)
 
-            turn.after.wait()
+            while not turn.after.wait(POLL_S):
+                if stopped():
+                    return None
+        if stopped():
+            return None
         return start_engine(_memory_share(spec, turn.share), model_path, max_model_len, rank, world)
     finally:
         turn.started.set()
@@ -207,4 +241,4 @@ def _vllm_default_utilization() -> float:
 
         return float(CacheConfig.__pydantic_fields__["gpu_memory_utilization"].default)
     except (ImportError, AttributeError, KeyError, TypeError, ValueError):
-        return 0.9  # vLLM's default before 0.30
+        return 0.9  # vLLM's long-time default, for a version without pydantic fields

@@ -37,7 +37,7 @@ class InProcessWorkers(Dispatcher):
 
     def _receive(self, timeout):
         for rank, inbox in self.inbox.items():
-            if rank not in self.dead and rank not in self.asked and len(inbox) < self.room.get(rank, 2):
+            if rank not in self.dead | self.asked | self._starting and len(inbox) < self.room.get(rank, 2):
                 self.asked.add(rank)
                 return "want", rank
         reaped = [rank for rank in self.inbox if rank in self.dead and rank not in self._workers]
@@ -74,6 +74,47 @@ def test_an_engine_failure_or_no_worker_left_stops_the_run():
         list(InProcessWorkers(1, failing=0).run(make_chunks(4)))
     with pytest.raises(EngineError, match="every engine worker died"):
         list(InProcessWorkers(1, dying=0).run(make_chunks(4)))
+
+
+class LateWorkers(InProcessWorkers):
+    """Worker 0 runs from the start; worker 1's engine is ready a few messages later, worker 2's never starts."""
+
+    def __init__(self):
+        super().__init__(3)
+        self._starting = {1, 2}
+        self.messages = 0
+
+    def _receive(self, timeout):
+        self.messages += 1
+        if self.messages == 3:
+            return "failed", 2, "CUDA out of memory"
+        if self.messages == 6:
+            return "ready", 1, 8
+        return super()._receive(timeout)
+
+
+def test_engines_join_when_ready_and_one_that_cannot_start_is_left_out(capsys):
+    workers = LateWorkers()
+    results = list(workers.run(make_chunks(20)))
+    assert sorted(chunk.index for chunk, _ in results) == list(range(20))
+    assert workers.received[0][:2] == [0, 1] and workers.received[1] and not workers.received[2]
+    out = capsys.readouterr().out
+    assert "qbatch: engine worker 1 ready, joins the run" in out
+    assert "qbatch: warning: engine worker 2 could not start, the run goes on without it: CUDA out of memory" in out
+
+
+def test_wait_started_returns_once_every_engine_started_or_failed():
+    workers = LateWorkers()
+    workers.wait_started()
+    assert workers._starting == set() and set(workers._workers) == {0, 1}
+    assert sorted(chunk.index for chunk, _ in workers.run(make_chunks(6))) == list(range(6))
+
+
+def test_a_running_engine_that_fails_still_stops_the_run():
+    workers = LateWorkers()
+    workers._starting = set()  # all running: a failure is not a start failure
+    with pytest.raises(EngineError, match="the engine failed in worker 2: CUDA out of memory"):
+        list(workers.run(make_chunks(20)))
 
 
 def test_chunks_go_only_to_workers_that_ask():

@@ -119,3 +119,13 @@ def test_engines_on_one_gpu_start_one_after_another_even_when_one_fails(monkeypa
     assert events == ["start 0", "end 0", "start 1", "end 1"]
     assert isinstance(results[0], RuntimeError) and results[1] == 1
     assert second_done.is_set()
+
+
+def test_an_engine_waiting_for_its_turn_does_not_start_once_the_run_has_ended(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setattr(parallel, "POLL_S", 0.01)
+    monkeypatch.setattr(parallel, "start_engine", lambda *args: pytest.fail("started after the run ended"))
+    done = threading.Event()
+    turn = parallel.Turn("0", 2, threading.Event(), done)  # the engine before it never finishes starting
+    assert parallel._start_in_turn(turn, EngineSpec(), "m", 512, 1, 2, stopped=lambda: True) is None
+    assert done.is_set()  # the next engine on the GPU is not kept waiting either
