@@ -20,7 +20,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from qbatch.bench import BenchSettings, encode_ids, environment, qbatch_spec, render_chat, word_pool, work_dir
+from qbatch.bench import BenchSettings, environment, qbatch_spec, work_dir
+from qbatch.workloads import encode_ids, render_chat, word_pool
 from qbatch.errors import SpecError
 
 BATCH_ROWS = 8192

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from qbatch.bench import WORKLOADS, make_workload, sample_lengths
+from qbatch.workloads import WORKLOADS, make_workload, sample_lengths
 from qbatch.errors import EXIT_USAGE
 
 

@@ -1,0 +1,118 @@
+"""Synthetic benchmark workloads: prompt and output lengths, and prompts of exactly those lengths.
+
+Prompts are random whole-word tokens of the model's own tokenizer, rendered
+through its chat template exactly as `qbatch run` renders them, so the raw vLLM
+modes (text or token ids) and qbatch (a JSONL file) get the same prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qbatch.errors import SpecError
+
+WORKLOADS = ("uniform", "varied", "short")
+WORD_POOL_SIZE = 4000
+
+
+def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.0) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) per row; prompt lengths include the chat template.
+
+    uniform: 512 / 256. varied: lognormal, means ~300 (16..2048) / ~215 (8..1024).
+    short: ~200 (150..250) / 1..8, a classification-like job. `scale` shrinks both (CPU smoke runs).
+    """
+    if name not in WORKLOADS:
+        raise SpecError(f"workload must be one of {', '.join(WORKLOADS)}; got '{name}'")
+    rng = random.Random(f"{name}:{seed}")
+    rows = []
+    for _ in range(num_rows):
+        if name == "uniform":
+            prompt, output = 512, 256
+        elif name == "varied":
+            prompt = _lognormal(rng, 300, 16, 2048)
+            output = _lognormal(rng, 215, 8, 1024)
+        else:
+            prompt, output = rng.randint(150, 250), rng.randint(1, 8)
+        rows.append((max(1, round(prompt * scale)), max(1, round(output * scale))))
+    return rows
+
+
+def _lognormal(rng: random.Random, mean: float, low: int, high: int, sigma: float = 0.8) -> int:
+    return min(high, max(low, round(rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma))))
+
+
+@dataclass
+class Workload:
+    """Rows as qbatch reads them (`texts`) and as raw vLLM gets them (`prompts`, `prompt_token_ids`)."""
+
+    name: str
+    texts: list[str]  # the user message of each row
+    prompts: list[str]  # rendered through the chat template, exactly as qbatch renders it
+    prompt_token_ids: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.texts)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(map(len, self.prompt_token_ids))
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+    def write_jsonl(self, path: Path) -> Path:
+        with open(path, "w", encoding="utf-8") as handle:
+            for i, (text, max_tokens) in enumerate(zip(self.texts, self.max_tokens, strict=True)):
+                handle.write(json.dumps({"id": f"{self.name}-{i}", "prompt": text, "max_tokens": max_tokens}) + "\n")
+        return path
+
+    def describe(self) -> dict[str, Any]:
+        n = max(1, self.num_rows)
+        return {"rows": self.num_rows, "prompt_tokens": self.num_prompt_tokens, "output_tokens": self.num_output_tokens,
+                "mean_prompt_tokens": round(self.num_prompt_tokens / n, 1),
+                "mean_output_tokens": round(self.num_output_tokens / n, 1)}
+
+
+def make_workload(name: str, tokenizer: Any, num_rows: int, *, seed: int = 0, scale: float = 1.0) -> Workload:
+    """Rows of random single-token words sized so the chat-templated prompt has the sampled length."""
+    lengths = sample_lengths(name, num_rows, seed=seed, scale=scale)
+    pool = word_pool(tokenizer)
+    overhead = len(encode_ids(tokenizer, [render_chat(tokenizer, [pool[0]])[0]])[0]) - 1
+    rng = random.Random(f"{name}:{seed}:words")
+    texts = [" ".join(rng.choices(pool, k=max(1, prompt - overhead))) for prompt, _ in lengths]
+    prompts = render_chat(tokenizer, texts)
+    return Workload(name, texts, prompts, encode_ids(tokenizer, prompts), [output for _, output in lengths])
+
+
+def word_pool(tokenizer: Any, size: int = WORD_POOL_SIZE) -> list[str]:
+    """Lowercase words that are one token both alone and after a space, most frequent first."""
+    candidates = []
+    for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
+        word = token[1:] if token[:1] in ("Ġ", "▁") else ""
+        if word.isascii() and word.isalpha() and word.islower() and 3 <= len(word) <= 10:
+            candidates.append(word)
+    alone = encode_ids(tokenizer, candidates)
+    spaced = encode_ids(tokenizer, [" " + w for w in candidates])
+    pool = [w for w, a, s in zip(candidates, alone, spaced, strict=True) if len(a) == 1 and len(s) == 1][:size]
+    if len(pool) < 100:
+        raise SpecError("the tokenizer has too few whole-word tokens to build synthetic prompts")
+    return pool
+
+
+def render_chat(tokenizer: Any, texts: list[str]) -> list[str]:
+    if not getattr(tokenizer, "chat_template", None):
+        return list(texts)
+    return list(tokenizer.apply_chat_template([[{"role": "user", "content": t}] for t in texts], tokenize=False,
+                                              add_generation_prompt=True))
+
+
+def encode_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
