@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -60,16 +61,16 @@ class Dispatcher:
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         source = iter(chunks)
         retry: deque[Chunk] = deque()
-        exhausted = False
+        exhausted, reaped = False, time.monotonic()
         while True:
             exhausted = self._hand_out(source, retry, exhausted)
             if exhausted and not retry and not any(w.outstanding for w in self._workers.values()):
                 return
             message = self._receive(POLL_S)
-            if message is None:
+            if message is None or time.monotonic() - reaped > POLL_S:  # even while other workers keep talking
                 self._reap(retry)
-                continue
-            if self._note(message):
+                reaped = time.monotonic()
+            if message is None or self._note(message):
                 continue
             kind, rank = message[0], message[1]
             worker = self._workers.get(rank)
@@ -135,6 +136,7 @@ class Dispatcher:
         for worker in [w for w in self._workers.values() if not self._is_alive(w)]:
             retry.extend(worker.outstanding.values())
             del self._workers[worker.rank]
+            self._starting.discard(worker.rank)
             print(f"qbatch: engine {worker.label} died; {len(worker.outstanding)} chunks go to the others", flush=True)
         if not self._workers:
             raise EngineError("every engine worker died", hint=RESUME_HINT)

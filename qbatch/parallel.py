@@ -114,6 +114,7 @@ class DataParallelEngine(Dispatcher):
                 self._wanting.append(message[1])
             elif message[0] == "ready":
                 self._starting.discard(message[1])
+                print(f"qbatch: engine {self._workers[message[1]].label} ready, the run starts on it", flush=True)
                 return message[2]
 
     def _send(self, worker: Worker, chunk: Chunk) -> None:

@@ -103,6 +103,19 @@ def test_engines_join_when_ready_and_one_that_cannot_start_is_left_out(capsys):
     assert "qbatch: warning: engine worker 2 could not start, the run goes on without it: CUDA out of memory" in out
 
 
+def test_a_worker_that_dies_while_the_others_talk_is_noticed(monkeypatch, capsys):
+    """Dead workers are looked for every POLL_S even when messages never stop (4 busy engines)."""
+    from qbatch import dispatch
+
+    monkeypatch.setattr(dispatch, "POLL_S", 0.0)
+    workers = InProcessWorkers(3)
+    workers._starting = {2}
+    workers.dead.add(2)  # killed while its engine was starting: it never says anything
+    assert sorted(chunk.index for chunk, _ in workers.run(make_chunks(10))) == list(range(10))
+    assert "qbatch: engine worker 2 died; 0 chunks go to the others" in capsys.readouterr().out
+    assert workers._starting == set()
+
+
 def test_wait_started_returns_once_every_engine_started_or_failed():
     workers = LateWorkers()
     workers.wait_started()
