@@ -230,8 +230,9 @@ def _memory_share(spec: EngineSpec, share: int) -> EngineSpec:
     """The spec of one of `share` engines on a GPU: gpu_memory_utilization is the GPU's, split evenly."""
     from qbatch.engine import _on_cpu
 
-    if share == 1 or spec.kv_cache_memory_bytes is not None or _on_cpu():
+    if share == 1 or _on_cpu():
         return spec
+    # also with --kv-cache-memory-bytes: vLLM still refuses to start with less free memory than its utilization
     util = spec.gpu_memory_utilization or _vllm_default_utilization()
     return replace(spec, gpu_memory_utilization=util / share)
 

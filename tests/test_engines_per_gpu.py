@@ -74,8 +74,9 @@ def test_gpu_memory_utilization_is_the_gpus_split_among_its_engines(monkeypatch)
     assert 0.5 < default < 1
     assert parallel._memory_share(EngineSpec(), 2).gpu_memory_utilization == default / 2
     assert parallel._memory_share(EngineSpec(), 1).gpu_memory_utilization is None  # vLLM's own default
-    fixed = EngineSpec(kv_cache_memory_bytes=GIB)  # an absolute size per engine: left as given
-    assert parallel._memory_share(fixed, 2) == fixed
+    # an absolute KV size per engine stays as given, but vLLM still checks the utilization's share is free
+    fixed = parallel._memory_share(EngineSpec(kv_cache_memory_bytes=GIB), 2)
+    assert (fixed.kv_cache_memory_bytes, fixed.gpu_memory_utilization) == (GIB, default / 2)
 
 
 def test_gpus_follow_cuda_visible_devices(monkeypatch):
