@@ -20,11 +20,10 @@ import copy
 import gc
 import os
 import platform
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +146,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
 def _engine_processes(spec: Any, model_path: str) -> int:
     from qbatch.parallel import engines_per_gpu
 
-    return spec.engine.data_parallel_size * engines_per_gpu(spec.engine, model_path)
+    return replace(spec.engine, engines_per_gpu=engines_per_gpu(spec.engine, model_path)).engine_count()
 
 
 def _start_engines(spec: Any) -> float:
@@ -173,18 +172,14 @@ def _close_engines() -> None:
 def _wait_for_gpu_memory(timeout_s: float = 60.0) -> None:
     """Wait until the GPUs in use are (nearly) empty: the driver may hand back the memory of an
     engine process a moment after it exited, and the next engines would find too little free."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    command = ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits"]
+    from qbatch.parallel import query_gpus
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            out = subprocess.run(command + (["-i", visible] if visible else []), capture_output=True, text=True,
-                                 timeout=30, check=True).stdout
-            usage = [[int(x) for x in line.split(",")] for line in out.splitlines() if line.strip()]
-        except (OSError, subprocess.SubprocessError, ValueError):
-            return  # no NVIDIA GPU
-        if all(used < 0.05 * total for used, total in usage):
-            return
+        usage = query_gpus("memory.used,memory.total", visible)
+        if usage is None or all(used < 0.05 * total for used, total in usage):
+            return  # no NVIDIA GPU, or they are empty
         time.sleep(0.5)
 
 
@@ -295,7 +290,7 @@ def _run_qbatch(spec: Any, workload: Workload, variant: dict[str, Any], engines_
     name = "qbatch" + "".join(f" {k}={v}" for k, v in variant.items())
     notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
              "chunks": summary.num_chunks, "rows_failed": summary.rows_failed,
-             "engines": spec.engine.data_parallel_size * (spec.engine.engines_per_gpu or 1)}
+             "engines": spec.engine.engine_count()}
     if engines_start_s is not None:  # started before the timing, after the shared engine had gone
         notes["own_engines_start_s"] = round(engines_start_s, 2)
     if summary.prompt_tokens != workload.num_prompt_tokens:

@@ -86,8 +86,7 @@ class Dispatcher:
         while self._starting:
             message = self._receive(POLL_S)
             if message is None:
-                self._reap(deque())
-                self._starting &= set(self._workers)
+                self._reap(deque())  # also forgets a dead worker that was starting
             elif not self._note(message):
                 raise EngineError(f"unexpected message from an engine worker while starting: {message[:2]}")
 

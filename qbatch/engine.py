@@ -331,7 +331,7 @@ def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
         from qbatch.cluster import RayEngine
 
         engine_class: Any = RayEngine
-    elif _engine_count(spec) > 1:
+    elif spec.engine_count() > 1:
         from qbatch.parallel import DataParallelEngine
 
         engine_class = DataParallelEngine
@@ -349,13 +349,9 @@ def forks_on_create(spec: EngineSpec, model_path: str, max_model_len: int) -> bo
     A fork while other threads run can leave the child with locks that never open, so
     callers start their threads after such a create.
     """
-    if spec.backend == "null" or _engine_count(spec) > 1:  # data parallel workers are spawned
+    if spec.backend == "null" or spec.engine_count() > 1:  # data parallel workers are spawned
         return False
     return _key(spec, model_path, max_model_len) not in _ENGINES
-
-
-def _engine_count(spec: EngineSpec) -> int:
-    return spec.data_parallel_size * (spec.engines_per_gpu or 1)
 
 
 def _key(spec: EngineSpec, model_path: str, max_model_len: int) -> tuple:

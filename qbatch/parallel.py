@@ -59,12 +59,20 @@ def engines_per_gpu(spec: EngineSpec, model_path: str) -> int:
 
 
 def gpu_memory_bytes(device: str) -> int | None:
-    """Total memory of an NVIDIA GPU, asked through nvidia-smi (CUDA stays uninitialised); None without one."""
+    """Total memory of an NVIDIA GPU (CUDA stays uninitialised); None without one."""
+    rows = query_gpus("memory.total", device)
+    return rows[0][0] << 20 if rows else None  # MiB
+
+
+def query_gpus(fields: str, devices: str | None = None) -> list[list[int]] | None:
+    """Integer fields of each GPU (all, or `devices`: ids as in CUDA_VISIBLE_DEVICES), asked through
+    nvidia-smi; None without an NVIDIA GPU."""
+    command = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", device],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        return int(out.split()[0]) << 20  # MiB
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        out = subprocess.run(command + (["-i", devices] if devices else []), capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        return [[int(x) for x in line.split(",")] for line in out.splitlines() if line.strip()] or None
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
 
 

@@ -105,6 +105,10 @@ class EngineSpec:
     backend: str = "vllm"  # "ray": engines in Ray actors (cluster.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
 
+    def engine_count(self) -> int:
+        """Engine processes in all (engines_per_gpu None counts as one: not chosen yet)."""
+        return self.data_parallel_size * (self.engines_per_gpu or 1)
+
 
 @dataclass
 class OutputSpec:
@@ -204,7 +208,7 @@ class JobSpec:
             # A chunk is done when its longest row is, so at the end one engine may still run a chunk
             # while the others idle: with N engines, 16N times smaller chunks keep that tail short
             # (2 H200s: 131k-token chunks, the last ones finished within 5 s of each other).
-            engines = self.engine.data_parallel_size * engines_per_gpu
+            engines = self.engine.engine_count()
             self.plan.chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
 
     def _check_ray(self) -> None:

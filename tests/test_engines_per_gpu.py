@@ -130,3 +130,16 @@ def test_an_engine_waiting_for_its_turn_does_not_start_once_the_run_has_ended(mo
     turn = parallel.Turn("0", 2, threading.Event(), done)  # the engine before it never finishes starting
     assert parallel._start_in_turn(turn, EngineSpec(), "m", 512, 1, 2, stopped=lambda: True) is None
     assert done.is_set()  # the next engine on the GPU is not kept waiting either
+
+
+def test_gpus_are_asked_through_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf "1024, 143771\\n2048, 143771\\n"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert parallel.query_gpus("memory.used,memory.total", "0,1") == [[1024, 143771], [2048, 143771]]
+    assert "--query-gpu=memory.used,memory.total" in (tmp_path / "args").read_text()
+    assert (tmp_path / "args").read_text().split()[-2:] == ["-i", "0,1"]
+    assert parallel.gpu_memory_bytes("0") == 1024 << 20  # the first GPU's first field, MiB
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert parallel.query_gpus("memory.total") is None and parallel.gpu_memory_bytes("0") is None
