@@ -8,7 +8,8 @@ on the same engine settings and the same prompts. Output lengths are forced
 A qbatch run with more than one engine (two per GPU for a small model, the
 default on large GPUs, or --variant engines_per_gpu=2) cannot share the raw
 modes' engine: it runs after them, once their engine is gone, on engines
-started before its timing begins.
+started before its timing begins. So does every qbatch run with --vllm-defaults,
+where the raw modes' engine has vLLM's own settings and qbatch keeps its own.
 
 vLLM and torch are imported inside functions only. The null-engine benchmark of
 qbatch's own pipeline is in bench_pipeline.py, the workloads in workloads.py.
@@ -33,7 +34,7 @@ from qbatch.workloads import WORKLOADS, Workload, make_workload, sample_lengths
 
 MODES = ("vllm-text", "vllm-tokens", "qbatch", "hf")
 DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096}
-BASELINE = "vllm-tokens"
+BASELINES = ("vllm-tokens", "vllm-text")  # each mode's ratio to these, on the same workload
 HF_MAX_BATCH = 256
 
 
@@ -77,9 +78,6 @@ class BenchSettings:
                 raise SpecError(f"mode must be one of {', '.join(MODES)}; got '{mode}'")
         for name in self.workloads:
             sample_lengths(name, 0)
-        if self.vllm_defaults and ("qbatch" in self.modes or self.variants):
-            raise SpecError("--vllm-defaults compares raw vLLM on its own defaults; it cannot run the qbatch mode",
-                            hint="pass --modes vllm-text,vllm-tokens with --vllm-defaults")
         if (self.rows is not None and self.rows < 1) or self.hf_rows < 1 or self.repeats < 1 or self.length_scale <= 0:
             raise SpecError("--rows, --hf-rows and --repeats must be >= 1 and --length-scale > 0")
 
@@ -104,21 +102,28 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
         if set(settings.modes) - {"hf"}:
             engine, engine_info = _engine(settings, spec, job)
             log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
+            # vLLM's defaults engine is not in qbatch.engine's cache, which the CLI closes
+            release = engine.close if settings.vllm_defaults else _keep
             try:
-                _run_engine_modes(settings, engine.llm, workloads, work, job, measurements, log)
+                _run_engine_modes(settings, engine.llm, workloads, work, job, measurements, log, release)
             finally:
-                if settings.vllm_defaults:  # not in qbatch.engine's cache, which the CLI closes
-                    engine.close()
+                release()
     return _report(settings, workloads, measurements, engine_info)
 
 
+def _keep() -> None:
+    """The shared engine stays: it is qbatch.engine's, closed with the others."""
+
+
 def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Workload], work: Path, job: Any,
-                      measurements: list[Measurement], log: Callable[[str], None]) -> None:
+                      measurements: list[Measurement], log: Callable[[str], None],
+                      release_shared: Callable[[], None]) -> None:
     _warm_up(llm)
     sequence = _vllm_modes(settings)
     specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
              for w in workloads for i, (mode, variant) in enumerate(sequence) if mode == "qbatch"}
-    own = {i for (_, i), spec in specs.items() if _engine_processes(spec, job.model_path) > 1}
+    own = {i for (_, i), spec in specs.items()
+           if settings.vllm_defaults or _engine_processes(spec, job.model_path) > 1}
     runs: dict[tuple[str, int], list[Measurement]] = {(w, i): [] for w in workloads for i in range(len(sequence))}
     for workload in workloads.values():
         for repeat in range(settings.repeats):
@@ -132,6 +137,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
                     runs[workload.name, i].append(_run_vllm(llm, workload, sequence[i][0], job.preparer.base_sampling))
                 log(_line(runs[workload.name, i][-1]))
     if own:
+        release_shared()
         _close_engines()  # their GPU memory goes to the runs with engines of their own
     for i in sorted(own):
         for workload in workloads.values():
@@ -349,8 +355,9 @@ def _report(settings: BenchSettings, workloads: dict[str, Workload], measurement
             engine_info: dict[str, Any]) -> dict[str, Any]:
     rows = [m.as_dict() for m in measurements]
     for row in rows:
-        base = next((r for r in rows if r["workload"] == row["workload"] and r["mode"] == BASELINE), None)
-        row["vs_vllm_tokens"] = round(row["output_tok_s"] / base["output_tok_s"], 3) if base else None
+        for baseline in BASELINES:
+            base = next((r for r in rows if r["workload"] == row["workload"] and r["mode"] == baseline), None)
+            row[_ratio_key(baseline)] = round(row["output_tok_s"] / base["output_tok_s"], 3) if base else None
     return {"kind": "engines", **environment(), "settings": {**asdict(settings), "work_dir": None},
             "engine": engine_info, "workloads": {name: w.describe() for name, w in workloads.items()},
             "results": rows}
@@ -363,14 +370,19 @@ def format_table(report: dict[str, Any]) -> str:
 
         return format_pipeline(report)
     head = f"{'workload':<9} {'mode':<26} {'rows':>6} {'wall s':>8} {'rows/s':>9} {'out tok/s':>10} " \
-           f"{'total tok/s':>11} {'vs ' + BASELINE:>15}  wall s of each run"
+           f"{'total tok/s':>11} " + " ".join(f"{'vs ' + b:>15}" for b in BASELINES) + "  wall s of each run"
     lines = [head]
     for r in report["results"]:
-        ratio = f"{r['vs_vllm_tokens']:.3f}x" if r["vs_vllm_tokens"] is not None else "-"
+        ratios = " ".join(f"{r[_ratio_key(b)]:>14.3f}x" if r.get(_ratio_key(b)) is not None else f"{'-':>15}"
+                          for b in BASELINES)
         runs = " ".join(f"{w:.2f}" for w in r["notes"].get("wall_s_runs", []))  # the spread says how far to trust a ratio
         lines.append(f"{r['workload']:<9} {r['mode']:<26} {r['rows']:>6} {r['wall_s']:>8.2f} {r['rows_per_s']:>9.1f} "
-                     f"{r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} {ratio:>15}  {runs}".rstrip())
+                     f"{r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} {ratios}  {runs}".rstrip())
     return "\n".join(lines)
+
+
+def _ratio_key(baseline: str) -> str:
+    return "vs_" + baseline.replace("-", "_")
 
 
 def _line(m: Measurement) -> str:

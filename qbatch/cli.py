@@ -214,7 +214,8 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
               help="A `qbatch run` setting for every mode (repeatable), e.g. -s max_num_seqs=512.")
 @click.option("--variant", multiple=True, callback=_key_values, metavar="'KEY=VALUE ...'",
               help="Also run the qbatch mode with these planning settings (repeatable).")
-@click.option("--vllm-defaults", is_flag=True, help="Run the raw vLLM modes on vLLM's own engine defaults.")
+@click.option("--vllm-defaults", is_flag=True,
+              help="Run the raw vLLM modes on vLLM's own engine defaults (the qbatch mode keeps qbatch's).")
 @click.option("--null-engine", is_flag=True, help="Time qbatch's pipeline alone against bare tokenization.")
 @click.option("--prompts", type=click.Path(dir_okay=False, exists=True),
               help="With --null-engine: JSONL whose `prompt`/`turns` texts are sampled.")
@@ -233,6 +234,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
       qbatch bench varied --model smollm2-135m --rows 64 --length-scale 0.25
       qbatch bench --model smollm2-135m --null-engine --rows 100000
       qbatch bench uniform varied short --model Qwen/Qwen3-0.6B --modes vllm-text,vllm-tokens,qbatch,hf
+      qbatch bench varied --model Qwen/Qwen3-0.6B --modes vllm-text,qbatch --vllm-defaults --repeats 2
     """
     import shlex
 
