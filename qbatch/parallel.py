@@ -79,7 +79,7 @@ def query_gpus(fields: str, devices: str | None = None) -> list[list[int]] | Non
 class DataParallelEngine(Dispatcher):
     """Implements the Engine protocol over N worker processes on this host."""
 
-    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int):
+    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, wait: bool = True):
         super().__init__()
         share = spec.engines_per_gpu or 1
         devices = [device for device in gpu_ids(spec) for _ in range(share)]
@@ -99,7 +99,15 @@ class DataParallelEngine(Dispatcher):
             # collected before a child unpickled it takes its semaphore along (FileNotFoundError there)
             self._workers[rank] = Worker(rank, f"worker {rank} (device {device})", (process, tasks, turn))
         atexit.register(self.close)
-        self.max_num_seqs = self._wait_first_ready() * len(devices)  # every engine has the same settings
+        self._engines = len(devices)
+        self.max_num_seqs = 0  # known once an engine is ready
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Return once the first engine is ready (at once if one was)."""
+        if not self.max_num_seqs:
+            self.max_num_seqs = self._wait_first_ready() * self._engines  # every engine has the same settings
 
     def _wait_first_ready(self) -> int:
         """Wait for one engine: the run starts on it while the others start (they join when ready)."""

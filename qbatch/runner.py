@@ -1,7 +1,10 @@
 """Orchestration: read -> skip done -> prepare -> plan -> generate -> write.
 
 Everything that can be checked without the model (inputs, spec, output
-folder, manifest, duplicate ids) is checked before the engine loads. Rows are
+folder, manifest, duplicate ids) is checked before the engine loads, except
+that engines in processes of their own (several per host) start right after
+the output folder's checks, to load beside the tokenizer and the id pre-scan
+(a failed check kills them). Rows are
 read, rendered, tokenized and planned in three threads of their own (stages.py)
 while the engine generates and this thread writes the results.
 """
@@ -13,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from itertools import islice
 from pathlib import Path
 from typing import Any, TextIO
@@ -59,7 +63,7 @@ class Summary:
     num_chunks: int = 0
     wall_s: float = 0.0
     setup_s: float = 0.0  # start to engine creation: inputs, tokenizer, fingerprint, resume scan, id pre-scan
-    engine_start_s: float = 0.0
+    engine_start_s: float = 0.0  # engines started early: from their start, so it overlaps setup_s
     generate_s: float = 0.0
     assemble_s: float = 0.0  # results.parquet / errors.parquet from the parts
     total_ok: int = 0
@@ -85,7 +89,6 @@ class Job:
     files: list[Path]
     model_path: str
     max_model_len: int
-    preparer: Preparer
 
     @classmethod
     def setup(cls, spec: JobSpec) -> Job:
@@ -98,13 +101,19 @@ class Job:
 
             model_path = ensure_quantized(model_path, spec)
         spec.resolve_engines(engines_per_gpu(spec.engine, model_path))
-        tokenizer = load_tokenizer(spec.engine.tokenizer or model_path, spec.engine.revision)
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
-        base = {**generation_defaults(model_path), "max_tokens": spec.sampling.max_tokens}
+        return cls(spec, files, model_path, max_model_len)
+
+    @cached_property
+    def preparer(self) -> Preparer:
+        """Loaded on first use: importing Transformers and loading the tokenizer takes seconds
+        (8-11 s measured), which engines started first spend loading beside it."""
+        spec = self.spec
+        tokenizer = load_tokenizer(spec.engine.tokenizer or self.model_path, spec.engine.revision)
+        base = {**generation_defaults(self.model_path), "max_tokens": spec.sampling.max_tokens}
         base.update({k: v for k, v in asdict(spec.sampling).items() if v is not None and v is not False})
-        preparer = Preparer(spec, tokenizer, max_model_len=max_model_len, base_sampling=base,
-                            positional_prefix=len(files) > 1)
-        return cls(spec, files, model_path, max_model_len, preparer)
+        return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
+                        positional_prefix=len(self.files) > 1)
 
     def fingerprint(self) -> dict[str, Any]:
         flat = self.spec.flat()
@@ -221,6 +230,8 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     fingerprint = job.fingerprint()
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
     done = out.done_ids(include_errors=not spec.output.retry_errors)
+    started_early = _start_engines_early(job, previous)
+    job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
     early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
     with job.windows(done, start=early) as windows:
@@ -237,7 +248,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
         try:
             if todo:
                 summary.setup_s = time.monotonic() - started
-                _generate(job, windows, out, summary, progress)
+                _generate(job, windows, out, summary, progress, started_early)
         except BaseException:
             manifest.update(status="failed", updated_at=_now())
             out.write_manifest(manifest)
@@ -258,12 +269,23 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     return summary
 
 
-def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress) -> None:
-    """Start the engine, feed it the windows' chunks, write each chunk as it finishes."""
+def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | None:
+    """Start engines that run in processes of their own now, so that they load while this process
+    loads the tokenizer and scans the inputs (they are killed if a check fails); when they started."""
+    if previous is not None and previous.get("status") == "completed":
+        return None  # most likely nothing left to do: start no engine for nothing
+    return engines.prestart(job.spec.engine, job.model_path, job.max_model_len)
+
+
+def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress,
+              started_early: float | None) -> None:
+    """Start the engine (or wait for the one started early), feed it the windows' chunks, write each
+    chunk as it finishes."""
     t0 = time.monotonic()
     engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
-    summary.engine_start_s = time.monotonic() - t0
-    progress.log(f"engine ready in {summary.engine_start_s:.1f}s")
+    summary.engine_start_s = time.monotonic() - (started_early or t0)
+    early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
+    progress.log(f"engine ready in {summary.engine_start_s:.1f}s{early}")
     gen_start = progress.start_clock()
     sources = [str(p) for p in job.files]
     windows.start()

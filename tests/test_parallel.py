@@ -61,3 +61,4 @@ def test_two_engines_one_output_and_a_dying_worker(tiny_qwen3, tmp_path):
     assert (results["completion_tokens"] == 32).all()
     assert killed, output  # the job is long enough for worker 1 to run before it ends
     assert "qbatch: engine worker 1 (device 1) died" in output
+    assert "before the setup ended" in output  # the workers started beside the tokenizer's load

@@ -264,3 +264,20 @@ def test_order_longest_first_or_input(run_null, write_jsonl, tmp_path):
     assert part_order("sorted") == ["5", "4", "3", "2", "1", "0"]
     assert part_order("input", "--order", "input") == ["0", "1", "2", "3", "4", "5"]
     assert pl.read_parquet(tmp_path / "input" / "results.parquet")["id"].to_list() == [str(i) for i in range(6)]
+
+
+def test_engines_in_processes_of_their_own_start_before_the_tokenizer_loads(run_null, write_jsonl, tmp_path,
+                                                                             monkeypatch):
+    """Their start overlaps the tokenizer's load and the id pre-scan; a finished job starts none."""
+    from qbatch import engine, runner
+
+    events: list[str] = []
+    load = runner.load_tokenizer
+    monkeypatch.setattr(engine, "prestart", lambda *args: events.append("engines") or None)
+    monkeypatch.setattr(runner, "load_tokenizer", lambda *args: events.append("tokenizer") or load(*args))
+    path, out = write_jsonl([{"id": f"r{i}", "prompt": "hi"} for i in range(3)]), tmp_path / "out"
+    assert run_null(path, "-o", out).exit_code == 0
+    assert events == ["engines", "tokenizer"]
+    events.clear()
+    assert run_null(path, "-o", out).exit_code == 0  # rerun of a completed job: nothing to do
+    assert events == ["tokenizer"]

@@ -59,7 +59,7 @@ def test_a_run_may_move_between_the_vllm_and_ray_backends(bundled_model):
 
     def fingerprint(backend: str) -> dict:
         spec = JobSpec.from_flat({"model": bundled_model, "backend": backend})
-        return Job(spec, [], bundled_model, 512, None).fingerprint()
+        return Job(spec, [], bundled_model, 512).fingerprint()
 
     assert fingerprint("ray") == fingerprint("vllm") != fingerprint("null")
 
