@@ -112,7 +112,18 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def model_max_len(model_path: str, revision: str | None) -> int:
-    """The context length vLLM would derive from the model's config."""
+    """The context length vLLM would derive from the model's config.
+
+    Read from config.json where it says: importing Transformers for AutoConfig takes
+    5-8 s, which would delay the engines' start (they start right after this).
+    """
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        config = config.get("text_config") or config
+        if isinstance(config.get("max_position_embeddings"), int):
+            return config["max_position_embeddings"]
+    except (OSError, ValueError, AttributeError):
+        pass  # not a local folder with a plain config: Transformers knows more layouts
     from transformers import AutoConfig
 
     try:
