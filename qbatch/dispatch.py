@@ -52,6 +52,7 @@ class Dispatcher:
     """The Engine protocol over workers; a subclass says how chunks travel (`_send`, `_receive`, `_is_alive`)."""
 
     max_num_seqs: int
+    engine_seqs: int = 0  # one engine's max_num_seqs (0: not known, no cap while others start)
 
     def __init__(self) -> None:
         self._workers: dict[int, Worker] = {}
@@ -114,21 +115,30 @@ class Dispatcher:
 
     def _hand_out(self, source: Iterator[Chunk | None], retry: deque[Chunk], exhausted: bool) -> bool:
         """A chunk for each worker that asked (a dead worker's chunks first); True once the source is done."""
-        wanting = self._wanting
-        while wanting:
-            worker = self._workers.get(wanting[0])
-            if worker is None:  # died since it asked
-                wanting.popleft()
-                continue
+        while (worker := self._next_wanting()) is not None:
             chunk = retry.popleft() if retry else (END if exhausted else next(source, END))
             if chunk is END:
                 return True
             if chunk is None:  # nothing ready yet
                 return exhausted
-            wanting.popleft()
+            self._wanting.remove(worker.rank)
             worker.outstanding[chunk.index] = chunk
             self._send(worker, slim(chunk))
         return exhausted
+
+    def _next_wanting(self) -> Worker | None:
+        """The first worker that asked and may take a chunk now (forgetting those that died since).
+
+        While other engines are still starting, a running one gets no more rows than it runs at
+        once: rows waiting in it cannot move to the others when they join (on one H200, the first
+        of two engines took 3/4 of a 4,096-row job before the second was ready).
+        """
+        self._wanting = deque(rank for rank in self._wanting if rank in self._workers)
+        for rank in self._wanting:
+            worker = self._workers[rank]
+            if not (self._starting and self.engine_seqs) or _rows(worker) < self.engine_seqs:
+                return worker
+        return None
 
     def _reap(self, retry: deque[Chunk]) -> None:
         """Give the chunks of dead workers to the living; fail when none is left."""
@@ -149,6 +159,10 @@ class Dispatcher:
 
     def _is_alive(self, worker: Worker) -> bool:
         raise NotImplementedError
+
+
+def _rows(worker: Worker) -> int:
+    return sum(len(chunk.requests) for chunk in worker.outstanding.values())
 
 
 def slim(chunk: Chunk) -> Chunk:

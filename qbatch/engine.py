@@ -26,11 +26,12 @@ from qbatch.records import Completion, Request
 from qbatch.spec import EngineSpec
 
 # Requests kept in the engine, as a multiple of max_num_seqs: enough that the scheduler
-# always has the next rows waiting when a sequence finishes (a step ends ~10 of 2,048 on
-# the H200's `varied` run; 256 wait), and no more: rows waiting in one engine cannot go to
-# another. At 1.5, the first of two engines on an H200 took 3,072 of a 4,096-row job before
-# the second was ready, and ran 82% of its tokens alone (generate 41.9 s instead of ~26 s).
-FEED_FACTOR = 1.125
+# always has the next rows waiting when a sequence finishes, and that the longest rows of
+# a later window get in early instead of running alone at the end. One engine on the H200,
+# `varied`, vs vllm-tokens: 0.97x and 1.08x at 1.5 (two sessions), 0.92x at 1.125 (five
+# runs, noisy host). While other engines are still starting, the coordinator keeps a
+# running one to max_num_seqs rows (dispatch.py): rows waiting in it cannot go to another.
+FEED_FACTOR = 1.5
 CPU_KV_CACHE_BYTES = 2 << 30
 IDLE_S = 0.002
 EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"

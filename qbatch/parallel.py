@@ -107,7 +107,8 @@ class DataParallelEngine(Dispatcher):
     def wait_ready(self) -> None:
         """Return once the first engine is ready (at once if one was)."""
         if not self.max_num_seqs:
-            self.max_num_seqs = self._wait_first_ready() * self._engines  # every engine has the same settings
+            self.engine_seqs = self._wait_first_ready()
+            self.max_num_seqs = self.engine_seqs * self._engines  # every engine has the same settings
 
     def _wait_first_ready(self) -> int:
         """Wait for one engine: the run starts on it while the others start (they join when ready)."""

@@ -152,3 +152,32 @@ def test_feed_asks_once_until_a_chunk_comes():
     assert next(chunks) is None and len(asks) == 2  # room again: asks again
     tasks.put(STOP)
     assert list(chunks) == []
+
+
+class SlowSecondEngine(InProcessWorkers):
+    """Worker 0's engine has room for many chunks; worker 1's is ready after 12 messages. Engines run 4 rows at once."""
+
+    def __init__(self):
+        super().__init__(2, room={0: 10})
+        self.engine_seqs = 4
+        self._starting = {1}
+        self.messages = 0
+        self.held = {"starting": 0, "running": 0}  # the most rows worker 0 held while worker 1 started / ran
+
+    def _send(self, worker, chunk):
+        super()._send(worker, chunk)
+        if worker.rank == 0:
+            phase = "starting" if self._starting else "running"
+            self.held[phase] = max(self.held[phase], sum(len(c.requests) for c in worker.outstanding.values()))
+
+    def _receive(self, timeout):
+        self.messages += 1
+        return ("ready", 1, 4) if self.messages == 12 else super()._receive(timeout)
+
+
+def test_while_an_engine_starts_the_others_hold_no_more_rows_than_they_run():
+    workers = SlowSecondEngine()
+    results = list(workers.run(make_chunks(30)))  # chunks of 2 rows
+    assert sorted(chunk.index for chunk, _ in results) == list(range(30))
+    assert workers.held["starting"] == 4  # two chunks, though its engine asked for more
+    assert workers.held["running"] > 4 and workers.received[1]  # then the cap is gone, and worker 1 takes its share
