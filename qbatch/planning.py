@@ -11,22 +11,11 @@ represents, which is what a crash can cost.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from itertools import islice
-from typing import TypeVar
 
 from qbatch.records import Request
 
-T = TypeVar("T")
-
 # Rows in the first window; windows then double up to sort_window, so generation starts early.
 FIRST_WINDOW = 512
-
-
-def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """Lists of `size` items (the last may be shorter)."""
-    iterator = iter(items)
-    while batch := list(islice(iterator, size)):
-        yield batch
 
 
 def sort_window(requests: list[Request]) -> list[Request]:
@@ -62,8 +51,3 @@ def cut_chunks(requests: Iterable[Request], chunk_tokens: int) -> Iterator[list[
     if chunk:
         yield chunk
 
-
-def plan(requests: Iterable[Request], *, window: int, chunk_tokens: int) -> Iterator[list[Request]]:
-    """Sort each window of requests by length and cut it into chunks."""
-    for batch in batched(requests, window):
-        yield from cut_chunks(sort_window(batch), chunk_tokens)

@@ -1,13 +1,11 @@
-from qbatch.planning import batched, cut_chunks, plan, sort_window
+import json
+
+from qbatch.planning import cut_chunks, sort_window
 from qbatch.records import Request
 
 
 def req(n_prompt: int, max_tokens: int = 10, rid: str = "x") -> Request:
     return Request(rid, 0, 0, list(range(n_prompt)), {"max_tokens": max_tokens}, None)
-
-
-def test_batched_splits_and_keeps_remainder():
-    assert list(batched(range(7), 3)) == [[0, 1, 2], [3, 4, 5], [6]]
 
 
 def test_sort_window_longest_prompt_first():
@@ -33,7 +31,18 @@ def test_oversized_request_gets_its_own_chunk():
     assert [len(c) for c in chunks] == [1, 1, 1]
 
 
-def test_plan_sorts_within_windows_only():
-    requests = [req(n, rid=str(n)) for n in (1, 2, 3, 10, 20, 30)]
-    chunks = list(plan(requests, window=3, chunk_tokens=10_000))
-    assert [[r.id for r in c] for c in chunks] == [["3", "2", "1"], ["30", "20", "10"]]
+def test_windows_grow_and_sort_only_within_themselves(bundled_model, tmp_path, monkeypatch):
+    """The run's own planning: windows of 2 rows, then doubling up to --sort-window (4), each sorted."""
+    from qbatch import runner
+    from qbatch.spec import JobSpec
+
+    monkeypatch.setattr(runner, "FIRST_WINDOW", 2)
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": str(n), "prompt": "word " * n}) + "\n" for n in range(1, 9)))
+    spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "sort_window": 4})
+    with runner.Job.setup(spec).windows(set()) as windows:
+        assert [[r.id for r in chunk] for window in windows for chunk in window] == \
+            [["2", "1"], ["6", "5", "4", "3"], ["8", "7"]]  # one chunk per window (a large token budget)
+    spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "sort_window": 4, "chunk_tokens": 1})
+    chunks = [[r.id for r in chunk] for chunk in runner.Job.setup(spec).work(set())]
+    assert chunks == [[str(n)] for n in (2, 1, 6, 5, 4, 3, 8, 7)]  # a chunk per row, in the windows' order
