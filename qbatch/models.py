@@ -117,14 +117,10 @@ def model_max_len(model_path: str, revision: str | None) -> int:
     Read from config.json where it says: importing Transformers for AutoConfig takes
     5-8 s, which would delay the engines' start (they start right after this).
     """
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-        config = config.get("text_config") or config
-        if isinstance(config.get("max_position_embeddings"), int):
-            return config["max_position_embeddings"]
-    except (OSError, ValueError, AttributeError):
-        pass  # not a local folder with a plain config: Transformers knows more layouts
-    from transformers import AutoConfig
+    config = _text_config(model_path)
+    if config is not None and isinstance(config.get("max_position_embeddings"), int):
+        return config["max_position_embeddings"]
+    from transformers import AutoConfig  # not a local folder with a plain config: Transformers knows more layouts
 
     try:
         config = AutoConfig.from_pretrained(model_path, revision=revision)
@@ -142,9 +138,10 @@ def weights_bytes(model_path: str) -> int | None:
     files = [f for f in folder.glob("*") if f.suffix in (".safetensors", ".bin", ".gguf")] if folder.is_dir() else []
     if files:
         return sum(f.stat().st_size for f in files)
+    config = _text_config(model_path)
+    if config is None:
+        return None
     try:
-        config = json.loads((folder / "config.json").read_text())
-        config = config.get("text_config", config)
         hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
         head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
         attention = head_dim * hidden * (2 * config["num_attention_heads"] + 2 * config.get("num_key_value_heads",
@@ -152,8 +149,18 @@ def weights_bytes(model_path: str) -> int | None:
         mlp = 3 * hidden * config.get("intermediate_size", 4 * hidden)
         embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
         return 2 * (embeddings + layers * (attention + mlp))  # 16-bit weights
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError):  # a config without these sizes, or odd values
         return None
+
+
+def _text_config(model_path: str) -> dict[str, Any] | None:
+    """A local model's config.json, its language model's part for multimodal ones; None without one."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        config = config.get("text_config") or config
+    except (OSError, ValueError, AttributeError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def model_identity(name: str, path: str) -> dict[str, Any]:
