@@ -24,7 +24,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +122,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
     sequence = _vllm_modes(settings)
     specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
              for w in workloads for i, (mode, variant) in enumerate(sequence) if mode == "qbatch"}
-    own = {i for (_, i), spec in specs.items()
-           if settings.vllm_defaults or _engine_processes(spec, job.model_path) > 1}
+    own = {i for (_, i), spec in specs.items() if settings.vllm_defaults or _engine_processes(spec) > 1}
     runs: dict[tuple[str, int], list[Measurement]] = {(w, i): [] for w in workloads for i in range(len(sequence))}
     for workload in workloads.values():
         for repeat in range(settings.repeats):
@@ -149,10 +148,11 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
     measurements.extend(_mean(runs[w, i]) for w in workloads for i in range(len(sequence)))
 
 
-def _engine_processes(spec: Any, model_path: str) -> int:
-    from qbatch.parallel import engines_per_gpu
+def _engine_processes(spec: Any) -> int:
+    """The engines a run of this spec would start, as Job.setup resolves them (it loads no tokenizer)."""
+    from qbatch.runner import Job
 
-    return replace(spec.engine, engines_per_gpu=engines_per_gpu(spec.engine, model_path)).engine_count()
+    return Job.setup(copy.deepcopy(spec)).spec.engine.engine_count()
 
 
 def _start_engines(spec: Any) -> float:
