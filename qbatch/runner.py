@@ -159,10 +159,15 @@ class Job:
 
         Windows grow from FIRST_WINDOW rows to sort_window: the engine gets its first requests
         after a few hundred rows are prepared, not after a whole window (0.3-1 s of an idle engine).
+        The rows left at the end join the last full window (which then holds up to twice
+        sort_window rows): a short last window of its own would start its longest rows after
+        all the others, to run almost alone at the end (`varied`, 4,096 rows, simulated:
+        1,289 decode steps instead of 1,024; windows are held back one window to see the end).
         """
         seen: set[str] = set()
         window: list[tuple[Row, str]] = []
         failures: list[Failure] = []
+        full: tuple[list[tuple[Row, str]], list[Failure]] | None = None
         size = min(FIRST_WINDOW, self.spec.plan.sort_window)
         for row, rid in self.identified_rows(done):
             if rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
@@ -172,9 +177,12 @@ class Job:
                 seen.add(rid)
                 window.append((row, rid))
             if len(window) + len(failures) >= size:
-                yield window, failures
-                window, failures = [], []
+                if full is not None:
+                    yield full
+                full, window, failures = (window, failures), [], []
                 size = min(2 * size, self.spec.plan.sort_window)
+        if full is not None:
+            window, failures = full[0] + window, full[1] + failures
         if window or failures:
             yield window, failures
 

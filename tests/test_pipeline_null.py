@@ -247,10 +247,11 @@ def test_windows_grow_so_the_engine_starts_after_the_first_few_hundred_rows(run_
     result = run_null(write_jsonl([{"id": i, "prompt": "hi"} for i in range(1600)]), "-o", out, "--max-tokens", 4)
     assert result.exit_code == 0, result.output
     chunks = json.loads((out / "stats.json").read_text())["chunks"]
-    assert [c["rows"] for c in chunks] == [512, 1024, 64]  # then 2048, ... up to --sort-window
-    result = run_null(write_jsonl([{"id": i, "prompt": "hi"} for i in range(600)]), "-o", tmp_path / "small",
-                      "--max-tokens", 4, "--sort-window", 100)
-    assert [c["rows"] for c in json.loads((tmp_path / "small" / "stats.json").read_text())["chunks"]] == [100] * 6
+    assert [c["rows"] for c in chunks] == [512, 1088]  # then 2048, ... up to --sort-window; the last 64 join
+    for rows, expected in ((600, [100] * 6), (650, [100] * 5 + [150])):
+        result = run_null(write_jsonl([{"id": i, "prompt": "hi"} for i in range(rows)]), "-o", tmp_path / str(rows),
+                          "--max-tokens", 4, "--sort-window", 100)
+        assert [c["rows"] for c in json.loads((tmp_path / str(rows) / "stats.json").read_text())["chunks"]] == expected
 
 
 def test_order_longest_first_or_input(run_null, write_jsonl, tmp_path):

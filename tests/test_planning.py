@@ -32,7 +32,8 @@ def test_oversized_request_gets_its_own_chunk():
 
 
 def test_windows_grow_and_sort_only_within_themselves(bundled_model, tmp_path, monkeypatch):
-    """The run's own planning: windows of 2 rows, then doubling up to --sort-window (4), each sorted."""
+    """The run's own planning: windows of 2 rows, then doubling up to --sort-window (4), each sorted;
+    the rows left at the end (2) are sorted with the last full window, not after it."""
     from qbatch import runner
     from qbatch.spec import JobSpec
 
@@ -42,7 +43,7 @@ def test_windows_grow_and_sort_only_within_themselves(bundled_model, tmp_path, m
     spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "sort_window": 4})
     with runner.Job.setup(spec).windows(set()) as windows:
         assert [[r.id for r in chunk] for window in windows for chunk in window] == \
-            [["2", "1"], ["6", "5", "4", "3"], ["8", "7"]]  # one chunk per window (a large token budget)
+            [["2", "1"], ["8", "7", "6", "5", "4", "3"]]  # one chunk per window (a large token budget)
     spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "sort_window": 4, "chunk_tokens": 1})
     chunks = [[r.id for r in chunk] for chunk in runner.Job.setup(spec).work(set())]
-    assert chunks == [[str(n)] for n in (2, 1, 6, 5, 4, 3, 8, 7)]  # a chunk per row, in the windows' order
+    assert chunks == [[str(n)] for n in (2, 1, 8, 7, 6, 5, 4, 3)]  # a chunk per row, in the windows' order
