@@ -41,6 +41,12 @@ EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 # tok/s, one run each. Jobs generating for more than ~20 minutes may gain from compiling:
 # QBATCH_VLLM_ARGS='{"compilation_config": {"mode": 3}}' brings it back.
 FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "FULL"}
+# vLLM captures graphs for batches of up to 512 tokens; a decode step of more sequences (up to
+# throughput mode's 2,048) then ran without one, each of its kernels launched from Python with
+# no torch.compile to fuse them. qbatch adds sizes every 128 up to max_num_seqs (~1 s of capture).
+VLLM_MAX_GRAPH_SIZE = 512
+THROUGHPUT_MAX_NUM_SEQS = 2048
+LARGE_GRAPH_STEP = 128
 
 
 END = object()  # end of a chunk stream
@@ -305,9 +311,17 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -
     if tuned and spec.performance_mode and "performance_mode" in _engine_arg_names():
         kwargs["performance_mode"] = spec.performance_mode
     if tuned and not kwargs.get("enforce_eager") and _on_hopper():
-        kwargs["compilation_config"] = dict(FAST_START_COMPILATION)
+        kwargs["compilation_config"] = {**FAST_START_COMPILATION,
+                                        "cudagraph_capture_sizes": cuda_graph_sizes(spec.max_num_seqs)}
     kwargs.update(_extra_engine_args())
     return kwargs
+
+
+def cuda_graph_sizes(max_num_seqs: int | None) -> list[int]:
+    """vLLM's default batch sizes for CUDA graphs, then every LARGE_GRAPH_STEP up to max_num_seqs."""
+    top = max(VLLM_MAX_GRAPH_SIZE, max_num_seqs or THROUGHPUT_MAX_NUM_SEQS)
+    large = [*range(VLLM_MAX_GRAPH_SIZE, top, LARGE_GRAPH_STEP), top]
+    return [1, 2, 4, *range(8, 256, 8), *range(256, VLLM_MAX_GRAPH_SIZE, 16), *large]
 
 
 def _extra_engine_args() -> dict[str, Any]:

@@ -25,8 +25,19 @@ def platform(monkeypatch):
 def test_hopper_skips_torch_compile_and_captures_full_cuda_graphs(platform):
     platform(hopper=True)
     kwargs = engine.engine_kwargs(EngineSpec(), 4096)
+    sizes = kwargs["compilation_config"].pop("cudagraph_capture_sizes")
     assert kwargs["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL"}
     assert kwargs["performance_mode"] == "throughput"
+    vllms_own = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]  # vLLM's default sizes, up to 512
+    assert sizes == vllms_own + [640, 768, 896, 1024, 1152, 1280, 1408, 1536, 1664, 1792, 1920, 2048]
+
+
+def test_cuda_graphs_cover_the_decode_steps_of_max_num_seqs(platform):
+    platform(hopper=True)
+    sizes = engine.engine_kwargs(EngineSpec(max_num_seqs=1000), 4096)["compilation_config"]["cudagraph_capture_sizes"]
+    assert sizes[-4:] == [640, 768, 896, 1000]
+    sizes = engine.engine_kwargs(EngineSpec(max_num_seqs=256), 4096)["compilation_config"]["cudagraph_capture_sizes"]
+    assert sizes[-2:] == [496, 512]  # never fewer than vLLM's own
 
 
 def test_other_gpus_enforce_eager_and_vllm_defaults_keep_vllms_compilation(platform):
