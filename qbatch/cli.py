@@ -72,7 +72,7 @@ RUN_OPTIONS = [
     click.option("--repetition-penalty", type=float, help="Repetition penalty."),
     click.option("--stop", multiple=True, default=None, help="Stop string (repeatable)."),
     click.option("--ignore-eos", is_flag=True, default=None, help="Generate max_tokens regardless of EOS (benchmarks)."),
-    click.option("--sort-window", type=int, help="Rows sorted by length together.  [default: 8192]"),
+    click.option("--sort-window", type=int, help="Rows sorted by length together (the last window also takes the rows left at the end).  [default: 8192]"),
     click.option("--order", type=click.Choice(ORDERS), help="Rows go to the engine longest first in each window (max_tokens, then prompt), or in input order.  [default: longest-first]"),
     click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk/part.  [default: 4194304; with N engines, 4194304/(16N)]"),
     click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model: hub name, folder, or smollm2-135m (bundled).  [default: Qwen/Qwen3-0.6B; env QBATCH_MODEL]"),
