@@ -47,3 +47,23 @@ def test_windows_grow_and_sort_only_within_themselves(bundled_model, tmp_path, m
     spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "sort_window": 4, "chunk_tokens": 1})
     chunks = [[r.id for r in chunk] for chunk in runner.Job.setup(spec).work(set())]
     assert chunks == [[str(n)] for n in (2, 1, 8, 7, 6, 5, 4, 3)]  # a chunk per row, in the windows' order
+
+
+def test_the_order_simulation_plans_as_the_run_does_and_the_merged_last_window_wins():
+    """benchmarks/simulate_order.py, the model behind the merged last window, stays runnable and true to it."""
+    import importlib.util
+    from pathlib import Path
+
+    from qbatch.workloads import sample_lengths
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "simulate_order.py"
+    spec = importlib.util.spec_from_file_location("simulate_order", path)
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    assert sim.windows(1600, merge_last=True) == [512, 1088]  # what the run does (test_pipeline_null)
+    assert sim.windows(4096, merge_last=False) == [512, 1024, 2048, 512]
+    rows = sample_lengths("varied", 4096, seed=1)
+    best = sim.simulate(sorted(rows, key=lambda r: (r[1], r[0]), reverse=True))
+    merged = sim.simulate(sim.planned(rows, sim.windows(4096, merge_last=True)))
+    before = sim.simulate(sim.planned(rows, sim.windows(4096, merge_last=False)))
+    assert merged <= best * 1.005 and before > merged * 1.05
