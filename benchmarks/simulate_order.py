@@ -12,9 +12,11 @@ import sys
 from collections import deque
 
 from qbatch.planning import FIRST_WINDOW
+from qbatch.spec import PlanSpec
 from qbatch.workloads import sample_lengths
 
-SLOTS, STEP_S, ROW_S, SORT_WINDOW = 2048, 0.008, 0.00003, 8192
+SLOTS, STEP_S, ROW_S = 2048, 0.008, 0.00003
+SORT_WINDOW = PlanSpec().sort_window
 
 
 def simulate(rows: list[tuple[int, int]]) -> float:
@@ -41,11 +43,16 @@ def windows(n: int, *, merge_last: bool) -> list[int]:
     return sizes
 
 
+def longest_first(rows: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Most output first, then longest prompt: planning.sort_window's order."""
+    return sorted(rows, key=lambda r: (r[1], r[0]), reverse=True)
+
+
 def planned(rows: list[tuple[int, int]], sizes: list[int]) -> list[tuple[int, int]]:
-    """Each window sorted most output first, then longest prompt (planning.sort_window's key)."""
+    """Each window sorted longest first, in turn."""
     out, start = [], 0
     for size in sizes:
-        out += sorted(rows[start:start + size], key=lambda r: (r[1], r[0]), reverse=True)
+        out += longest_first(rows[start:start + size])
         start += size
     return out
 
@@ -54,7 +61,7 @@ def main(counts: list[int]) -> None:
     print("rows      input order  global sort  windows  last merged")
     for n in counts:
         rows = sample_lengths("varied", n, seed=1)
-        times = (simulate(rows), simulate(sorted(rows, key=lambda r: (r[1], r[0]), reverse=True)),
+        times = (simulate(rows), simulate(longest_first(rows)),
                  simulate(planned(rows, windows(n, merge_last=False))),
                  simulate(planned(rows, windows(n, merge_last=True))))
         print(f"{n:<9} " + "  ".join(f"{t:>11.1f}" for t in times))

@@ -63,7 +63,7 @@ def test_the_order_simulation_plans_as_the_run_does_and_the_merged_last_window_w
     assert sim.windows(1600, merge_last=True) == [512, 1088]  # what the run does (test_pipeline_null)
     assert sim.windows(4096, merge_last=False) == [512, 1024, 2048, 512]
     rows = sample_lengths("varied", 4096, seed=1)
-    best = sim.simulate(sorted(rows, key=lambda r: (r[1], r[0]), reverse=True))
+    best = sim.simulate(sim.longest_first(rows))
     merged = sim.simulate(sim.planned(rows, sim.windows(4096, merge_last=True)))
     before = sim.simulate(sim.planned(rows, sim.windows(4096, merge_last=False)))
     assert merged <= best * 1.005 and before > merged * 1.05
