@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from collections import deque
 
-from qbatch.planning import FIRST_WINDOW
+from qbatch.run.planning import FIRST_WINDOW
 from qbatch.spec import PlanSpec
-from qbatch.workloads import sample_lengths
+from qbatch.bench.workloads import sample_lengths
 
 SLOTS, STEP_S, ROW_S = 2048, 0.008, 0.00003
 SORT_WINDOW = PlanSpec().sort_window

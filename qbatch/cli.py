@@ -145,9 +145,9 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
-    from qbatch.engine import close_all as close_engines
-    from qbatch.report import print_summary
-    from qbatch.runner import run as run_job
+    from qbatch.engines.vllm import close_all as close_engines
+    from qbatch.output.status import print_summary
+    from qbatch.run.runner import run as run_job
 
     spec = build_spec(ctx, job, inputs)
     try:
@@ -170,7 +170,7 @@ def status(output_dir: str, as_json: bool) -> None:
       qbatch status out/
       qbatch status out/ --json | jq .rows_done
     """
-    from qbatch.report import print_status, read_status
+    from qbatch.output.status import print_status, read_status
 
     info = read_status(output_dir)
     if as_json:
@@ -238,7 +238,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     """
     import shlex
 
-    from qbatch import bench as benchmarks
+    from qbatch.bench import harness as benchmarks
 
     run_settings = {k: v for k, v in (("model", model), ("load_format", load_format)) if v}
     for pairs in settings:
@@ -252,11 +252,11 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
         for path in benchmarks.write_workloads(spec):
             click.echo(path)
         return
-    from qbatch.engine import close_all as close_engines
+    from qbatch.engines.vllm import close_all as close_engines
 
     try:
         if null_engine:
-            from qbatch.bench_pipeline import pipeline_bench
+            from qbatch.bench.pipeline import pipeline_bench
 
             report = pipeline_bench(spec, prompts_file=prompts)
         else:
@@ -295,7 +295,7 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
 
     `qbatch run --quantize awq` does the same once, into qbatch's cache.
     """
-    from qbatch.quantize import AwqSettings, quantize as quantize_model, summary_lines
+    from qbatch.models.quantize import AwqSettings, quantize as quantize_model, summary_lines
 
     settings = AwqSettings(w_bit, group_size, zero_point, version_, calib, calib_samples, calib_seq_len)
     meta = quantize_model(model, out_dir, settings)
@@ -318,7 +318,7 @@ def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> N
       qbatch merge out/shard-0 out/shard-1 -o out/all
       qbatch merge out/shard-* -o out/all --output-format jsonl-openai
     """
-    from qbatch.merge import merge as merge_shards
+    from qbatch.output.merge import merge as merge_shards
 
     counts = merge_shards(list(shard_dirs), output_dir, openai_jsonl=output_format == "jsonl-openai")
     click.echo(f"merged {len(shard_dirs)} shards into {output_dir}: {counts['rows_ok']:,} results, "

@@ -7,7 +7,6 @@ status the CLI uses; the codes are documented in the README.
 
 from __future__ import annotations
 
-EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3
@@ -76,3 +75,9 @@ class MissingDependency(QbatchError):
     """An optional extra is not installed."""
 
     exit_code = EXIT_USAGE
+
+
+def first_line(exc: BaseException, limit: int = 500) -> str:
+    """An exception's first line (library messages run to pages), for one-line reports."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:limit]

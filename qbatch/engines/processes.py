@@ -1,0 +1,263 @@
+"""Data parallel on one host: independent engines, one process each, one or more per GPU, one coordinator.
+
+A 0.6B model fits on any GPU many times over, so scaling means more copies,
+not a split model. This process stays the coordinator (dispatch.py): it
+reads, plans, writes parts, holds the lock and keeps the manifest, exactly as
+with one engine; each worker process owns one vLLM engine
+(CUDA_VISIBLE_DEVICES=its GPU) and pulls chunks. vLLM's own
+`LLM(data_parallel_size>1)` refuses to start in one process, so qbatch does
+not use it.
+
+A small model leaves its GPU idle a third of each step while vLLM's engine
+loop runs on the CPU (Qwen3-0.6B on an H200: 65% busy with one engine, 96%
+with two, 1.26x the output tok/s), so by default such a model gets two
+engines per GPU, each with half of the GPU's memory. Engines sharing a GPU
+start one after another: vLLM sizes its KV cache from the memory that changed
+while it profiled, and a neighbour starting meanwhile would count as its own
+(a running one keeps its memory). The run starts as soon as one engine is
+ready; the others join when they are, and one that fails to start then is
+left out with a warning (the run goes on with the rest).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import queue
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from qbatch.engines.dispatch import POLL_S, STOP, Dispatcher, Message, Worker, feed, pack, start_engine
+from qbatch.engines.vllm import Chunk
+from qbatch.errors import ModelError
+from qbatch.spec import EngineSpec
+
+STARTUP_TIMEOUT_S = 1800.0
+# Two engines per GPU when the weights take at most this share of its memory (the KV cache
+# of each engine stays large) and the host has SHARED_GPU_CORES cores per engine.
+SHARED_GPU_MAX_WEIGHTS = 0.02
+SHARED_GPU_CORES = 4
+
+
+def engines_per_gpu(spec: EngineSpec, model_path: str) -> int:
+    """The engines to run on each GPU: the spec's choice, else 2 for a small model on a large GPU."""
+    from qbatch.models import registry as models
+
+    if spec.engines_per_gpu is not None:
+        return spec.engines_per_gpu
+    if spec.backend != "vllm" or spec.tensor_parallel_size > 1:
+        return 1
+    memory, weights = gpu_memory_bytes(gpu_ids(spec)[0]), models.weights_bytes(model_path)
+    cores = len(os.sched_getaffinity(0))
+    if memory and weights and weights <= SHARED_GPU_MAX_WEIGHTS * memory \
+            and cores >= SHARED_GPU_CORES * 2 * spec.data_parallel_size:
+        return 2
+    return 1
+
+
+def gpu_memory_bytes(device: str) -> int | None:
+    """Total memory of an NVIDIA GPU (CUDA stays uninitialised); None without one."""
+    rows = query_gpus("memory.total", device)
+    return rows[0][0] << 20 if rows else None  # MiB
+
+
+def query_gpus(fields: str, devices: str | None = None) -> list[list[int]] | None:
+    """Integer fields of each GPU (all, or `devices`: ids as in CUDA_VISIBLE_DEVICES), asked through
+    nvidia-smi; None without an NVIDIA GPU."""
+    command = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(command + (["-i", devices] if devices else []), capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        return [[int(x) for x in line.split(",")] for line in out.splitlines() if line.strip()] or None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+class DataParallelEngine(Dispatcher):
+    """Implements the Engine protocol over N worker processes on this host."""
+
+    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, wait: bool = True):
+        super().__init__()
+        share = spec.engines_per_gpu or 1
+        devices = [device for device in gpu_ids(spec) for _ in range(share)]
+        context = mp.get_context("spawn")  # vLLM and CUDA do not survive fork
+        self._results = context.Queue()
+        worker_spec = replace(spec, data_parallel_size=1, gpus=None, engines_per_gpu=1)
+        started: dict[str, Any] = {}  # per GPU: the event its latest engine sets once it has started
+        for rank, device in enumerate(devices):
+            tasks, ready = context.Queue(), context.Event()
+            turn = Turn(device, share, started.get(device), ready)
+            started[device] = ready
+            process = context.Process(target=_worker_main, name=f"qbatch-dp-{rank}",
+                                      args=(rank, len(devices), turn, worker_spec, model_path, max_model_len,
+                                            tasks, self._results))
+            process.start()
+            # the turn stays referenced: Process.start() drops its arguments (Python 3.12), and an event
+            # collected before a child unpickled it takes its semaphore along (FileNotFoundError there)
+            self._workers[rank] = Worker(rank, f"worker {rank} (device {device})", (process, tasks, turn))
+        atexit.register(self.close)
+        self._engines = len(devices)
+        self.max_num_seqs = 0  # known once an engine is ready
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Return once the first engine is ready (at once if one was)."""
+        if not self.max_num_seqs:
+            self.engine_seqs = self._wait_first_ready()
+            self.max_num_seqs = self.engine_seqs * self._engines  # every engine has the same settings
+
+    def _wait_first_ready(self) -> int:
+        """Wait for one engine: the run starts on it while the others start (they join when ready)."""
+        self._starting = set(self._workers)
+        waited = 0.0
+        while True:
+            try:
+                message = self._results.get(timeout=POLL_S)
+            except queue.Empty:
+                waited += POLL_S
+                dead = [w.rank for w in self._workers.values() if not self._is_alive(w)]
+                if dead or waited > STARTUP_TIMEOUT_S:
+                    self.close()
+                    raise ModelError(f"engine worker(s) {dead} exited while starting", hint="see the log above")
+                continue
+            if message[0] == "failed":  # before any engine runs: the settings are wrong for all of them
+                self.close()
+                raise ModelError(f"engine worker {message[1]} could not start: {message[2]}")
+            if message[0] == "want":
+                self._wanting.append(message[1])
+            elif message[0] == "ready":
+                self._starting.discard(message[1])
+                print(f"qbatch: engine {self._workers[message[1]].label} ready, the run starts on it", flush=True)
+                return message[2]
+
+    def _send(self, worker: Worker, chunk: Chunk) -> None:
+        worker.handle[1].put(chunk)
+
+    def _receive(self, timeout: float) -> Message | None:
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _is_alive(self, worker: Worker) -> bool:
+        return worker.handle[0].is_alive()
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            if worker.rank in self._starting:  # holds no work: no need to wait for its engine to finish starting
+                _kill_tree(worker.handle[0].pid)
+            elif self._is_alive(worker):
+                worker.handle[1].put(STOP)
+        for worker in self._workers.values():
+            process = worker.handle[0]
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+        self._workers.clear()
+
+
+def _kill_tree(pid: int | None) -> None:
+    """Kill a worker and its engine's processes (they would outlive it)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        family = process.children(recursive=True) + [process]
+    except psutil.Error:
+        return
+    for member in family:
+        try:
+            member.kill()
+        except psutil.Error:
+            pass
+
+
+@dataclass
+class Turn:
+    """Where a worker's engine runs and when it may start: after the engine before it on its GPU."""
+
+    device: str
+    share: int  # engines on this GPU
+    after: Any  # that engine's "started" event, or None
+    started: Any  # set once this engine has started (or failed to)
+
+
+def gpu_ids(spec: EngineSpec) -> list[str]:
+    """The GPUs to use: --gpus, else the first N that CUDA_VISIBLE_DEVICES shows, else 0..N-1."""
+    if spec.gpus:
+        return list(spec.gpus)
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if len(visible) >= spec.data_parallel_size:
+        return visible[:spec.data_parallel_size]
+    return [str(i) for i in range(spec.data_parallel_size)]
+
+
+def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int,
+                 tasks: Any, results: Any) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = turn.device
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"qbatch::dp-worker-{rank}")
+    except ImportError:
+        pass
+    try:
+        # anything queued before this engine said "ready" is the coordinator's STOP: the run ended first
+        engine = _start_in_turn(turn, spec, model_path, max_model_len, rank, world, stopped=lambda: not tasks.empty())
+    except BaseException as exc:  # reported to the coordinator, which says so and stops
+        results.put(("failed", rank, str(exc)))
+        return
+    if engine is None:
+        return
+    results.put(("ready", rank, engine.max_num_seqs))
+    parent = os.getppid()
+    try:
+        chunks = feed(tasks, ask=lambda: results.put(("want", rank)), orphaned=lambda: os.getppid() != parent)
+        for chunk, completions in engine.run(chunks):
+            results.put(("done", rank, chunk.index, pack(completions)))
+    except BaseException as exc:
+        results.put(("failed", rank, str(exc)))
+    finally:
+        engine.close()  # a multiprocessing child skips atexit: vLLM's engine process would outlive it
+
+
+def _start_in_turn(turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int, rank: int, world: int,
+                   stopped: Callable[[], bool] = lambda: False) -> Any | None:
+    """Import while the engine before this one on the GPU starts, then start with this engine's share
+    of the GPU; None when the run ended first."""
+    try:
+        if turn.after is not None:
+            import vllm  # noqa: F401  (the slow imports overlap the other engine's start)
+
+            while not turn.after.wait(POLL_S):
+                if stopped():
+                    return None
+        if stopped():
+            return None
+        return start_engine(_memory_share(spec, turn.share), model_path, max_model_len, rank, world)
+    finally:
+        turn.started.set()
+
+
+def _memory_share(spec: EngineSpec, share: int) -> EngineSpec:
+    """The spec of one of `share` engines on a GPU: gpu_memory_utilization is the GPU's, split evenly."""
+    from qbatch.engines.vllm import _on_cpu
+
+    if share == 1 or _on_cpu():
+        return spec
+    # also with --kv-cache-memory-bytes: vLLM still refuses to start with less free memory than its utilization
+    util = spec.gpu_memory_utilization or _vllm_default_utilization()
+    return replace(spec, gpu_memory_utilization=util / share)
+
+
+def _vllm_default_utilization() -> float:
+    try:
+        from vllm.config import CacheConfig
+
+        return float(CacheConfig.__pydantic_fields__["gpu_memory_utilization"].default)
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return 0.9  # vLLM's long-time default, for a version without pydantic fields

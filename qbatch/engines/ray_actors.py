@@ -1,0 +1,233 @@
+"""Many machines: `--backend ray` runs each engine in a Ray actor; this process stays the coordinator.
+
+The coordinator (dispatch.py) reads, plans, writes parts, holds the lock and
+keeps the manifest exactly as with one engine, so only this process writes
+OUT_DIR (it need not be shared with the nodes); actors get token ids and
+return completions. Ray Data's LLM processor is not used: it owns reading,
+batching and writing, while qbatch's resume-by-id and exactly-once writes
+live in the coordinator. Every node needs qbatch with its engine extra and
+the model folder at the same path. `ray` is imported here alone, lazily.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import platform
+import queue
+import threading
+from collections import Counter, deque
+from dataclasses import replace
+from typing import Any
+
+from qbatch.engines.dispatch import STOP, Dispatcher, Message, Worker, feed, pack, start_engine
+from qbatch.engines.vllm import Chunk, _first_line
+from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError
+from qbatch.spec import EngineSpec
+
+LOCAL_OBJECT_STORE_BYTES = 256 << 20  # chunks are token ids: a few MB each
+STARTUP_TIMEOUT_S = 1800.0
+STOP_TIMEOUT_S = 30.0
+LOG_FOLDER = "/tmp/ray/session_latest/logs"
+FORWARDED_ENV = ("VLLM_", "QBATCH_", "HF_")  # so an engine on another node is set up like a local one
+
+
+class RayEngine(Dispatcher):
+    """Implements the Engine protocol over `data_parallel_size` Ray actors, one per GPU (or per CPU slot)."""
+
+    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int):
+        super().__init__()
+        self._ray = import_ray()
+        self._owns_ray = connect(self._ray, spec)
+        self._actors: list[Any] = []
+        self._polls: dict[Any, int] = {}  # each live actor's pending events() call -> its rank
+        self._inbox: deque[Message] = deque()  # messages already fetched, not yet handed to the coordinator
+        self._dead: set[int] = set()
+        atexit.register(self.close)
+        try:
+            self.max_num_seqs = self._start_actors(spec, model_path, max_model_len)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_actors(self, spec: EngineSpec, model_path: str, max_model_len: int) -> int:
+        ray = self._ray
+        on_gpu = ray.cluster_resources().get("GPU", 0) > 0
+        actor_class = ray.remote(EngineActor).options(
+            max_concurrency=4,  # events() waits in a thread while submit() and stop() come in
+            runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}},
+            **({"num_gpus": spec.tensor_parallel_size} if on_gpu else {"num_cpus": 1}),
+        )
+        worker_spec = replace(spec, backend="vllm", ray_address=None, data_parallel_size=1, gpus=None,
+                              engines_per_gpu=1)
+        self._actors = [actor_class.remote(worker_spec, model_path, max_model_len)
+                        for _ in range(spec.data_parallel_size)]
+        places = self._get([actor.where.remote() for actor in self._actors])
+        nodes = [node for node, _, _ in places]
+        local = _local_ranks(nodes)
+        sizes = self._get([actor.start.remote(*local[rank]) for rank, actor in enumerate(self._actors)])
+        for rank, (actor, (_, host, pid)) in enumerate(zip(self._actors, places, strict=True)):
+            self._workers[rank] = Worker(rank, f"actor {rank} (node {host}, pid {pid})", actor)
+            self._polls[actor.events.remote()] = rank
+        print(f"qbatch: {len(self._actors)} engine actors ({'GPU' if on_gpu else 'CPU'}) on {len(set(nodes))} "
+              f"Ray node(s); their logs: {LOG_FOLDER} on each node", flush=True)
+        return sum(sizes)
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        """ray.get for start-up calls; a failing actor becomes the error it raised, or a ModelError."""
+        ray = self._ray
+        try:
+            return ray.get(refs, timeout=STARTUP_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise ModelError(f"the engine actors did not start within {STARTUP_TIMEOUT_S:.0f}s",
+                             hint="the cluster may lack the GPUs or CPUs asked for: see `ray status`") from None
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, QbatchError):
+                raise exc.cause from None
+            raise ModelError(f"an engine actor could not start: {_first_line(exc.cause or exc)}") from None
+        except ray.exceptions.RayError as exc:
+            raise ModelError(f"an engine actor died while starting: {_first_line(exc)}",
+                             hint="see the log above") from None
+
+    def _send(self, worker: Worker, chunk: Chunk) -> None:
+        worker.handle.submit.remote(chunk)  # its answer comes as an event
+
+    def _receive(self, timeout: float) -> Message | None:
+        ray = self._ray
+        if not self._inbox and self._polls:
+            ready, _ = ray.wait(list(self._polls), num_returns=1, timeout=timeout)
+            if ready:
+                rank = self._polls.pop(ready[0])
+                try:
+                    events = ray.get(ready[0])
+                except ray.exceptions.RayError:  # the actor, its process or its node is gone
+                    self._dead.add(rank)
+                    return None
+                self._polls[self._workers[rank].handle.events.remote()] = rank
+                self._inbox.extend((kind, rank, *rest) for kind, *rest in events)
+        return self._inbox.popleft() if self._inbox else None
+
+    def _is_alive(self, worker: Worker) -> bool:
+        return worker.rank not in self._dead
+
+    def close(self) -> None:
+        """Stop the engines, then the actors; shut down the Ray cluster if this process started it."""
+        ray, actors, self._actors = self._ray, self._actors, []
+        if actors and ray.is_initialized():
+            ray.wait([actor.stop.remote() for actor in actors], num_returns=len(actors), timeout=STOP_TIMEOUT_S)
+            for actor in actors:
+                ray.kill(actor)
+        self._workers.clear()
+        if self._owns_ray:
+            self._owns_ray = False
+            ray.shutdown()
+
+
+class EngineActor:
+    """One vLLM engine in a Ray actor; a thread keeps it fed across chunks, as a local engine is.
+
+    The driver submits chunks and long-polls `events()`: the engine asking for more ("want"),
+    a finished chunk ("done") or its failure ("failed").
+    """
+
+    EVENT_WAIT_S = 1.0
+
+    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int):
+        self._args = (spec, model_path, max_model_len)
+        self._tasks: queue.Queue = queue.Queue()
+        self._events: queue.Queue = queue.Queue()
+        self._open = 0  # chunks submitted and not yet done
+        self._engine: Any = None
+        self._thread: threading.Thread | None = None
+
+    def where(self) -> tuple[str, str, int]:
+        """(Ray node id, host name, pid): engines sharing a node split its cores."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), platform.node(), os.getpid()
+
+    def start(self, local_rank: int, local_world: int) -> int:
+        spec, model_path, max_model_len = self._args
+        for path in (model_path, spec.tokenizer):
+            if path and os.path.isabs(path) and not os.path.isdir(path):
+                raise ModelError(f"model folder not found on Ray node {platform.node()}", where=path,
+                                 hint="every node needs the model at the same path: a shared filesystem, or a copy")
+        self._engine = start_engine(spec, model_path, max_model_len, local_rank, local_world)
+        self._thread = threading.Thread(target=self._generate, name="qbatch-engine", daemon=True)
+        self._thread.start()
+        return self._engine.max_num_seqs
+
+    def submit(self, chunk: Chunk) -> None:
+        self._open += 1
+        self._tasks.put(chunk)
+
+    def events(self) -> list[tuple[Any, ...]]:
+        """What happened since the last call; waits up to EVENT_WAIT_S for something."""
+        try:
+            events = [self._events.get(timeout=self.EVENT_WAIT_S)]
+        except queue.Empty:
+            return []
+        while not self._events.empty():
+            events.append(self._events.get_nowait())
+        return events
+
+    def _generate(self) -> None:
+        try:
+            for chunk, completions in self._engine.run(feed(self._tasks, ask=lambda: self._events.put(("want",)))):
+                self._open -= 1
+                self._events.put(("done", chunk.index, pack(completions)))
+        except BaseException as exc:  # the coordinator says so and stops
+            self._events.put(("failed", _first_line(exc)))
+
+    def stop(self) -> None:
+        """Shut the engine down; chunks still in flight (an interrupted run) are not waited for."""
+        self._tasks.put(STOP)
+        if self._thread is not None and not self._open:
+            self._thread.join(timeout=STOP_TIMEOUT_S)
+        if self._engine is not None:
+            self._engine.close()
+
+
+def import_ray() -> Any:
+    """Ray is an extra: a run without it stops with the install command, before any engine starts."""
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependency("--backend ray needs Ray, which is not installed",
+                                hint="pip install 'qbatch[ray]'") from None
+    return ray
+
+
+def connect(ray: Any, spec: EngineSpec) -> bool:
+    """Join --ray-address (or $RAY_ADDRESS), else start a private local cluster; True if this process owns it."""
+    if ray.is_initialized():  # qbatch called from a Ray program: use its connection
+        return False
+    address = spec.ray_address or os.environ.get("RAY_ADDRESS") or "local"  # "local": never a stray cluster
+    # The actors' own logs (vLLM's, Ray's) stay in Ray's log folder on each node; errors come back as exceptions.
+    options: dict[str, Any] = {"address": address, "logging_level": logging.WARNING, "log_to_driver": False}
+    if address == "local":
+        options.update(
+            num_cpus=max(len(os.sched_getaffinity(0)), spec.data_parallel_size),
+            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            include_dashboard=False,
+            # a killed actor's engine process is killed too, not left holding its memory
+            _system_config={"kill_child_processes_on_worker_exit_with_raylet_subreaper": True},
+        )
+    try:
+        ray.init(**options)
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:  # RuntimeError: GCS did not start
+        raise EngineError(f"could not join the Ray cluster at {address}: {_first_line(exc)}",
+                          hint="check --ray-address (or RAY_ADDRESS) and `ray status` on the head node") from None
+    return True
+
+
+def _local_ranks(nodes: list[str]) -> list[tuple[int, int]]:
+    """(rank on its node, engines on its node) for each actor, given each actor's node."""
+    per_node = Counter(nodes)
+    seen: Counter = Counter()
+    ranks = []
+    for node in nodes:
+        ranks.append((seen[node], per_node[node]))
+        seen[node] += 1
+    return ranks

@@ -1,0 +1,325 @@
+"""Prompt preparation: rows -> validated, templated, tokenized `Request`s.
+
+Each row is interpreted by its shape (plain prompt, chat messages, OpenAI
+Batch API line, or a `--template` over its columns), given its sampling
+parameters, rendered through the chat template and tokenized in bulk with the
+fast tokenizer (which uses every core). Anything wrong with a row becomes a
+`Failure` with a message; one bad row never stops the batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qbatch.errors import ModelError, SpecError
+from qbatch.records import Failure, Request, Row
+from qbatch.inputs.splice import ChatSplicer
+from qbatch.spec import JobSpec
+from qbatch.inputs.validate import (
+    FLOAT_PARAMS, INT_PARAMS, OPENAI_URLS, RowError, check_messages, check_params, check_text, keys,
+    render_template, sampling_overrides, thinking_flag,
+)
+
+GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (its `.ids`)
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A row understood but not yet rendered or tokenized."""
+
+    row: Row
+    id: str
+    messages: list[dict[str, Any]] | None  # None: `text` is sent as is
+    text: str | None  # for chats: the rendered prompt, once rendered
+    overrides: dict[str, Any]
+    thinking: bool | None
+    extra: dict[str, Any]
+
+
+def load_tokenizer(path: str, revision: str | None = None) -> Any:
+    """The model's fast tokenizer (no engine needed)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, revision=revision)
+    except Exception as exc:  # hub/IO/format errors all mean "cannot load"
+        raise ModelError(
+            f"cannot load the tokenizer of model '{path}': {str(exc).splitlines()[0][:300]}",
+            hint="pass a local model folder, or --model smollm2-135m (bundled, works offline)",
+        ) from None
+
+
+def generation_defaults(model_path: str) -> dict[str, Any]:
+    """Sampling defaults from the model's generation_config.json, as vLLM would apply them."""
+    path = Path(model_path) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    return {key: config[key] for key in GENERATION_CONFIG_KEYS if config.get(key) is not None}
+
+
+def row_id(row: Row, id_column: str | None, positional_prefix: bool) -> str:
+    """The row's id: its id column, else `id`, else OpenAI's `custom_id`, else its position."""
+    if row.data is None:
+        return fallback_id(row)
+    data = row.data
+    for column in (id_column,) if id_column else ("id", "custom_id"):
+        value = data.get(column)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value) != "":
+            return str(value)
+        if id_column:
+            raise RowError("missing_id", f"row has no usable '{id_column}' (set by --id-column); keys: {keys(data)}")
+    return f"{Path(row.source).name}:{row.row_index}" if positional_prefix else str(row.row_index)
+
+
+def fallback_id(row: Row) -> str:
+    """An id for a row whose own id is missing or unreadable: file name and position."""
+    return f"{Path(row.source).name}#{row.row_index}"
+
+
+def _chat_template(tokenizer: Any) -> str | None:
+    """The template `apply_chat_template` uses when given no tools, or None if there is no single one."""
+    try:
+        return tokenizer.get_chat_template()
+    except (ValueError, AttributeError):
+        return None
+
+
+def _failure(row: Row, rid: str, exc: RowError) -> Failure:
+    return Failure(rid, row.source, row.row_index, row.line, exc.kind, exc.message)
+
+
+def in_shard(rid: str, shard: tuple[int, int] | None) -> bool:
+    """Stable assignment of ids to shards, independent of row order."""
+    if shard is None:
+        return True
+    digest = hashlib.blake2b(rid.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shard[1] == shard[0]
+
+
+class Preparer:
+    """Turns windows of rows into requests; holds the tokenizer and job-level defaults."""
+
+    def __init__(self, spec: JobSpec, tokenizer: Any, *, max_model_len: int, base_sampling: dict[str, Any],
+                 positional_prefix: bool = False):
+        self.spec = spec
+        self.input = spec.input
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.base_sampling = base_sampling
+        self.positional_prefix = positional_prefix
+        self.model_thinks = "</think>" in tokenizer.get_vocab()
+        self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        self.splicer = ChatSplicer(_chat_template(tokenizer) if self.has_template else None, self._apply_template)
+        self._backend_agrees: dict[bool, bool] = {}  # add_special_tokens -> backend gives tokenizer()'s ids
+        if not self.input.raw and not self.has_template and self.input.shape != "openai":
+            raise SpecError(
+                "the model has no chat template, so prompts cannot be sent as chat turns",
+                hint="pass --raw to send prompt text as is",
+            )
+
+    def prepare(self, rows: list[tuple[Row, str]]) -> tuple[list[Request], list[Failure]]:
+        """Requests and failures for a window of (row, id) pairs."""
+        drafts, failures = self.render(rows)
+        requests, more = self.requests(drafts, self.encode(drafts))
+        return requests, failures + more
+
+    def row_id(self, row: Row) -> str:
+        """The row's id; rows whose id cannot be read get a stable one from their position."""
+        try:
+            return row_id(row, self.input.id_column, self.positional_prefix)
+        except RowError:
+            return fallback_id(row)
+
+    # -- one row -----------------------------------------------------------
+    def _draft(self, row: Row, rid: str) -> _Draft:
+        if row.data is None:
+            raise RowError("bad_line", row.error or "unreadable line")
+        data = row.data
+        if self.input.id_column:
+            row_id(row, self.input.id_column, self.positional_prefix)  # raises missing_id
+        shape = self._shape(data)
+        if shape == "openai":
+            return self._draft_openai(row, rid, data)
+        overrides = sampling_overrides(data)
+        thinking = thinking_flag(data.get("enable_thinking"), self.input.thinking)
+        if shape == "chat":
+            messages = check_messages(data.get(self.input.messages_column), self.input.messages_column)
+            messages = self._with_system(messages)
+            return _Draft(row, rid, messages, None, overrides, thinking, self._extra(data, self.input.messages_column))
+        if shape == "template":
+            text = render_template(self.input.template or "", data)
+            used = None
+        else:
+            text = check_text(data.get(self.input.prompt_column), self.input.prompt_column, data)
+            used = self.input.prompt_column
+        if self.input.raw:
+            return _Draft(row, rid, None, text, overrides, thinking, self._extra(data, used))
+        messages = self._with_system([{"role": "user", "content": text}])
+        return _Draft(row, rid, messages, None, overrides, thinking, self._extra(data, used))
+
+    def _draft_openai(self, row: Row, rid: str, data: dict[str, Any]) -> _Draft:
+        url = data.get("url")
+        body = data.get("body")
+        if url not in OPENAI_URLS:
+            raise RowError("unsupported_url", f"url must be one of {', '.join(OPENAI_URLS)}; got {url!r}")
+        if not isinstance(body, dict):
+            raise RowError("bad_body", f"'body' must be an object, got {type(body).__name__}")
+        params = {k: body[k] for k in (*FLOAT_PARAMS, *INT_PARAMS, "stop") if k in body and body[k] is not None}
+        if body.get("max_completion_tokens") is not None:
+            params["max_tokens"] = body["max_completion_tokens"]
+        overrides = check_params(params)
+        kwargs = body.get("chat_template_kwargs") or {}
+        thinking = thinking_flag(kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, self.input.thinking)
+        if OPENAI_URLS[url] == "completion":
+            text = check_text(body.get("prompt"), "body.prompt", body)
+            return _Draft(row, rid, None, text, overrides, thinking, {})
+        messages = self._with_system(check_messages(body.get("messages"), "body.messages"))
+        return _Draft(row, rid, messages, None, overrides, thinking, {})
+
+    def _shape(self, data: dict[str, Any]) -> str:
+        if self.input.template:
+            return "template"
+        if self.input.shape != "auto":
+            return self.input.shape
+        if "custom_id" in data and ("body" in data or "url" in data):
+            return "openai"
+        if self.input.messages_column in data and self.input.prompt_column not in data:
+            return "chat"
+        if self.input.prompt_column in data:
+            return "prompt"
+        raise RowError(
+            "missing_prompt",
+            f"row has no '{self.input.prompt_column}' or '{self.input.messages_column}' column; keys: {keys(data)}. "
+            "Use --prompt-column NAME or --template '...{column}...'",
+        )
+
+    def _with_system(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.input.system_prompt and not any(m["role"] == "system" for m in messages):
+            return [{"role": "system", "content": self.input.system_prompt}, *messages]
+        return messages
+
+    def _extra(self, data: dict[str, Any], used: str | None) -> dict[str, Any]:
+        """The columns carried to the results: all but the one the prompt came from, or --keep-columns."""
+        keep = self.input.keep_columns
+        if keep is not None:
+            return {name: data.get(name) for name in keep}
+        extra = data.copy()  # 5x cheaper than a filtering comprehension (runs for every row)
+        if used is not None:
+            extra.pop(used, None)
+        return extra
+
+    # -- bulk render + tokenize -------------------------------------------
+    def render(self, rows: list[tuple[Row, str]]) -> tuple[list[_Draft], list[Failure]]:
+        """Drafts whose `text` is the prompt to encode (chats rendered), and the rows that failed.
+
+        This is the window's Python work; `encode` is mostly the tokenizer's own threads, so a
+        pipeline can render one window while the previous one is encoded (runner.Job.windows).
+        """
+        drafts: list[_Draft] = []
+        failures: list[Failure] = []
+        for row, rid in rows:
+            try:
+                drafts.append(self._draft(row, rid))
+            except RowError as exc:
+                failures.append(_failure(row, rid, exc))
+        groups: dict[bool | None, list[_Draft]] = {}
+        for draft in drafts:
+            if draft.messages is not None:
+                draft.text = self.splicer.render(draft.messages, draft.thinking)
+                if draft.text is None:
+                    groups.setdefault(draft.thinking, []).append(draft)
+        refused: set[int] = set()
+        for thinking, group in groups.items():
+            for draft, text in zip(group, self._render([d.messages for d in group], thinking), strict=True):
+                if isinstance(text, RowError):
+                    failures.append(_failure(draft.row, draft.id, text))
+                    refused.add(id(draft))
+                else:
+                    draft.text = text
+        return ([d for d in drafts if id(d) not in refused] if refused else drafts), failures
+
+    def encode(self, drafts: list[_Draft]) -> list[Encoded]:
+        """Encodings of rendered drafts, in at most two batch calls (chat templates carry their own special tokens).
+
+        They are the fast tokenizer's own objects where it is used: turning them into lists
+        of ints (`requests`) is Python work, which the encoding thread leaves to another.
+        """
+        templated = [d.messages is not None for d in drafts]
+        if all(templated) or not any(templated):
+            return self._encode([d.text for d in drafts], add_special_tokens=not templated[0]) if drafts else []
+        encoded: list[Encoded] = [[] for _ in drafts]
+        for flag in (True, False):
+            group = [i for i, t in enumerate(templated) if t == flag]
+            for i, item in zip(group, self._encode([drafts[i].text for i in group], add_special_tokens=not flag),
+                               strict=True):
+                encoded[i] = item
+        return encoded
+
+    def requests(self, drafts: list[_Draft], encoded: list[Encoded]) -> tuple[list[Request], list[Failure]]:
+        """Requests for encoded drafts, and the rows whose prompts cannot be sent (empty, too long)."""
+        requests, failures = [], []
+        for draft, item in zip(drafts, encoded, strict=True):
+            try:
+                requests.append(self._request(draft, item if isinstance(item, list) else item.ids))
+            except RowError as exc:
+                failures.append(_failure(draft.row, draft.id, exc))
+        return requests, failures
+
+    def _encode(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded]:
+        """The fast tokenizer's Rust batch encoder, which uses every core.
+
+        Skipping transformers' per-text wrapping of `tokenizer(list)` (attention masks, dicts)
+        made tokenization ~1.5x faster (1M rows, 2 cores); the backend is used only after it
+        gave the same ids as `tokenizer(...)` on the first texts.
+        """
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and add_special_tokens not in self._backend_agrees:
+            sample = texts[:8]
+            self._backend_agrees[add_special_tokens] = (
+                [e.ids for e in backend.encode_batch(sample, add_special_tokens=add_special_tokens)]
+                == self.tokenizer(sample, add_special_tokens=add_special_tokens)["input_ids"])
+        if backend is not None and self._backend_agrees[add_special_tokens]:
+            return backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+
+    def _render(self, conversations: list[Any], thinking: bool | None) -> list[str | RowError]:
+        """Jinja renders of conversations (one list or several): the template's own output."""
+        try:
+            return list(self._apply_template(conversations, thinking))
+        except Exception:  # one bad conversation fails the whole call: render one by one
+            return [self._render_one(c, thinking) for c in conversations]
+
+    def _render_one(self, conversation: Any, thinking: bool | None) -> str | RowError:
+        try:
+            return self._apply_template(conversation, thinking)
+        except Exception as exc:  # templates raise anything (jinja errors, raise_exception(...))
+            return RowError("template_error", f"the chat template rejected the messages: {exc}")
+
+    def _apply_template(self, conversations: Any, thinking: bool | None) -> Any:
+        kwargs = {} if thinking is None else {"enable_thinking": thinking}
+        return self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True, **kwargs)
+
+    def _request(self, draft: _Draft, ids: list[int]) -> Request:
+        num = len(ids)
+        if num == 0:
+            raise RowError("empty_prompt", "prompt is empty after tokenization")
+        if num >= self.max_model_len:
+            raise RowError(
+                "prompt_too_long",
+                f"prompt has {num} tokens but max_model_len is {self.max_model_len}, leaving no room for output; "
+                "raise --max-model-len or shorten the prompt",
+            )
+        sampling = {**self.base_sampling, **draft.overrides}
+        sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - num)
+        thinking = None
+        if self.model_thinks:
+            thinking = True if draft.thinking is None else draft.thinking
+        prompt = draft.text if self.spec.output.include_prompt else None
+        return Request(draft.id, draft.row.source_index, draft.row.row_index, ids, sampling, thinking,
+                       draft.extra, prompt)

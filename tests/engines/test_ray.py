@@ -1,0 +1,171 @@
+"""--backend ray: engines in Ray actors behind qbatch's coordinator (its core: test_dispatch.py).
+
+The real test drives the CLI on a local Ray cluster with two CPU actors
+running the tiny model, kills the driver and then an actor, and checks every
+row ends in the results exactly once and no Ray process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from qbatch.errors import EXIT_USAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_local_ranks_split_each_nodes_cores():
+    from qbatch.engines.ray_actors import _local_ranks
+
+    assert _local_ranks(["a", "b", "a", "a"]) == [(0, 3), (0, 1), (1, 3), (2, 3)]
+
+
+@pytest.fixture
+def ray_job(write_jsonl, bundled_model, tmp_path):
+    path = write_jsonl([{"id": i, "prompt": f"prompt {i}"} for i in range(4)])
+    return ["run", path, "-o", tmp_path / "out", "--model", bundled_model, "--progress", "none"]
+
+
+def test_missing_ray_names_the_extra(cli, ray_job, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    result = cli(*ray_job, "--backend", "ray")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr == "Error: --backend ray needs Ray, which is not installed\nHint: pip install 'qbatch[ray]'\n"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--backend", "ray", "--gpus", "0,1"], "Error: --gpus picks GPUs of this machine; with --backend ray, Ray assigns them"),
+    (["--ray-address", "ray://head:10001"], "Error: --ray-address needs --backend ray"),
+])
+def test_ray_settings_that_cannot_work_are_refused(cli, ray_job, flags, message):
+    result = cli(*ray_job, *flags)
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.splitlines()[0] == message
+
+
+def test_a_run_may_move_between_the_vllm_and_ray_backends(bundled_model):
+    from qbatch.run.runner import Job
+    from qbatch.spec import JobSpec
+
+    def fingerprint(backend: str) -> dict:
+        spec = JobSpec.from_flat({"model": bundled_model, "backend": backend})
+        return Job(spec, [], bundled_model, 512).fingerprint()
+
+    assert fingerprint("ray") == fingerprint("vllm") != fingerprint("null")
+
+
+def test_an_actor_that_cannot_find_the_model_says_which_node():
+    from qbatch.engines.ray_actors import EngineActor
+    from qbatch.errors import ModelError
+    from qbatch.spec import EngineSpec
+
+    with pytest.raises(ModelError, match=r"^model folder not found on Ray node .+ \(/nowhere/model\)$") as info:
+        EngineActor(EngineSpec(), "/nowhere/model", 512).start(0, 1)
+    assert info.value.hint == "every node needs the model at the same path: a shared filesystem, or a copy"
+
+
+def part_ids(out: Path) -> list[str]:
+    return [i for p in sorted((out / "parts").glob("part-*.parquet")) for i in pl.read_parquet(p)["id"].to_list()]
+
+
+def num_parts(out: Path) -> int:
+    return len(list((out / "parts").glob("part-*.parquet")))
+
+
+def alive(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.slow
+def test_ray_backend_resumes_after_a_killed_driver_and_outlives_a_killed_actor(tiny_qwen3, cli, tmp_path):
+    import psutil
+
+    rows = [{"id": f"r{i:03d}", "prompt": "word " * (1 + i % 40)} for i in range(200)]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    settings = ["--model", tiny_qwen3, "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens",
+                "32", "--chunk-tokens", "900", "--max-num-seqs", "8", "--progress", "log"]
+    cmd = [sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out), *settings,
+           "--backend", "ray", "--data-parallel-size", "2"]
+    seen: dict[int, psutil.Process] = {}  # every process the runs started, Ray's included
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def descendants(proc: subprocess.Popen) -> list[psutil.Process]:
+        try:
+            found = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        seen.update((p.pid, p) for p in found)
+        return found
+
+    def wait_for_parts(proc: subprocess.Popen, more_than: int) -> None:
+        deadline = time.monotonic() + 300
+        while num_parts(out) <= more_than and proc.poll() is None and time.monotonic() < deadline:
+            descendants(proc)
+            time.sleep(0.1)
+        assert num_parts(out) > more_than and proc.poll() is None, "the run ended before it could be killed"
+
+    first = second = None
+    try:
+        # 1. The driver is SIGKILLed mid-run: the parts it finished stay, each row in one of them.
+        first = start()
+        wait_for_parts(first, 0)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        killed_at = time.monotonic()
+        done = part_ids(out)
+        assert done and len(done) == len(set(done))
+
+        # 2. The same command resumes; one of its two actors is SIGKILLed mid-run and the other finishes.
+        second = start()
+        wait_for_parts(second, num_parts(out))
+        actor = next(p for p in descendants(second) if "ray::EngineActor" in " ".join(p.cmdline()))
+        actor.kill()
+        output, _ = second.communicate(timeout=300)
+        assert second.returncode == 0, output
+        assert f"{len(rows) - len(done)} rows to process, {len(done)} already done" in output
+        assert re.search(r"engine actor [01] \(node .+, pid \d+\) died; [1-3] chunks go to the others", output), output
+        ids = part_ids(out)
+        assert sorted(ids) == [r["id"] for r in rows]  # every row exactly once
+        results = pl.read_parquet(out / "results.parquet")
+        assert results["id"].to_list() == [r["id"] for r in rows] and (results["completion_tokens"] == 32).all()
+        assert not list(out.rglob("*.tmp-*"))
+        assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
+
+        # Same schema and layout as the plain backend's.
+        plain = tmp_path / "plain"
+        assert cli("run", inp, "-o", plain, *settings, "--backend", "null").exit_code == 0
+        assert pl.read_parquet(plain / "results.parquet").schema == results.schema
+        assert sorted(p.name for p in plain.iterdir()) == sorted(p.name for p in out.iterdir())
+
+        # 3. No Ray process is left. After a SIGKILLed driver, Ray's two agents spend up to 60 s
+        # reporting the dead cluster to its (dead) GCS before they exit.
+        while any(alive(p) for p in seen.values()) and time.monotonic() < killed_at + 90:
+            time.sleep(1)
+        assert [p for p in seen.values() if alive(p)] == []
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for process in seen.values():
+            if alive(process):
+                process.kill()

@@ -1,0 +1,238 @@
+"""Runs that survive: SIGKILL at random points, a dead engine, a full disk, a second run.
+
+The kill test drives the real CLI in subprocesses with the real engine: each
+input row must end in the results exactly once, whatever moment the run died.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from qbatch.errors import EXIT_ENGINE, EXIT_LOCKED, EngineError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def qbatch_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "qbatch.cli", "run", *map(str, args)]
+
+
+def part_ids(out: Path) -> list[str]:
+    ids: list[str] = []
+    for path in sorted((out / "parts").glob("part-*.parquet")):
+        ids += pq.read_table(path, columns=["id"]).column("id").to_pylist()  # every part readable
+    return ids
+
+
+def wait_for_parts(proc: subprocess.Popen, out: Path, more_than: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(list((out / "parts").glob("part-*.parquet"))) > more_than:
+            return
+        time.sleep(0.05)
+
+
+def engine_core(proc: subprocess.Popen):
+    import psutil
+
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+            return child
+    return None
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume_loses_and_doubles_nothing(tiny_qwen3, tmp_path):
+    rng = random.Random(1234)
+    rows = [{"id": f"r{i:03d}", "prompt": "word " * rng.randint(1, 60)} for i in range(240)]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    cmd = qbatch_cmd(inp, "-o", out, "--model", tiny_qwen3, "--max-model-len", 512, "--no-thinking",
+                     "--ignore-eos", "--max-tokens", 24, "--chunk-tokens", 1200, "--max-num-seqs", 16,
+                     "--progress", "log")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, text=True)
+
+    # 1. Killed while the engine starts; meanwhile a second run on the same folder is refused at once.
+    first = start()
+    time.sleep(8)
+    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == EXIT_LOCKED, second.stdout + second.stderr
+    assert "another qbatch run is using this output folder" in second.stderr
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+
+    # 2-3. Killed (whole process group) at random moments while parts are being written.
+    done_before = 0
+    for _ in range(2):
+        proc = start()
+        wait_for_parts(proc, out, more_than=len(list((out / "parts").glob("part-*.parquet"))))
+        time.sleep(rng.uniform(0.0, 1.5))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        ids = part_ids(out)
+        assert len(ids) == len(set(ids)) and len(ids) >= done_before  # no doubles, nothing finished lost
+        done_before = len(ids)
+
+    # 4. The engine process dies under a live run: the run stops with the cause, parts stay intact.
+    proc = start()
+    wait_for_parts(proc, out, more_than=len(list((out / "parts").glob("part-*.parquet"))))
+    core = engine_core(proc)
+    if core is not None and proc.poll() is None:
+        core.kill()
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == EXIT_ENGINE, output
+        assert "Error: the engine failed" in output and "rerun the same command to resume" in output
+        assert json.loads((out / "manifest.json").read_text())["status"] == "failed"
+    else:  # the run finished before the engine could be killed
+        proc.communicate(timeout=300)
+
+    # 5. A plain rerun completes: every row exactly once, in input order.
+    final = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stdout + final.stderr
+    ids = part_ids(out)
+    assert sorted(ids) == [r["id"] for r in rows] and len(ids) == len(set(ids))
+    results = pl.read_parquet(out / "results.parquet")
+    assert results["id"].to_list() == [r["id"] for r in rows]
+    assert (results["completion_tokens"] == 24).all()
+    assert not list(out.rglob("*.tmp-*"))
+    assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
+
+
+class FailingEngine:
+    """Finishes `good` chunks, then dies the way a crashed engine does."""
+
+    max_num_seqs = 8
+
+    def __init__(self, good: int):
+        self.good = good
+
+    def run(self, chunks):
+        from qbatch.engines.vllm import NullEngine
+
+        for n, done in enumerate(NullEngine().run(chunks)):
+            if n == self.good:
+                raise EngineError("the engine failed: EngineDeadError", hint="rerun the same command to resume")
+            yield done
+
+
+@pytest.fixture
+def small_job(write_jsonl, bundled_model, tmp_path):
+    path = write_jsonl([{"id": i, "prompt": f"prompt {i} " * 5} for i in range(40)])
+    return ["run", path, "-o", tmp_path / "out", "--model", bundled_model, "--backend", "null",
+            "--chunk-tokens", 300, "--max-tokens", 4, "--progress", "none"]
+
+
+def test_engine_failure_keeps_finished_parts_and_rerun_completes(cli, small_job, monkeypatch, tmp_path):
+    from qbatch.engines import vllm as engine
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(engine, "create", lambda *a, **k: FailingEngine(good=2))
+    result = cli(*small_job)
+    assert result.exit_code == EXIT_ENGINE
+    assert "Error: the engine failed: EngineDeadError" in result.stderr
+    assert len(part_ids(out)) > 0 and json.loads((out / "manifest.json").read_text())["status"] == "failed"
+    monkeypatch.undo()
+    result = cli(*small_job)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == [str(i) for i in range(40)]
+
+
+def test_full_disk_stops_cleanly_and_resumes(cli, small_job, monkeypatch, tmp_path):
+    from qbatch.output import folder as checkpoint
+
+    out = tmp_path / "out"
+    real_write = checkpoint.pq.write_table
+    calls = {"n": 0}
+
+    def write_then_fill_disk(table, where, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            Path(where).write_bytes(b"PAR1 torn")  # a partial temp file, as a full disk leaves
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(table, where, **kwargs)
+
+    monkeypatch.setattr(checkpoint.pq, "write_table", write_then_fill_disk)
+    result = cli(*small_job)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: disk full while writing output")
+    assert "Hint: finished parts are intact: free space and rerun the same command to resume" in result.stderr
+    assert len(part_ids(out)) > 0 and not list(out.rglob("*.tmp-*"))
+    monkeypatch.undo()
+    result = cli(*small_job)
+    assert result.exit_code == 0, result.output
+    ids = pl.read_parquet(out / "results.parquet")["id"].to_list()
+    assert ids == [str(i) for i in range(40)]
+
+
+def test_torn_temp_files_from_a_killed_run_are_removed(cli, small_job, tmp_path):
+    out = tmp_path / "out"
+    (out / "parts").mkdir(parents=True)
+    torn = out / "parts" / "part-000007.parquet.tmp-4242"
+    torn.write_bytes(b"PAR1\x00half a file")
+    result = cli(*small_job)
+    assert result.exit_code == 0, result.output
+    assert not torn.exists()
+
+
+def test_retry_errors_reprocesses_failed_rows(cli, write_jsonl, bundled_model, tmp_path):
+    path = write_jsonl([{"id": "short", "prompt": "hi"}, {"id": "long", "prompt": "word " * 300}])
+    out = tmp_path / "out"
+    base = ["run", path, "-o", out, "--model", bundled_model, "--backend", "null", "--progress", "none"]
+    assert cli(*base, "--max-model-len", 128).exit_code == 0
+    assert pl.read_parquet(out / "errors.parquet")["id"].to_list() == ["long"]
+    result = cli(*base, "--max-model-len", 128, "--retry-errors")  # same settings: fails again, no doubles
+    assert pl.read_parquet(out / "errors.parquet")["id"].to_list() == ["long"]
+    result = cli(*base, "--max-model-len", 1024, "--retry-errors")  # room for it now
+    assert result.exit_code == 0, result.output
+    assert "rows ok (this run)              1" in result.stdout  # only the failed row was redone
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["short", "long"]
+    assert pl.read_parquet(out / "errors.parquet").height == 0
+
+
+def test_status_json_for_schedulers(cli, small_job, tmp_path):
+    cli(*small_job, "--limit", 10)
+    result = cli("status", tmp_path / "out", "--json")
+    info = json.loads(result.stdout)
+    assert (info["rows_done"], info["rows_failed"], info["rows_remaining"]) == (10, 0, 0)
+    assert info["completed"] is True and info["running"] is None
+    assert info["last_run"]["rows_ok"] == 10
+    result = cli("status", tmp_path / "out")
+    assert "rows done       10" in result.stdout
+
+
+def test_dedupe_killed_before_the_kept_row_is_written_still_processes_it(cli, write_jsonl, bundled_model,
+                                                                          monkeypatch, tmp_path):
+    """The dropped duplicate's error row carries the kept row's id; it must not mark that id done."""
+    from qbatch.engines import vllm as engine
+
+    path = write_jsonl([{"id": "a", "prompt": "1"}, {"id": "b", "prompt": "2"}, {"id": "a", "prompt": "3"}])
+    out = tmp_path / "out"
+    job = ["run", path, "-o", out, "--model", bundled_model, "--backend", "null", "--dedupe", "--progress", "none"]
+    monkeypatch.setattr(engine, "create", lambda *a, **k: FailingEngine(good=0))
+    assert cli(*job).exit_code == EXIT_ENGINE
+    error_parts = sorted((out / "parts").glob("errors-*.parquet"))
+    assert [pq.read_table(p).column("error").to_pylist() for p in error_parts] == [["duplicate_id"]]
+    assert not list((out / "parts").glob("part-*.parquet"))  # died before the kept row's result
+    monkeypatch.undo()
+    result = cli(*job)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b"]
+    errors = pl.read_parquet(out / "errors.parquet")
+    assert errors.select("id", "row_index", "error").rows() == [("a", 2, "duplicate_id")]  # not doubled
