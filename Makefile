@@ -30,6 +30,7 @@ demo: setup
 	@echo "Results: out/quickstart/results.parquet (errors: out/quickstart/errors.parquet)"
 
 test: setup
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup

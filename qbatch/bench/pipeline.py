@@ -20,7 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from qbatch.bench.harness import BenchSettings, environment, qbatch_spec, work_dir
+from qbatch.bench.settings import BenchSettings, environment, qbatch_spec, work_dir
 from qbatch.bench.workloads import encode_ids, render_chat, word_pool
 from qbatch.errors import SpecError
 

