@@ -204,6 +204,17 @@ class Preparer:
             return [{"role": "system", "content": self.input.system_prompt}, *messages]
         return messages
 
+    def carried(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The columns a row carries to the results, as `_draft` keeps them (for the pre-scan's type decision)."""
+        try:
+            shape = self._shape(data)
+        except RowError:
+            return {}  # the row fails: it carries nothing
+        if shape == "openai":
+            return {"url": data["url"]} if data.get("url") in OPENAI_URLS else {}
+        used = {"chat": self.input.messages_column, "prompt": self.input.prompt_column}.get(shape)
+        return self._extra(data, used)
+
     def _extra(self, data: dict[str, Any], used: str | None) -> dict[str, Any]:
         """The columns carried to the results: all but the one the prompt came from, or --keep-columns."""
         keep = self.input.keep_columns

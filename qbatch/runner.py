@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from qbatch import __version__, engine as engines, models
 from qbatch.assemble import assemble
+from qbatch.columns import ColumnScan, ColumnTypes, from_manifest, keep_recorded, to_manifest
 from qbatch.checkpoint import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
 from qbatch.errors import InputError, SpecError
 from qbatch.memory import rare_collections, release_freed_memory
@@ -79,6 +80,15 @@ class Summary:
     @property
     def output_tok_s(self) -> float:
         return self.completion_tokens / self.generate_s if self.generate_s else 0.0
+
+
+@dataclass(frozen=True)
+class InputScan:
+    """What the pre-scan found in the inputs."""
+
+    num_todo: int  # rows this run must process
+    num_rows: int  # rows read, in every shard, done or not
+    column_types: ColumnTypes  # carried columns' types for the whole input (columns.py)
 
 
 @dataclass
@@ -205,16 +215,43 @@ class Job:
 
     def count_todo(self, done: set[str]) -> int:
         """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
+        return self.scan(done).num_todo
+
+    def scan(self, done: set[str]) -> InputScan:
+        """The pre-scan of every input row, before the model loads: rows to process (refusing
+        duplicate ids unless --dedupe), rows read, and the carried columns' types.
+
+        The types are decided on every row read, whatever its shard and whether it is done,
+        so that shards and resumed runs decide alike.
+        """
+        shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
+        columns = ColumnScan(self._parquet_schemas())
+        preparer = self.preparer
         counts: dict[str, int] = {}
-        for _, rid in self.identified_rows(done):
-            counts[rid] = counts.get(rid, 0) + 1
+        num_rows = 0
+        for row in self.rows():
+            num_rows += 1
+            if row.data is not None:
+                columns.add(preparer.carried(row.data), row.source_index)
+            rid = preparer.row_id(row)
+            if in_shard(rid, shard) and rid not in done:
+                counts[rid] = counts.get(rid, 0) + 1
+        self._refuse_duplicates(counts)
+        return InputScan(sum(counts.values()), num_rows, columns.finish())
+
+    def _parquet_schemas(self) -> dict[int, Any]:
+        import pyarrow.parquet as pq
+
+        return {i: pq.read_schema(path) for i, path in enumerate(self.files)
+                if detect_format(path, self.spec.input.format) == "parquet"}
+
+    def _refuse_duplicates(self, counts: dict[str, int]) -> None:
         duplicates = [rid for rid, n in counts.items() if n > 1]
         if duplicates and not self.spec.input.dedupe:
             listed = ", ".join(repr(d) for d in duplicates[:MAX_LISTED_DUPLICATES])
             more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
             raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
-        return sum(counts.values())
 
 
 def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
@@ -244,10 +281,14 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
     early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
     with job.windows(done, start=early) as windows:
-        todo = job.count_todo(done)
+        scan = job.scan(done)
+        todo = scan.num_todo
+        recorded = from_manifest(previous)
+        column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
         summary = Summary(str(out.path), "running", rows_skipped=len(done))
         manifest = _manifest(job, previous, fingerprint, status="running")
         manifest["rows_total"] = todo + len(done)
+        manifest.update(to_manifest(column_types))
         out.write_manifest(manifest)
         progress = Progress(spec.output.progress, todo, stream=stream)
         if todo:
@@ -257,7 +298,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
         try:
             if todo:
                 summary.setup_s = time.monotonic() - started
-                _generate(job, windows, out, summary, progress, started_early)
+                _generate(job, windows, out, summary, progress, started_early, column_types)
         except BaseException:
             manifest.update(status="failed", updated_at=_now())
             out.write_manifest(manifest)
@@ -287,7 +328,7 @@ def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | N
 
 
 def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress,
-              started_early: float | None) -> None:
+              started_early: float | None, column_types: ColumnTypes) -> None:
     """Start the engine (or wait for the one started early), feed it the windows' chunks, write each
     chunk as it finishes."""
     t0 = time.monotonic()
@@ -299,7 +340,8 @@ def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progr
     sources = [str(p) for p in job.files]
     windows.start()
     for chunk, completions in engine.run(_chunks(windows, out, summary, progress)):
-        _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt)
+        _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt,
+                     column_types)
     summary.generate_s = time.monotonic() - gen_start
 
 
@@ -322,12 +364,13 @@ def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, 
 
 
 def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
-                 sources: list[str], gen_start: float, include_prompt: bool) -> None:
+                 sources: list[str], gen_start: float, include_prompt: bool, column_types: ColumnTypes) -> None:
     ok = [c for c in completions if c.error is None]
     refused = [Failure(c.request.id, sources[c.request.source_index], c.request.row_index, None, "engine_rejected",
                        c.error) for c in completions if c.error is not None]
     if ok:
-        out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt))
+        out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt,
+                                                    column_types=column_types))
     if refused:
         _record_failures(refused, out, summary, progress)
     prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)

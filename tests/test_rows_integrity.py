@@ -49,12 +49,12 @@ def test_mixed_column_is_json_text_whatever_the_chunking(run_null, write_jsonl, 
 
 
 def test_consistent_nested_column_keeps_its_type_in_every_part(run_null, write_jsonl, tmp_path):
-    rows = [{"id": "a", "prompt": "one", "meta": {"a": 4, "b": None}, "n": 1},
-            {"id": "b", "prompt": "two", "meta": {"a": 1, "b": "x"}, "n": 2.5}]
+    rows = [{"id": "a", "prompt": "one", "meta": {"a": 4, "b": None}, "score": 1},
+            {"id": "b", "prompt": "two", "meta": {"a": 1, "b": "x"}, "score": 2.5}]
     result = run_null(write_jsonl(rows), "-o", tmp_path / "out", "--chunk-tokens", 1, "--sort-window", 1)
     assert result.exit_code == 0, result.output
     table = pl.read_parquet(tmp_path / "out" / "results.parquet")
-    assert table.schema["meta"] == pl.Struct({"a": pl.Int64, "b": pl.String}) and table.schema["n"] == pl.Float64
+    assert table.schema["meta"] == pl.Struct({"a": pl.Int64, "b": pl.String}) and table.schema["score"] == pl.Float64
     assert table["meta"].to_list() == [row["meta"] for row in rows]
 
 
