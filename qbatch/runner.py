@@ -307,7 +307,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
             progress.close()
     release_freed_memory()
     t0 = time.monotonic()
-    counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai")
+    counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
     summary.assemble_s = time.monotonic() - t0
     summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
     summary.status = "completed"
