@@ -282,6 +282,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
     with job.windows(done, start=early) as windows:
         scan = job.scan(done)
+        check_not_empty(job, scan)
         todo = scan.num_todo
         recorded = from_manifest(previous)
         column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
@@ -387,7 +388,7 @@ def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summar
 def dry_run(job: Job, started: float) -> Summary:
     """Read, template, tokenize and validate everything; plan the chunks; load no engine."""
     summary = Summary(None, "dry-run")
-    job.count_todo(set())
+    check_not_empty(job, job.scan(set()))
     for item in job.work(set()):
         if item and isinstance(item[0], Failure):
             summary.count_failures(item)
@@ -400,6 +401,18 @@ def dry_run(job: Job, started: float) -> Summary:
         summary.num_chunks += 1
     summary.wall_s = time.monotonic() - started
     return summary
+
+
+def check_not_empty(job: Job, scan: InputScan) -> None:
+    """Inputs that hold no rows at all: a warning on stderr, or with --fail-on-empty an error (exit 3),
+    so that a scheduler does not take an empty export for a finished job."""
+    if scan.num_rows:
+        return
+    files = ", ".join(map(str, job.files))
+    if job.spec.output.fail_on_empty:
+        raise InputError("the inputs hold 0 rows", where=files,
+                         hint="check the export that wrote them, or drop --fail-on-empty to let an empty run pass")
+    print(f"qbatch: warning: the inputs hold 0 rows: {files}", file=sys.stderr, flush=True)
 
 
 def stats_dict(summary: Summary) -> dict[str, Any]:
