@@ -31,7 +31,7 @@ from qbatch.parallel import engines_per_gpu
 from qbatch.planning import FIRST_WINDOW, cut_chunks, order_window
 from qbatch.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.progress import Progress
-from qbatch.readers import detect_format, expand_inputs, read_rows
+from qbatch.readers import detect_format, expand_inputs, parquet_schema, read_rows
 from qbatch.records import Failure, Request, Row, failures_table, results_table
 from qbatch.spec import JobSpec, parse_shard
 from qbatch.stages import Stages
@@ -240,9 +240,7 @@ class Job:
         return InputScan(sum(counts.values()), num_rows, columns.finish())
 
     def _parquet_schemas(self) -> dict[int, Any]:
-        import pyarrow.parquet as pq
-
-        return {i: pq.read_schema(path) for i, path in enumerate(self.files)
+        return {i: parquet_schema(path) for i, path in enumerate(self.files)
                 if detect_format(path, self.spec.input.format) == "parquet"}
 
     def _refuse_duplicates(self, counts: dict[str, int]) -> None:
