@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from qbatch import __version__
-from qbatch.errors import EXIT_ROW_ERRORS, QbatchError
+from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 
 
@@ -102,6 +102,7 @@ RUN_OPTIONS = [
     click.option("--include-prompt", is_flag=True, default=None, help="Add the rendered prompt to the results."),
     click.option("--progress", type=click.Choice(PROGRESS), help="Progress: bar on a terminal, log lines otherwise.  [default: auto]"),
     click.option("--fail-on-row-errors", is_flag=True, default=None, help=f"Exit {EXIT_ROW_ERRORS} if any row failed."),
+    click.option("--fail-on-empty", is_flag=True, default=None, help=f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning)."),
     click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
     click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; load no model."),

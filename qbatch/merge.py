@@ -27,6 +27,7 @@ def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False)
             out, openai_jsonl=openai_jsonl,
             result_parts=[p for s in shards for p in s.part_files(RESULT_PREFIX)],
             error_parts=[p for s in shards for p in s.part_files(ERROR_PREFIX)],
+            model=manifests[0].get("spec", {}).get("model"),
         )
         fingerprint = dict(manifests[0]["fingerprint"])
         fingerprint["settings"] = {**fingerprint["settings"], "shard": None}

@@ -13,10 +13,14 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from qbatch.errors import InputError
 from qbatch.records import Row
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 try:  # parses a typical line 4-5x faster than json (the input is parsed twice: pre-scan and run)
     from orjson import JSONDecodeError as FastJSONError, loads as fast_loads
@@ -154,14 +158,23 @@ def _has_huge_number(value: dict | list) -> bool:
     return False
 
 
-def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:
+def _open_parquet(path: Path) -> pq.ParquetFile:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        reader = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"not a readable Parquet file: {exc}", where=str(path)) from None
+
+
+def parquet_schema(path: Path) -> pa.Schema:
+    """The Arrow schema of a Parquet input (the types its columns keep in the results)."""
+    return _open_parquet(path).schema_arrow
+
+
+def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:
+    reader = _open_parquet(path)
     row_index = 0
     for batch in reader.iter_batches(batch_size=PARQUET_BATCH_ROWS):
         for data in batch.to_pylist():

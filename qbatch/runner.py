@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from qbatch import __version__, engine as engines, models
 from qbatch.assemble import assemble
+from qbatch.columns import ColumnScan, ColumnTypes, from_manifest, keep_recorded, to_manifest
 from qbatch.checkpoint import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
 from qbatch.errors import InputError, SpecError
 from qbatch.memory import rare_collections, release_freed_memory
@@ -30,7 +31,7 @@ from qbatch.parallel import engines_per_gpu
 from qbatch.planning import FIRST_WINDOW, cut_chunks, order_window
 from qbatch.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.progress import Progress
-from qbatch.readers import detect_format, expand_inputs, read_rows
+from qbatch.readers import detect_format, expand_inputs, parquet_schema, read_rows
 from qbatch.records import Failure, Request, Row, failures_table, results_table
 from qbatch.spec import JobSpec, parse_shard
 from qbatch.stages import Stages
@@ -79,6 +80,15 @@ class Summary:
     @property
     def output_tok_s(self) -> float:
         return self.completion_tokens / self.generate_s if self.generate_s else 0.0
+
+
+@dataclass(frozen=True)
+class InputScan:
+    """What the pre-scan found in the inputs."""
+
+    num_todo: int  # rows this run must process
+    num_rows: int  # rows read, in every shard, done or not
+    column_types: ColumnTypes  # carried columns' types for the whole input (columns.py)
 
 
 @dataclass
@@ -205,16 +215,41 @@ class Job:
 
     def count_todo(self, done: set[str]) -> int:
         """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
+        return self.scan(done).num_todo
+
+    def scan(self, done: set[str]) -> InputScan:
+        """The pre-scan of every input row, before the model loads: rows to process (refusing
+        duplicate ids unless --dedupe), rows read, and the carried columns' types.
+
+        The types are decided on every row read, whatever its shard and whether it is done,
+        so that shards and resumed runs decide alike.
+        """
+        shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
+        columns = ColumnScan(self._parquet_schemas())
+        preparer = self.preparer
         counts: dict[str, int] = {}
-        for _, rid in self.identified_rows(done):
-            counts[rid] = counts.get(rid, 0) + 1
+        num_rows = 0
+        for row in self.rows():
+            num_rows += 1
+            if row.data is not None:
+                columns.add(preparer.carried(row.data), row.source_index)
+            rid = preparer.row_id(row)
+            if in_shard(rid, shard) and rid not in done:
+                counts[rid] = counts.get(rid, 0) + 1
+        self._refuse_duplicates(counts)
+        return InputScan(sum(counts.values()), num_rows, columns.finish())
+
+    def _parquet_schemas(self) -> dict[int, Any]:
+        return {i: parquet_schema(path) for i, path in enumerate(self.files)
+                if detect_format(path, self.spec.input.format) == "parquet"}
+
+    def _refuse_duplicates(self, counts: dict[str, int]) -> None:
         duplicates = [rid for rid, n in counts.items() if n > 1]
         if duplicates and not self.spec.input.dedupe:
             listed = ", ".join(repr(d) for d in duplicates[:MAX_LISTED_DUPLICATES])
             more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
             raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
-        return sum(counts.values())
 
 
 def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
@@ -244,10 +279,15 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
     early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
     with job.windows(done, start=early) as windows:
-        todo = job.count_todo(done)
+        scan = job.scan(done)
+        check_not_empty(job, scan)
+        todo = scan.num_todo
+        recorded = from_manifest(previous)
+        column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
         summary = Summary(str(out.path), "running", rows_skipped=len(done))
         manifest = _manifest(job, previous, fingerprint, status="running")
         manifest["rows_total"] = todo + len(done)
+        manifest.update(to_manifest(column_types))
         out.write_manifest(manifest)
         progress = Progress(spec.output.progress, todo, stream=stream)
         if todo:
@@ -257,7 +297,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
         try:
             if todo:
                 summary.setup_s = time.monotonic() - started
-                _generate(job, windows, out, summary, progress, started_early)
+                _generate(job, windows, out, summary, progress, started_early, column_types)
         except BaseException:
             manifest.update(status="failed", updated_at=_now())
             out.write_manifest(manifest)
@@ -266,7 +306,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
             progress.close()
     release_freed_memory()
     t0 = time.monotonic()
-    counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai")
+    counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
     summary.assemble_s = time.monotonic() - t0
     summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
     summary.status = "completed"
@@ -287,7 +327,7 @@ def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | N
 
 
 def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress,
-              started_early: float | None) -> None:
+              started_early: float | None, column_types: ColumnTypes) -> None:
     """Start the engine (or wait for the one started early), feed it the windows' chunks, write each
     chunk as it finishes."""
     t0 = time.monotonic()
@@ -299,7 +339,8 @@ def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progr
     sources = [str(p) for p in job.files]
     windows.start()
     for chunk, completions in engine.run(_chunks(windows, out, summary, progress)):
-        _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt)
+        _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt,
+                     column_types)
     summary.generate_s = time.monotonic() - gen_start
 
 
@@ -322,12 +363,13 @@ def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, 
 
 
 def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
-                 sources: list[str], gen_start: float, include_prompt: bool) -> None:
+                 sources: list[str], gen_start: float, include_prompt: bool, column_types: ColumnTypes) -> None:
     ok = [c for c in completions if c.error is None]
     refused = [Failure(c.request.id, sources[c.request.source_index], c.request.row_index, None, "engine_rejected",
                        c.error) for c in completions if c.error is not None]
     if ok:
-        out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt))
+        out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt,
+                                                    column_types=column_types))
     if refused:
         _record_failures(refused, out, summary, progress)
     prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)
@@ -344,7 +386,7 @@ def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summar
 def dry_run(job: Job, started: float) -> Summary:
     """Read, template, tokenize and validate everything; plan the chunks; load no engine."""
     summary = Summary(None, "dry-run")
-    job.count_todo(set())
+    check_not_empty(job, job.scan(set()))
     for item in job.work(set()):
         if item and isinstance(item[0], Failure):
             summary.count_failures(item)
@@ -357,6 +399,18 @@ def dry_run(job: Job, started: float) -> Summary:
         summary.num_chunks += 1
     summary.wall_s = time.monotonic() - started
     return summary
+
+
+def check_not_empty(job: Job, scan: InputScan) -> None:
+    """Inputs that hold no rows at all: a warning on stderr, or with --fail-on-empty an error (exit 3),
+    so that a scheduler does not take an empty export for a finished job."""
+    if scan.num_rows:
+        return
+    files = ", ".join(map(str, job.files))
+    if job.spec.output.fail_on_empty:
+        raise InputError("the inputs hold 0 rows", where=files,
+                         hint="check the export that wrote them, or drop --fail-on-empty to let an empty run pass")
+    print(f"qbatch: warning: the inputs hold 0 rows: {files}", file=sys.stderr, flush=True)
 
 
 def stats_dict(summary: Summary) -> dict[str, Any]:

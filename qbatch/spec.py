@@ -119,6 +119,7 @@ class OutputSpec:
     include_prompt: bool = False
     progress: str = "auto"
     fail_on_row_errors: bool = False
+    fail_on_empty: bool = False  # inputs with no rows at all stop the run (exit 3) instead of a warning
     restart: bool = False
     retry_errors: bool = False
     dry_run: bool = False
