@@ -127,6 +127,20 @@ class OutputDir:
         os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
         self._lock_fd = fd
 
+    def lock_holder(self) -> str | None:
+        """Who holds the run lock ("pid N since ..."), or None when no live run does."""
+        path = self.path / LOCK_NAME
+        if not path.exists():
+            return None
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        finally:
+            os.close(fd)
+
     # -- manifest ----------------------------------------------------------
     def manifest(self) -> dict[str, Any] | None:
         return read_json(self.manifest_path)
@@ -169,20 +183,29 @@ class OutputDir:
         return sorted(p for p in self.parts.glob(f"{prefix}*.parquet") if TMP_MARK not in p.name)
 
     def done_ids(self, *, include_errors: bool) -> set[str]:
-        """Ids with a result (and, unless errors are retried, with an error) in a finished part.
+        """Ids with a result (and, unless errors are retried, with an error) in a finished part."""
+        return self.result_ids() | self.error_ids() if include_errors else self.result_ids()
 
-        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
-        that error does not make the id done: a run killed before the kept row's result was
-        written would otherwise never process it.
-        """
+    def result_ids(self) -> set[str]:
+        """Ids with a result in a finished part."""
         done: set[str] = set()
         for path in self.part_files(RESULT_PREFIX):
             done.update(self._read_part(path, ["id"]).column("id").to_pylist())
-        for path in self.part_files(ERROR_PREFIX) if include_errors else []:
+        return done
+
+    def error_ids(self) -> set[str]:
+        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors).
+
+        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
+        that error does not make the id failed: a run killed before the kept row's result was
+        written would otherwise never process it.
+        """
+        failed: set[str] = set()
+        for path in self.part_files(ERROR_PREFIX):
             table = self._read_part(path, ["id", "error"])
             kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
-            done.update(table.column("id").filter(kept).to_pylist())
-        return done
+            failed.update(table.column("id").filter(kept).to_pylist())
+        return failed
 
     @staticmethod
     def _read_part(path: Path, columns: list[str]) -> pa.Table:

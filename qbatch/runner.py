@@ -128,10 +128,15 @@ class Job:
         rows = read_rows(self.files, fmt=self.spec.input.format, on_bad_line=self.spec.input.on_bad_line)
         return islice(rows, self.spec.input.limit) if self.spec.input.limit else rows
 
-    def identified_rows(self, done: set[str]) -> Iterator[tuple[Row, str]]:
-        """(row, id) for the rows this run must process: in its shard, not done yet."""
+    def identified_rows(self, done: set[str], rows_read: list[int] | None = None) -> Iterator[tuple[Row, str]]:
+        """(row, id) for the rows this run must process: in its shard, not done yet.
+
+        `rows_read` counts every row read, per input file, before the shard and done filters.
+        """
         shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
         for row in self.rows():
+            if rows_read is not None:
+                rows_read[row.source_index] += 1
             rid = self.preparer.row_id(row)
             if in_shard(rid, shard) and rid not in done:
                 yield row, rid
@@ -203,10 +208,10 @@ class Job:
         items.extend(cut_chunks(order_window(requests, self.spec.plan.order), self.spec.plan.chunk_tokens))
         return items
 
-    def count_todo(self, done: set[str]) -> int:
+    def count_todo(self, done: set[str], rows_read: list[int] | None = None) -> int:
         """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
         counts: dict[str, int] = {}
-        for _, rid in self.identified_rows(done):
+        for _, rid in self.identified_rows(done, rows_read):
             counts[rid] = counts.get(rid, 0) + 1
         duplicates = [rid for rid, n in counts.items() if n > 1]
         if duplicates and not self.spec.input.dedupe:
@@ -244,10 +249,11 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
     early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
     with job.windows(done, start=early) as windows:
-        todo = job.count_todo(done)
+        rows_read = [0] * len(job.files)
+        todo = job.count_todo(done, rows_read)
         summary = Summary(str(out.path), "running", rows_skipped=len(done))
         manifest = _manifest(job, previous, fingerprint, status="running")
-        manifest["rows_total"] = todo + len(done)
+        manifest.update(rows_total=todo + len(done), input_rows=_input_rows(job, rows_read), covered_inputs=False)
         out.write_manifest(manifest)
         progress = Progress(spec.output.progress, todo, stream=stream)
         if todo:
@@ -272,7 +278,8 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     summary.status = "completed"
     summary.wall_s = time.monotonic() - started
     out.write_stats(stats_dict(summary))
-    manifest.update(status="completed", updated_at=_now(), counts=counts)
+    manifest.update(status="completed", updated_at=_now(), counts=counts,
+                    covered_inputs=_covered_inputs(spec.input.limit, rows_read))
     manifest["runs"][-1].update(finished_at=_now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
     out.write_manifest(manifest)
     return summary
@@ -372,9 +379,21 @@ def _manifest(job: Job, previous: dict[str, Any] | None, fingerprint: dict[str, 
     manifest = dict(previous or {"created_at": _now(), "runs": []})
     manifest.update(qbatch_version=__version__, status=status, updated_at=_now(), fingerprint=fingerprint,
                     spec=json.loads(json.dumps(job.spec.flat(), default=str)), versions=_versions(),
+                    limit=job.spec.input.limit,
                     model_path=job.model_path)
     manifest["runs"] = [*manifest.get("runs", []), {"started_at": _now(), "pid": _pid()}][-20:]
     return manifest
+
+
+def _input_rows(job: Job, rows_read: list[int]) -> list[dict[str, Any]]:
+    """Rows read from each input file, for `qbatch merge` to tell which shard read less."""
+    return [{"path": str(path.resolve()), "rows": n} for path, n in zip(job.files, rows_read, strict=True)]
+
+
+def _covered_inputs(limit: int | None, rows_read: list[int]) -> bool:
+    """Whether a completed run read every row of its inputs: --limit N stopped it early unless
+    the inputs held fewer than N rows."""
+    return limit is None or sum(rows_read) < limit
 
 
 def _versions() -> dict[str, str | None]:
