@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.assemble import assemble
-from qbatch.checkpoint import ERROR_PREFIX, RESULT_PREFIX, OutputDir, fingerprint_changes, input_still_valid, read_json
+from qbatch.checkpoint import (
+    ERROR_PREFIX,
+    RESULT_PREFIX,
+    OutputDir,
+    fingerprint_changes,
+    input_still_valid,
+    read_json,
+)
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError, SpecError
 from qbatch.spec import parse_shard
 
