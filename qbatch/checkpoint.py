@@ -21,7 +21,8 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,34 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):  # on a read-only folder even removing the temp file fails
+            tmp.unlink(missing_ok=True)
         if exc.errno == errno.ENOSPC:
             raise OutputError(
                 "disk full while writing output", where=str(path),
                 hint="finished parts are intact: free space and rerun the same command to resume",
             ) from None
-        raise OutputError(f"cannot write output: {exc.strerror or exc}", where=str(path)) from None
+        raise output_error("write output", path, exc) from None
+
+
+@contextmanager
+def output_os_errors(what: str, path: Path) -> Iterator[None]:
+    """Turn an OS error on the output folder into an OutputError: the user can fix those."""
+    try:
+        yield
+    except OSError as exc:
+        raise output_error(what, Path(exc.filename or path), exc) from None
+
+
+def output_error(what: str, path: Path, exc: OSError) -> OutputError:
+    """'cannot WHAT: <reason> (path)' with the fix for that reason."""
+    if exc.errno == errno.EROFS:
+        hint = "the output folder is on a read-only file system: pass another -o/--output-dir"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        hint = "this user may not write there: check the folder's owner and permissions, or pass another -o/--output-dir"
+    else:
+        hint = "check the output folder, or pass another -o/--output-dir"
+    return OutputError(f"cannot {what}: {exc.strerror or exc}", where=str(path), hint=hint)
 
 
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
@@ -73,6 +95,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise output_error(f"read {path.name}", path, exc) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise OutputError(f"{path.name} is corrupt: {exc}", where=str(path),
                           hint="rerun with --restart to start this output over") from None
@@ -97,15 +121,21 @@ class OutputDir:
         if self.path.exists() and not self.path.is_dir():
             raise OutputError("output path exists and is not a folder", where=str(self.path),
                               hint="pass a folder with -o/--output-dir")
-        try:
+        with output_os_errors("create the output folder", self.path):
             self.parts.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(f"cannot create output folder: {exc.strerror}", where=str(self.path)) from None
         self._lock()
-        for folder in (self.path, self.parts):
-            for leftover in folder.glob(f"*{TMP_MARK}*"):
-                leftover.unlink(missing_ok=True)
+        try:
+            self._remove_leftovers()
+        except BaseException:
+            self.close()  # the caller never gets this object to close
+            raise
         return self
+
+    def _remove_leftovers(self) -> None:
+        for folder in (self.path, self.parts):
+            with output_os_errors("remove temp files of a killed run", folder):
+                for leftover in folder.glob(f"*{TMP_MARK}*"):
+                    leftover.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self._lock_fd is not None:
@@ -113,7 +143,8 @@ class OutputDir:
             self._lock_fd = None
 
     def _lock(self) -> None:
-        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        with output_os_errors("open the lock file", self.path / LOCK_NAME):
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -123,9 +154,28 @@ class OutputDir:
                 f"another qbatch run is using this output folder ({holder or 'pid unknown'})",
                 where=str(self.path), hint="wait for it to finish, or use a different -o/--output-dir",
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise output_error("write the lock file", self.path / LOCK_NAME, exc) from None
         self._lock_fd = fd
+
+    def lock_holder(self) -> str | None:
+        """Who holds the run lock ("pid N since ..."), or None when no live run does."""
+        path = self.path / LOCK_NAME
+        if not path.exists():
+            return None
+        with output_os_errors("read the lock file", path):
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        finally:
+            os.close(fd)
 
     # -- manifest ----------------------------------------------------------
     def manifest(self) -> dict[str, Any] | None:
@@ -159,30 +209,49 @@ class OutputDir:
 
     def wipe(self) -> None:
         self._last_number.clear()
-        shutil.rmtree(self.parts, ignore_errors=True)
-        self.parts.mkdir(parents=True, exist_ok=True)
-        for name in ("manifest.json", "stats.json", "results.parquet", "errors.parquet", "results.jsonl"):
-            (self.path / name).unlink(missing_ok=True)
+        with output_os_errors("remove the previous results", self.path):
+            shutil.rmtree(self.parts, ignore_errors=True)
+            self.parts.mkdir(parents=True, exist_ok=True)
+            for name in ("manifest.json", "stats.json", "results.parquet", "errors.parquet", "results.jsonl"):
+                (self.path / name).unlink(missing_ok=True)
 
     # -- parts -------------------------------------------------------------
     def part_files(self, prefix: str) -> list[Path]:
-        return sorted(p for p in self.parts.glob(f"{prefix}*.parquet") if TMP_MARK not in p.name)
+        """Finished parts, in order. An unreadable parts/ is an error: Path.glob would list nothing,
+        and every row would be redone."""
+        try:
+            names = [entry.name for entry in os.scandir(self.parts)]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise output_error("list the parts", self.parts, exc) from None
+        return sorted(self.parts / name for name in names
+                      if name.startswith(prefix) and name.endswith(".parquet") and TMP_MARK not in name)
 
     def done_ids(self, *, include_errors: bool) -> set[str]:
-        """Ids with a result (and, unless errors are retried, with an error) in a finished part.
+        """Ids with a result (and, unless errors are retried, with an error) in a finished part."""
+        return self.result_ids() | self.error_ids() if include_errors else self.result_ids()
 
-        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
-        that error does not make the id done: a run killed before the kept row's result was
-        written would otherwise never process it.
-        """
+    def result_ids(self) -> set[str]:
+        """Ids with a result in a finished part."""
         done: set[str] = set()
         for path in self.part_files(RESULT_PREFIX):
             done.update(self._read_part(path, ["id"]).column("id").to_pylist())
-        for path in self.part_files(ERROR_PREFIX) if include_errors else []:
+        return done
+
+    def error_ids(self) -> set[str]:
+        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors).
+
+        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
+        that error does not make the id failed: a run killed before the kept row's result was
+        written would otherwise never process it.
+        """
+        failed: set[str] = set()
+        for path in self.part_files(ERROR_PREFIX):
             table = self._read_part(path, ["id", "error"])
             kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
-            done.update(table.column("id").filter(kept).to_pylist())
-        return done
+            failed.update(table.column("id").filter(kept).to_pylist())
+        return failed
 
     @staticmethod
     def _read_part(path: Path, columns: list[str]) -> pa.Table:

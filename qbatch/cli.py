@@ -312,7 +312,8 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
 def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> None:
     """Combine the outputs of `qbatch run --shard I/N` runs into one results.parquet.
 
-    Refuses folders that ran different jobs, incomplete shards, and missing or repeated shards.
+    Refuses folders that ran different jobs, missing or repeated shards, and shards that did not
+    cover the same inputs completely (unfinished, run with --limit, or run before rows were appended).
 
     \b
     Examples:

@@ -87,7 +87,11 @@ class InputScan:
     """What the pre-scan found in the inputs."""
 
     num_todo: int  # rows this run must process
-    num_rows: int  # rows read, in every shard, done or not
+    rows_read: list[int]  # rows read per input file, in every shard, done or not
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.rows_read)
     column_types: ColumnTypes  # carried columns' types for the whole input (columns.py)
 
 
@@ -228,16 +232,16 @@ class Job:
         columns = ColumnScan(self._parquet_schemas())
         preparer = self.preparer
         counts: dict[str, int] = {}
-        num_rows = 0
+        rows_read = [0] * len(self.files)
         for row in self.rows():
-            num_rows += 1
+            rows_read[row.source_index] += 1
             if row.data is not None:
                 columns.add(preparer.carried(row.data), row.source_index)
             rid = preparer.row_id(row)
             if in_shard(rid, shard) and rid not in done:
                 counts[rid] = counts.get(rid, 0) + 1
         self._refuse_duplicates(counts)
-        return InputScan(sum(counts.values()), num_rows, columns.finish())
+        return InputScan(sum(counts.values()), rows_read, columns.finish())
 
     def _parquet_schemas(self) -> dict[int, Any]:
         return {i: parquet_schema(path) for i, path in enumerate(self.files)
@@ -286,7 +290,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
         column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
         summary = Summary(str(out.path), "running", rows_skipped=len(done))
         manifest = _manifest(job, previous, fingerprint, status="running")
-        manifest["rows_total"] = todo + len(done)
+        manifest.update(rows_total=todo + len(done), input_rows=_input_rows(job, scan.rows_read), covered_inputs=False)
         manifest.update(to_manifest(column_types))
         out.write_manifest(manifest)
         progress = Progress(spec.output.progress, todo, stream=stream)
@@ -312,7 +316,8 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     summary.status = "completed"
     summary.wall_s = time.monotonic() - started
     out.write_stats(stats_dict(summary))
-    manifest.update(status="completed", updated_at=_now(), counts=counts)
+    manifest.update(status="completed", updated_at=_now(), counts=counts,
+                    covered_inputs=_covered_inputs(spec.input.limit, scan.rows_read))
     manifest["runs"][-1].update(finished_at=_now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
     out.write_manifest(manifest)
     return summary
@@ -426,9 +431,21 @@ def _manifest(job: Job, previous: dict[str, Any] | None, fingerprint: dict[str, 
     manifest = dict(previous or {"created_at": _now(), "runs": []})
     manifest.update(qbatch_version=__version__, status=status, updated_at=_now(), fingerprint=fingerprint,
                     spec=json.loads(json.dumps(job.spec.flat(), default=str)), versions=_versions(),
+                    limit=job.spec.input.limit,
                     model_path=job.model_path)
     manifest["runs"] = [*manifest.get("runs", []), {"started_at": _now(), "pid": _pid()}][-20:]
     return manifest
+
+
+def _input_rows(job: Job, rows_read: list[int]) -> list[dict[str, Any]]:
+    """Rows read from each input file, for `qbatch merge` to tell which shard read less."""
+    return [{"path": str(path.resolve()), "rows": n} for path, n in zip(job.files, rows_read, strict=True)]
+
+
+def _covered_inputs(limit: int | None, rows_read: list[int]) -> bool:
+    """Whether a completed run read every row of its inputs: --limit N stopped it early unless
+    the inputs held fewer than N rows."""
+    return limit is None or sum(rows_read) < limit
 
 
 def _versions() -> dict[str, str | None]:
