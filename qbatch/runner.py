@@ -33,6 +33,7 @@ from qbatch.progress import Progress
 from qbatch.readers import detect_format, expand_inputs, read_rows
 from qbatch.records import Failure, Request, Row, failures_table, results_table
 from qbatch.spec import JobSpec, parse_shard
+from qbatch.spool import has_streams, spool_streams, spooled_for_dry_run
 from qbatch.stages import Stages
 
 # Settings that change what a row's result is: a rerun that changes one of these
@@ -226,17 +227,20 @@ def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
     """Run a job to completion (or resume it); progress goes to `stream` (default stderr)."""
     started = time.monotonic()
     stream = stream or sys.stderr
-    job = Job.setup(spec)
-    with rare_collections():
-        if spec.output.dry_run:
-            return dry_run(job, started)
-        if not spec.output.output_dir:
-            raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
-        out = OutputDir(spec.output.output_dir).open()
-        try:
+    if spec.output.dry_run:
+        with spooled_for_dry_run(spec) as spooled, rare_collections():
+            return dry_run(Job.setup(spooled), started)
+    # Inputs read once (stdin, pipes) are copied into the output folder: under its lock, so set up after it.
+    job = None if has_streams(spec.input.inputs) else Job.setup(spec)
+    if not spec.output.output_dir:
+        raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
+    out = OutputDir(spec.output.output_dir).open()
+    try:
+        job = job or Job.setup(spool_streams(spec, out.path))
+        with rare_collections():
             return _execute(job, out, started, stream)
-        finally:
-            out.close()
+    finally:
+        out.close()
 
 
 def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summary:

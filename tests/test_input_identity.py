@@ -127,3 +127,23 @@ def test_an_unchanged_input_resumes_without_redoing_rows(run_null, write_jsonl, 
     result = run_null(path, "-o", out)
     assert result.exit_code == 0, result.output
     assert "rows already done               2" in result.stdout and "rows ok (this run)              4" in result.stdout
+
+
+def test_source_is_one_absolute_path_whatever_the_working_directory(run_null, tmp_path, monkeypatch):
+    """A run from one folder, resumed from another with another spelling of the same file."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    path = data / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "a", "prompt": "one"}, {"id": "bad", "text": "no prompt"}, {"id": "c", "prompt": "three"},
+        {"id": "bad2", "text": "no prompt"}]))
+    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)
+    assert run_null("data/in.jsonl", "-o", out, "--limit", 2).exit_code == 0
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = run_null("../data/./in.jsonl", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "rows already done               2" in result.stdout
+    assert set(pl.read_parquet(out / "results.parquet")["source"]) == {str(path.resolve())}
+    assert pl.read_parquet(out / "errors.parquet")["source"].to_list() == [str(path.resolve())] * 2
