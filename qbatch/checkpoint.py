@@ -281,8 +281,10 @@ def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
         return f"same size ({new['size']:,} bytes), different content"
     if old["format"] != "jsonl" or old["path"].lower().endswith(COMPRESSED_SUFFIXES):
         return f"it grew from {old['size']:,} to {new['size']:,} bytes; only uncompressed JSONL files may grow"
-    prefix = new.get("prefix", {})
-    if prefix.get("size") != old["size"] or prefix.get("sha256") != old["sha256"]:
+    prefix = new.get("prefix")
+    if prefix is None or prefix["size"] != old["size"]:  # two manifests compared (merge): no prefix hash
+        return f"it grew from {old['size']:,} to {new['size']:,} bytes"
+    if prefix["sha256"] != old["sha256"]:
         return f"its first {old['size']:,} bytes (what the last run read) differ"
     if old["size"] and not old.get("ends_with_newline"):
         return "rows were appended to a file that did not end with a newline, so its last row changed"

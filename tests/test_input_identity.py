@@ -147,3 +147,29 @@ def test_source_is_one_absolute_path_whatever_the_working_directory(run_null, tm
     assert "rows already done               2" in result.stdout
     assert set(pl.read_parquet(out / "results.parquet")["source"]) == {str(path.resolve())}
     assert pl.read_parquet(out / "errors.parquet")["source"].to_list() == [str(path.resolve())] * 2
+
+
+def test_rows_inserted_before_the_end_are_refused(run_null, write_jsonl, tmp_path):
+    """The file grew, but not at its end: the bytes the last run read differ."""
+    path, out = write_jsonl([{"id": i, "prompt": f"p{i}"} for i in range(4)]), tmp_path / "out"
+    assert run_null(path, "-o", out).exit_code == 0
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2] + [json.dumps({"id": 9, "prompt": "inserted"}) + "\n"] + lines[2:]))
+    result = run_null(path, "-o", out)
+    assert_refused(result, path)
+    assert f"its first {sum(map(len, lines)):,} bytes (what the last run read) differ" in result.stderr
+
+
+@pytest.mark.parametrize("seen_size", [0, 1, 7, 8, 9, 16, 23])
+def test_the_prefix_hash_of_one_pass_equals_the_old_files_hash(tmp_path, monkeypatch, seen_size):
+    """Whatever block the previous size falls in (block size 8 here), including its edges."""
+    from qbatch import checkpoint
+
+    monkeypatch.setattr(checkpoint, "HASH_BLOCK_BYTES", 8)
+    data = bytes(range(30))
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    old.write_bytes(data[:seen_size])
+    new.write_bytes(data)
+    grown = checkpoint.input_identity(new, "jsonl", seen_size=seen_size)
+    assert grown["prefix"] == {"size": seen_size, "sha256": checkpoint.input_identity(old, "jsonl")["sha256"]}
+    assert grown["sha256"] == checkpoint.input_identity(new, "jsonl")["sha256"] and grown["size"] == 30
