@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
+from qbatch.readers import COMPRESSED_SUFFIXES
 
 LOCK_NAME = ".qbatch.lock"
 TMP_MARK = ".tmp-"
@@ -290,43 +291,70 @@ def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         changes.append(f"inputs were {[i['path'] for i in old_inputs]}, now {[i['path'] for i in new_inputs]}")
     else:
         for before, after in zip(old_inputs, new_inputs, strict=True):
-            if not input_still_valid(before, after):
-                changes.append(f"input {after['path']} changed (not only appended to)")
+            reason = input_change(before, after)
+            if reason:
+                changes.append(f"input {after['path']} changed (not only appended to): {reason}")
     return changes
 
 
-def input_identity(path: Path, fmt: str) -> dict[str, Any]:
-    """Size plus hashes of the file's start and of the 64 KiB before its end.
+HASH_BLOCK_BYTES = 1 << 20
 
-    Cheap for any file size, and lets an append-only JSONL file grow: the next
-    run checks that the old bytes are still there and processes the new rows.
+
+def input_identity(path: Path, fmt: str, *, seen_size: int | None = None) -> dict[str, Any]:
+    """Size and SHA-256 of the whole file, read once, block by block.
+
+    Any changed byte, anywhere, changes the hash: a hash of the start and end alone let a row
+    edited in the middle of a large file resume (and double). With `seen_size`, the size of the
+    file when the previous run hashed it, the same pass also hashes the file's first `seen_size`
+    bytes ("prefix"): when that equals the previous whole-file hash, the file only grew.
     """
     import hashlib
 
-    size = path.stat().st_size
+    whole = hashlib.sha256()
+    prefix: dict[str, Any] | None = None
+    size, last_byte = 0, b""
     with open(path, "rb") as handle:
-        head = hashlib.sha256(handle.read(1 << 20)).hexdigest()
-        handle.seek(max(0, size - (1 << 16)))
-        tail = hashlib.sha256(handle.read(1 << 16)).hexdigest()
-    return {"path": str(path.resolve()), "format": fmt, "size": size, "head_sha256": head, "tail_sha256": tail}
+        while block := handle.read(HASH_BLOCK_BYTES):
+            if seen_size is not None and prefix is None and size + len(block) >= seen_size:
+                head = whole.copy()
+                head.update(block[:seen_size - size])
+                prefix = {"size": seen_size, "sha256": head.hexdigest()}
+            whole.update(block)
+            size += len(block)
+            last_byte = block[-1:]
+    identity = {"path": str(path.resolve()), "format": fmt, "size": size, "sha256": whole.hexdigest(),
+                "ends_with_newline": last_byte == b"\n"}
+    if prefix is not None and seen_size != size:
+        identity["prefix"] = prefix
+    return identity
 
 
-def input_still_valid(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Unchanged, or an uncompressed JSONL file whose old bytes are intact and which only grew."""
-    if old == new:
-        return True
-    appendable = old.get("format") == "jsonl" and not old["path"].endswith((".gz", ".zst"))
-    if not appendable or new["size"] < old["size"]:
-        return False
-    return _prefix_matches(old, new)
+def recorded(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint as a manifest keeps it: without the prefix hashes, which only this run's check uses."""
+    inputs = [{k: v for k, v in i.items() if k != "prefix"} for i in fingerprint.get("inputs", [])]
+    return {**fingerprint, "inputs": inputs}
 
 
-def _prefix_matches(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    import hashlib
-
-    size = old["size"]
-    with open(new["path"], "rb") as handle:
-        head = hashlib.sha256(handle.read(min(size, 1 << 20))).hexdigest()
-        handle.seek(max(0, size - (1 << 16)))
-        tail = hashlib.sha256(handle.read(min(size, 1 << 16))).hexdigest()
-    return head == old["head_sha256"] and tail == old["tail_sha256"]
+def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Why `new` cannot resume the results of `old`, or None: unchanged, or an uncompressed
+    JSONL file that only grew by whole lines (its old bytes intact, its old last line ended)."""
+    if "sha256" not in old:
+        return "the output was made by an older qbatch that hashed only the file's start and end"
+    if old["format"] != new["format"]:
+        return f"format was {old['format']}, now {new['format']}"
+    if (old["size"], old["sha256"]) == (new["size"], new["sha256"]):
+        return None
+    if new["size"] < old["size"]:
+        return f"it shrank from {old['size']:,} to {new['size']:,} bytes"
+    if new["size"] == old["size"]:
+        return f"same size ({new['size']:,} bytes), different content"
+    if old["format"] != "jsonl" or old["path"].lower().endswith(COMPRESSED_SUFFIXES):
+        return f"it grew from {old['size']:,} to {new['size']:,} bytes; only uncompressed JSONL files may grow"
+    prefix = new.get("prefix")
+    if prefix is None or prefix["size"] != old["size"]:  # two manifests compared (merge): no prefix hash
+        return f"it grew from {old['size']:,} to {new['size']:,} bytes"
+    if prefix["sha256"] != old["sha256"]:
+        return f"its first {old['size']:,} bytes (what the last run read) differ"
+    if old["size"] and not old.get("ends_with_newline"):
+        return "rows were appended to a file that did not end with a newline, so its last row changed"
+    return None

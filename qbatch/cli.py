@@ -135,11 +135,12 @@ def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...]) -> 
 @run_options
 @click.pass_context
 def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
-    """Generate for every row of INPUT files (JSONL/Parquet, folders, globs) into OUT_DIR.
+    """Generate for every row of INPUT files (JSONL/Parquet, folders, globs; - for stdin) into OUT_DIR.
 
     \b
     Examples:
       qbatch run sample_data/prompts.jsonl -o out/ --model smollm2-135m --max-tokens 64
+      cat sample_data/prompts.jsonl | qbatch run - -o out/stdin --model smollm2-135m
       qbatch run --job jobs/quickstart.toml
       qbatch run data/*.parquet -o out/ --template 'Summarize: {text}' --no-thinking
       qbatch run batch.jsonl -o out/ --output-format jsonl-openai --dry-run

@@ -20,7 +20,8 @@ from qbatch.checkpoint import (
     RESULT_PREFIX,
     OutputDir,
     fingerprint_changes,
-    input_still_valid,
+    input_change,
+    input_identity,
     read_json,
 )
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError, SpecError
@@ -184,10 +185,15 @@ def _rows_were(count: int) -> str:
 
 
 def _only_appended(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether the shard that read `old` saw a prefix of the file the other read as `new` (appended
+    rows, not another version): told from the file as it is now, when it is still `new`."""
+    if old["size"] >= new["size"]:
+        return False
     try:
-        return input_still_valid(old, new)
+        now = input_identity(Path(new["path"]), new["format"], seen_size=old["size"])
     except OSError:  # the input is gone or unreadable now: it cannot be told
         return False
+    return now["sha256"] == new["sha256"] and input_change(old, now) is None
 
 
 def _rows(shard: Shard, position: int) -> int:

@@ -34,7 +34,7 @@ PARQUET_BATCH_ROWS = 4096
 
 
 def expand_inputs(inputs: list[str]) -> list[Path]:
-    """Turn files, folders and globs into a sorted, de-duplicated list of files."""
+    """Turn files, folders and globs into a sorted, de-duplicated list of files, as `stable_path`s."""
     if not inputs:
         raise InputError("no input files given", hint="pass files, folders or globs: `qbatch run prompts.jsonl -o out/`")
     files: list[Path] = []
@@ -55,7 +55,14 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
         else:
             raise InputError("input file not found", where=item, hint="check the path; globs must be quoted")
     seen: set[Path] = set()
-    return [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+    return [stable_path(f) for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+
+
+def stable_path(path: Path) -> Path:
+    """The file's folder resolved, then its own name: the same for every working directory and
+    spelling, so the `source` of a resumed run's rows is one value. The name is kept as given
+    (not a link's target): positional row ids are built from it."""
+    return path.parent.resolve() / path.name
 
 
 def detect_format(path: Path, override: str | None, *, strict: bool = True) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from qbatch import __version__, engine as engines, models
 from qbatch.assemble import assemble
 from qbatch.columns import ColumnScan, ColumnTypes, from_manifest, keep_recorded, to_manifest
-from qbatch.checkpoint import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
+from qbatch.checkpoint import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity, recorded
 from qbatch.errors import InputError, SpecError
 from qbatch.memory import rare_collections, release_freed_memory
 from qbatch.parallel import engines_per_gpu
@@ -34,6 +34,7 @@ from qbatch.progress import Progress
 from qbatch.readers import detect_format, expand_inputs, parquet_schema, read_rows
 from qbatch.records import Failure, Request, Row, failures_table, results_table
 from qbatch.spec import JobSpec, parse_shard
+from qbatch.spool import has_streams, spool_streams, spooled_for_dry_run
 from qbatch.stages import Stages
 
 # Settings that change what a row's result is: a rerun that changes one of these
@@ -129,14 +130,19 @@ class Job:
         return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
                         positional_prefix=len(self.files) > 1)
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What the results depend on; hashes every input once (with the prefix the `previous`
+        manifest's fingerprint saw of each input, so that appended rows can resume)."""
         flat = self.spec.flat()
         settings = {key: flat[key] for key in RESULT_SETTINGS}
         if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
             settings["backend"] = "vllm"
+        seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
+        inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())))
+                  for p, f in zip(self.files, formats, strict=True)]
         return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
-                "inputs": [input_identity(p, f) for p, f in zip(self.files, formats, strict=True)]}
+                "inputs": inputs}
 
     def rows(self) -> Iterator[Row]:
         rows = read_rows(self.files, fmt=self.spec.input.format, on_bad_line=self.spec.input.on_bad_line)
@@ -260,22 +266,25 @@ def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
     """Run a job to completion (or resume it); progress goes to `stream` (default stderr)."""
     started = time.monotonic()
     stream = stream or sys.stderr
-    job = Job.setup(spec)
-    with rare_collections():
-        if spec.output.dry_run:
-            return dry_run(job, started)
-        if not spec.output.output_dir:
-            raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
-        out = OutputDir(spec.output.output_dir).open()
-        try:
+    if spec.output.dry_run:
+        with spooled_for_dry_run(spec) as spooled, rare_collections():
+            return dry_run(Job.setup(spooled), started)
+    # Inputs read once (stdin, pipes) are copied into the output folder: under its lock, so set up after it.
+    job = None if has_streams(spec.input.inputs) else Job.setup(spec)
+    if not spec.output.output_dir:
+        raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
+    out = OutputDir(spec.output.output_dir).open()
+    try:
+        job = job or Job.setup(spool_streams(spec, out.path))
+        with rare_collections():
             return _execute(job, out, started, stream)
-        finally:
-            out.close()
+    finally:
+        out.close()
 
 
 def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summary:
     spec = job.spec
-    fingerprint = job.fingerprint()
+    fingerprint = job.fingerprint(None if spec.output.restart else out.manifest())
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
     done = out.done_ids(include_errors=not spec.output.retry_errors)
     started_early = _start_engines_early(job, previous)
@@ -429,7 +438,7 @@ def stats_dict(summary: Summary) -> dict[str, Any]:
 
 def _manifest(job: Job, previous: dict[str, Any] | None, fingerprint: dict[str, Any], *, status: str) -> dict[str, Any]:
     manifest = dict(previous or {"created_at": _now(), "runs": []})
-    manifest.update(qbatch_version=__version__, status=status, updated_at=_now(), fingerprint=fingerprint,
+    manifest.update(qbatch_version=__version__, status=status, updated_at=_now(), fingerprint=recorded(fingerprint),
                     spec=json.loads(json.dumps(job.spec.flat(), default=str)), versions=_versions(),
                     limit=job.spec.input.limit,
                     model_path=job.model_path)
