@@ -3,16 +3,20 @@
 Each cause gets its own error and hint: a lack of memory is not fixed by checking the model name.
 vLLM starts its engine core in a process of its own, and when that fails `LLM()` raises only
 "Engine core initialization failed. See root cause above."; the cause is in the core's log.
-`start_log` records what vLLM logs as errors while an engine starts (a forked engine core
-inherits the handler), so the cause can be read from there too.
+`start_log` records what vLLM's processes log as errors while an engine starts, so the cause
+can be read from there too.
 """
 
 from __future__ import annotations
 
+import atexit
+import copy
+import json
 import logging
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from qbatch.errors import EngineError, ModelError, QbatchError
@@ -42,8 +46,8 @@ MEMORY_HINT = ("give the engine more memory or ask for less: --gpu-memory-utiliz
                "on the CPU of RAM), --kv-cache-memory-bytes (the KV cache's size), a smaller --max-model-len "
                "or --max-num-seqs; memory held by other processes counts against it")
 MISSING_HINT = "check the model name or folder; offline, use --model smollm2-135m (bundled)"
-UNKNOWN_HINT = "vLLM's own error is in the log above; a memory error there needs --gpu-memory-utilization or " \
-               "--kv-cache-memory-bytes, a model error a different --model"
+UNKNOWN_HINT = ("vLLM's own error is in its log (above; with --backend ray, in Ray's log folder): a memory error "
+                "there needs --gpu-memory-utilization or --kv-cache-memory-bytes, a model error another --model")
 LOGGER = "vllm"
 
 
@@ -64,24 +68,51 @@ def start_error(model: str, exc: BaseException, logged: str = "") -> QbatchError
 
 @contextmanager
 def start_log() -> Iterator[list[str]]:
-    """Collect vLLM's error log records (also those of a forked engine core) while the block runs;
-    the list holds their text once the block ends."""
-    fd, path = tempfile.mkstemp(prefix="qbatch-engine-start-", suffix=".log")
-    os.close(fd)
+    """Collect vLLM's error log records while the block runs, also those of the engine core and its
+    workers (forked: they inherit the handler; spawned, as on the CPU: they read the logging config
+    given to them); the list holds their text once the block ends."""
+    folder = tempfile.mkdtemp(prefix="qbatch-engine-start-")
+    atexit.register(shutil.rmtree, folder, True)  # before vLLM's own exit-time shutdown, so it runs after it
+    path = os.path.join(folder, "errors.log")
+    open(path, "w").close()
     handler = _AppendHandler(path)
     logger = logging.getLogger(LOGGER)
     logger.addHandler(handler)
+    restore = _spawned_log_to(path, folder)
     found: list[str] = []
     try:
         yield found
     finally:
         logger.removeHandler(handler)
+        restore()
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
                 found.append(handle.read())
-            os.unlink(path)
+            os.unlink(path)  # an engine process that still holds it now writes to nothing
         except OSError:
             pass
+
+
+def _spawned_log_to(path: str, folder: str) -> Callable[[], None]:
+    """Have processes spawned from now on also log vLLM's errors to `path` (vLLM's own logging config plus
+    one file handler, through VLLM_LOGGING_CONFIG_PATH); returns what puts the environment back.
+    A user's own logging config is left alone."""
+    if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
+        return lambda: None
+    try:
+        from vllm.logger import DEFAULT_LOGGING_CONFIG
+    except ImportError:
+        return lambda: None
+    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    config["formatters"]["qbatch_start"] = {"format": "%(message)s"}  # vLLM's prefixes every line of a traceback
+    config["handlers"]["qbatch_start"] = {"class": "logging.FileHandler", "filename": path, "level": "ERROR",
+                                          "formatter": "qbatch_start"}
+    config["loggers"]["vllm"]["handlers"].append("qbatch_start")
+    config_path = os.path.join(folder, "vllm-logging.json")  # stays while the engine runs: its processes may read it
+    with open(config_path, "w", encoding="utf-8") as handle:
+        json.dump(config, handle, default=str)
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = config_path
+    return lambda: os.environ.pop("VLLM_LOGGING_CONFIG_PATH", None)
 
 
 class _AppendHandler(logging.Handler):

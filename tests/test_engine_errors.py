@@ -90,6 +90,22 @@ def test_start_log_hears_a_forked_process_and_leaves_no_file_behind(tmp_path):
     assert not os.path.exists(path)
 
 
+def test_start_log_gives_spawned_processes_vllms_logging_config_plus_its_file(monkeypatch):
+    """On the CPU vLLM spawns its engine core: it reads VLLM_LOGGING_CONFIG_PATH, not our handlers."""
+    pytest.importorskip("vllm.logger")
+    import json
+
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
+    with start_log():
+        path = next(h.path for h in logging.getLogger("vllm").handlers if hasattr(h, "path"))
+        with open(os.environ["VLLM_LOGGING_CONFIG_PATH"], encoding="utf-8") as handle:
+            config = json.load(handle)
+    assert config["handlers"]["qbatch_start"]["filename"] == path
+    assert config["loggers"]["vllm"]["handlers"] == ["vllm", "qbatch_start"]
+    assert "VLLM_LOGGING_CONFIG_PATH" not in os.environ
+
+
 def test_a_data_parallel_worker_passes_on_the_kind_and_hint():
     from qbatch.parallel import start_failure
 
