@@ -131,8 +131,8 @@ class _AppendHandler(logging.Handler):
             return
         try:
             os.write(fd, (self.format(record) + "\n").encode("utf-8", "replace"))
-        except Exception:  # logging must never break the engine
-            pass
+        except Exception:  # noqa: BLE001  (as logging's own handlers do: a failed record never stops the engine)
+            self.handleError(record)
         finally:
             os.close(fd)
 

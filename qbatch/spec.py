@@ -231,8 +231,9 @@ class JobSpec:
         try:
             check_params(values)
         except RowError as exc:
-            raise SpecError(exc.message, hint="the flag and the job-file key have the name the message starts with"
-                            ) from None
+            key = exc.message.split(" ", 1)[0]  # each rule's message starts with the value's name
+            raise SpecError(exc.message,
+                            hint=f"set --{key.replace('_', '-')} (job file: {key}) to a value the rule allows") from None
 
     def _check_ray(self) -> None:
         if self.engine.backend == "ray" and self.engine.gpus is not None:

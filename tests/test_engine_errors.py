@@ -9,10 +9,17 @@ import pickle
 
 import pytest
 
-from qbatch.engine_errors import MEMORY_HINT, MISSING_HINT, UNKNOWN_HINT, start_error, start_log
+from qbatch.engine_errors import (
+    MEMORY_HINT,
+    MISSING_HINT,
+    UNKNOWN_HINT,
+    start_error,
+    start_log,
+)
 from qbatch.errors import EXIT_ENGINE, EngineError, ModelError
 
-CORE_FAILED = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}")
+CORE_FAILED = RuntimeError("Engine core initialization failed. See root cause above. "
+                           "Failed core proc(s): {'EngineCore': 1}")
 # vLLM's texts, as its source writes them (v1/worker/utils.py, v1/worker/cpu_worker.py)
 GPU_NOT_FREE = ("Free memory on device cuda:0 (10.5/139.8 GiB) on startup is less than desired GPU memory "
                 "utilization (0.9, 125.8 GiB). Decrease GPU memory utilization or reduce GPU memory used by "

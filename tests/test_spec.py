@@ -111,6 +111,7 @@ def test_sampling_rules_refuse_what_vllm_refuses():
     """Every value qbatch's rules let through, vLLM's SamplingParams accepts; every one they refuse, it refuses."""
     sampling_params = pytest.importorskip("vllm.sampling_params")
     from vllm.exceptions import VLLMError
+
     from qbatch.validate import RowError, check_params
 
     cases = [{"temperature": t} for t in (-0.1, 0.0, 2.0, 2.1, float("nan"), float("inf"))]
