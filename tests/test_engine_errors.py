@@ -132,3 +132,14 @@ def test_a_real_engine_without_kv_cache_memory_says_so(cli, write_jsonl, tmp_pat
     assert "Error: not enough memory to start the engine for model 'smollm2-135m': ValueError: No available memory " \
            "for the cache blocks" in result.output
     assert f"Hint: {MEMORY_HINT}" in result.output
+
+
+def test_a_ray_actor_that_ran_out_of_memory_says_so():
+    from qbatch.cluster import _raise_if_memory
+
+    with pytest.raises(EngineError) as info:
+        _raise_if_memory(RuntimeError("Task was killed due to the node running low on memory.\nMemory on the node"))
+    assert info.value.hint == MEMORY_HINT
+    assert info.value.message == ("an engine actor ran out of memory while starting: "
+                                  "Task was killed due to the node running low on memory.")
+    _raise_if_memory(RuntimeError("No module named 'vllm'"))  # not memory: the caller's own error follows
