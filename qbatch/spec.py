@@ -158,11 +158,7 @@ class JobSpec:
                 )
             sections[owners[key]][key] = _typed(raw_key, key, value, source)
         spec = cls(**{name: SECTIONS[name](**kw) for name, kw in sections.items()})
-        try:
-            spec.validate()
-        except SpecError as exc:
-            exc.where = exc.where or source
-            raise
+        spec.validate()
         return spec
 
     def flat(self) -> dict[str, Any]:
