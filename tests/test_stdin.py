@@ -132,3 +132,13 @@ def test_stdin_twice_or_from_a_terminal_is_refused(piped, tmp_path):
         with pytest.raises(spool.InputError, match="standard input is a terminal") as info:
             spool.spool_streams(spec, tmp_path)
     assert "cat prompts.jsonl | qbatch run - -o out/" in info.value.hint
+
+
+def test_a_job_file_may_name_standard_input(tmp_path):
+    from qbatch.spec import load_job_file
+
+    job = tmp_path / "jobs" / "job.toml"
+    job.parent.mkdir()
+    job.write_text('inputs = ["-", "p.jsonl"]\noutput_dir = "out"\n')
+    values = load_job_file(job)
+    assert values["inputs"] == ["-", str(job.parent / "p.jsonl")]
