@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +34,59 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):  # on a read-only folder even removing the temp file fails
+            tmp.unlink(missing_ok=True)
         if exc.errno == errno.ENOSPC:
             raise OutputError(
                 "disk full while writing output", where=str(path),
                 hint="finished parts are intact: free space and rerun the same command to resume",
             ) from None
-        raise OutputError(f"cannot write output: {exc.strerror or exc}", where=str(path)) from None
+        raise output_error("write output", path, exc) from None
+
+
+@contextmanager
+def output_os_errors(what: str, path: Path) -> Iterator[None]:
+    """Turn an OS error on the output folder into an OutputError: the user can fix those."""
+    try:
+        yield
+    except OSError as exc:
+        raise output_error(what, Path(exc.filename or path), exc) from None
+
+
+def output_error(what: str, path: Path, exc: OSError) -> OutputError:
+    """'cannot WHAT: <reason> (path)' with the fix for that reason."""
+    if exc.errno == errno.EROFS:
+        hint = "the output folder is on a read-only file system: pass another -o/--output-dir"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        hint = "this user may not write there: check the folder's owner and permissions, or pass another -o/--output-dir"
+    else:
+        hint = "check the output folder, or pass another -o/--output-dir"
+    return OutputError(f"cannot {what}: {exc.strerror or exc}", where=str(path), hint=hint)
 
 
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str) + "\n"))
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in `folder` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise output_error(f"read {path.name}", path, exc) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OutputError(f"{path.name} is corrupt: {exc}", where=str(path),
+                          hint="rerun with --restart to start this output over") from None
 
 
 def atomic_folder(target: Path, write: Callable[[Path], None]) -> None:
@@ -62,15 +104,6 @@ def atomic_folder(target: Path, write: Callable[[Path], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(target.parent)
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or a new entry in `folder` durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from qbatch import __version__
-from qbatch.errors import EXIT_ROW_ERRORS, QbatchError
+from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 
 
@@ -102,6 +102,7 @@ RUN_OPTIONS = [
     click.option("--include-prompt", is_flag=True, default=None, help="Add the rendered prompt to the results."),
     click.option("--progress", type=click.Choice(PROGRESS), help="Progress: bar on a terminal, log lines otherwise.  [default: auto]"),
     click.option("--fail-on-row-errors", is_flag=True, default=None, help=f"Exit {EXIT_ROW_ERRORS} if any row failed."),
+    click.option("--fail-on-empty", is_flag=True, default=None, help=f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning)."),
     click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
     click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; load no model."),
@@ -134,11 +135,12 @@ def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...]) -> 
 @run_options
 @click.pass_context
 def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
-    """Generate for every row of INPUT files (JSONL/Parquet, folders, globs) into OUT_DIR.
+    """Generate for every row of INPUT files (JSONL/Parquet, folders, globs; - for stdin) into OUT_DIR.
 
     \b
     Examples:
       qbatch run sample_data/prompts.jsonl -o out/ --model smollm2-135m --max-tokens 64
+      cat sample_data/prompts.jsonl | qbatch run - -o out/stdin --model smollm2-135m
       qbatch run --job jobs/quickstart.toml
       qbatch run data/*.parquet -o out/ --template 'Summarize: {text}' --no-thinking
       qbatch run batch.jsonl -o out/ --output-format jsonl-openai --dry-run
@@ -318,7 +320,8 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
 def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> None:
     """Combine the outputs of `qbatch run --shard I/N` runs into one results.parquet.
 
-    Refuses folders that ran different jobs, incomplete shards, and missing or repeated shards.
+    Refuses folders that ran different jobs, missing or repeated shards, and shards that did not
+    cover the same inputs completely (unfinished, run with --limit, or run before rows were appended).
 
     \b
     Examples:

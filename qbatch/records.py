@@ -99,8 +99,14 @@ def failures_table(failures: list[Failure]) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=ERROR_SCHEMA)
 
 
-def results_table(completions: list[Completion], sources: list[str], *, include_prompt: bool) -> pa.Table:
-    """One chunk's results as an Arrow table (carried columns keep their types where they agree)."""
+def results_table(completions: list[Completion], sources: list[str], *, include_prompt: bool,
+                  column_types: dict[str, pa.DataType | None] | None = None) -> pa.Table:
+    """One chunk's results as an Arrow table.
+
+    `column_types` (columns.ColumnScan's decision for the whole input) gives every part the
+    same carried columns, in the same order and types (None: JSON text); without it, the
+    types are inferred from this chunk alone.
+    """
     from qbatch.output.reasoning import split_reasoning
 
     requests = [c.request for c in completions]
@@ -110,10 +116,17 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
         "source_index": [r.source_index for r in requests],
         "row_index": [r.row_index for r in requests],
     }
-    key_orders = dict.fromkeys(tuple(r.extra) for r in requests)  # rows mostly share one: cheaper than per-row dicts
-    for name in dict.fromkeys(name for order in key_orders for name in order):
+    if column_types is None:
+        key_orders = dict.fromkeys(tuple(r.extra) for r in requests)  # rows mostly share one: cheaper than per-row dicts
+        names = list(dict.fromkeys(name for order in key_orders for name in order))
+    else:
+        names = list(column_types)
+    carried: dict[str, pa.Array] = {}
+    for name in names:
         if name not in columns and name not in RESULT_COLUMNS:
-            columns[name] = [r.extra.get(name) for r in requests]
+            values = [r.extra.get(name) for r in requests]
+            carried[name] = _array(name, values) if column_types is None else _typed_array(values, column_types[name])
+    columns.update(carried)
     if include_prompt:
         columns["prompt"] = [r.prompt for r in requests]
     if any(r.thinking is not None for r in requests):
@@ -135,11 +148,22 @@ _TYPES = dict([*RESULT_HEAD, *RESULT_TAIL, ("source", pa.string()), ("prompt", p
 
 
 def _array(name: str, values: list[Any]) -> pa.Array:
+    if isinstance(values, pa.Array):
+        return values
     if name in _TYPES:
         return pa.array(values, type=_TYPES[name])
     try:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types across rows: keep them as JSON text
-        import json
+        return _typed_array(values, None)
 
-        return pa.array([None if v is None else json.dumps(v, default=str) for v in values], type=pa.string())
+
+def _typed_array(values: list[Any], kind: pa.DataType | None) -> pa.Array:
+    """A carried column's values with the type decided for the whole input; None: JSON text,
+    every value (strings too) through json.dumps, so that every value parses as JSON."""
+    if kind is not None:
+        return pa.array(values, type=kind)
+    import json
+
+    return pa.array([None if v is None else json.dumps(v, default=str, ensure_ascii=False) for v in values],
+                    type=pa.string())

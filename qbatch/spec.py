@@ -8,21 +8,30 @@ files use the flags' names (`max_tokens` or `max-tokens`) as flat keys.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qbatch.errors import SpecError
+from qbatch.inputs.validate import RowError, check_params
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 SHAPES = ("auto", "prompt", "chat", "openai")
 FORMATS = ("jsonl", "parquet")
+COMPRESSED_SUFFIXES = (".gz", ".zst")  # read compressed, whatever the format
 OUTPUT_FORMATS = ("parquet", "jsonl-openai")
 PROGRESS = ("auto", "bar", "log", "none")
 ON_BAD_LINE = ("error", "skip")
 ORDERS = ("longest-first", "input")
 BACKENDS = ("vllm", "ray", "null")
+# Conveniences the type check allows besides each field's annotation (the README's "Job files" says so):
+ONE_ITEM_LISTS = frozenset({"inputs", "stop"})  # one string is a one-item list
+NUMBER_ITEMS = frozenset({"gpus"})  # GPU ids may be written as integers
 
 
 @dataclass
@@ -119,6 +128,7 @@ class OutputSpec:
     include_prompt: bool = False
     progress: str = "auto"
     fail_on_row_errors: bool = False
+    fail_on_empty: bool = False  # inputs with no rows at all stop the run (exit 3) instead of a warning
     restart: bool = False
     retry_errors: bool = False
     dry_run: bool = False
@@ -144,11 +154,11 @@ class JobSpec:
             key = raw_key.replace("-", "_")
             if key not in owners:
                 raise SpecError(
-                    f"unknown setting '{raw_key}'",
+                    f"unknown setting '{raw_key}'{_did_you_mean(key, owners)}",
                     where=source,
                     hint="run `qbatch run --help` for the valid names",
                 )
-            sections[owners[key]][key] = value
+            sections[owners[key]][key] = _typed(raw_key, key, value, source)
         spec = cls(**{name: SECTIONS[name](**kw) for name, kw in sections.items()})
         spec.validate()
         return spec
@@ -168,6 +178,7 @@ class JobSpec:
         _check_choice("progress", self.output.progress, PROGRESS)
         _check_choice("on_bad_line", self.input.on_bad_line, ON_BAD_LINE)
         _check_min("max_tokens", self.sampling.max_tokens, 1)
+        self._check_sampling()
         _check_min("sort_window", self.plan.sort_window, 1)
         _check_choice("order", self.plan.order, ORDERS)
         _check_min("tensor_parallel_size", self.engine.tensor_parallel_size, 1)
@@ -211,6 +222,17 @@ class JobSpec:
             engines = self.engine.engine_count()
             self.plan.chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
 
+    def _check_sampling(self) -> None:
+        """Job-level sampling values follow the per-row rules (validate.py): refused here, before
+        the model loads, instead of by vLLM once it has (a traceback, or every row an error)."""
+        values = {k: v for k, v in dataclasses.asdict(self.sampling).items() if v is not None}
+        try:
+            check_params(values)
+        except RowError as exc:
+            key = exc.message.split(" ", 1)[0]  # each rule's message starts with the value's name
+            raise SpecError(exc.message,
+                            hint=f"set --{key.replace('_', '-')} (job file: {key}) to a value the rule allows") from None
+
     def _check_ray(self) -> None:
         if self.engine.backend == "ray" and self.engine.gpus is not None:
             raise SpecError("--gpus picks GPUs of this machine; with --backend ray, Ray assigns them",
@@ -252,15 +274,73 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def _relative_to(base: Path, value: Any) -> Any:
+    """Paths in a job file are relative to it; `-` (standard input) is no path."""
     if isinstance(value, list):
         return [_relative_to(base, item) for item in value]
-    if isinstance(value, str) and not Path(value).is_absolute():
+    if isinstance(value, str) and value != "-" and not Path(value).is_absolute():
         return str(base / value)
     return value
 
 
 def _key_owners() -> dict[str, str]:
     return {f.name: name for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+
+
+def _did_you_mean(key: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _field_types() -> dict[str, typing.Any]:
+    """Each setting's type, from the dataclass annotations: the one place that declares them."""
+    return {key: hint for cls in SECTIONS.values() for key, hint in typing.get_type_hints(cls).items()}
+
+
+_FIELD_TYPES = _field_types()
+
+
+def _typed(raw_key: str, key: str, value: Any, source: str) -> Any:
+    """The value as its field's type says (an int is a float where a float is meant), else a SpecError
+    naming the key, the type and the value: TOML's "false" or "a,b" must not pass as true or a list."""
+    hint = _FIELD_TYPES[key]
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    kind = next(option for option in options if option is not type(None))
+    if kind is bool:
+        ok, expected = isinstance(value, bool), "true or false"
+    elif kind is int:
+        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif kind is float:
+        ok, expected = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        value = float(value) if ok else value
+    elif kind is str:
+        ok, expected = isinstance(value, str), "a string"
+    elif typing.get_origin(kind) is list:
+        value = _list_convenience(key, value)
+        ok, expected = isinstance(value, list) and all(isinstance(v, str) for v in value), "a list of strings"
+    else:  # a field of a type the check does not know yet: its own checks in validate() apply
+        return value
+    if not ok:
+        raise SpecError(f"{raw_key} must be {expected}, got {_show(value)}", where=source,
+                        hint=f'e.g. {raw_key} = ["a", "b"] in a job file' if expected == "a list of strings" else None)
+    return value
+
+
+def _list_convenience(key: str, value: Any) -> Any:
+    if key in ONE_ITEM_LISTS and isinstance(value, str):
+        return [value]
+    if key in NUMBER_ITEMS and isinstance(value, list):
+        return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+    return value
+
+
+def _show(value: Any) -> str:
+    """A value as a job file writes it: "false" with quotes is the string, not the boolean."""
+    try:
+        return json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

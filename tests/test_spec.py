@@ -19,7 +19,7 @@ def test_flat_keys_accept_dashes_and_route_to_sections():
     ("values", "message"),
     [
         ({"chunk_tokens": 0}, "chunk_tokens must be an integer >= 1, got 0"),
-        ({"max_tokens": "10"}, "max_tokens must be an integer >= 1, got '10'"),
+        ({"max_tokens": "10"}, 'max_tokens must be an integer, got "10"'),
         ({"shape": "csv"}, "shape must be one of auto, prompt, chat, openai; got 'csv'"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5"),
         ({"colour": 1}, "unknown setting 'colour'"),
@@ -80,3 +80,101 @@ def test_engines_per_gpu_is_checked():
         JobSpec.from_flat({"engines_per_gpu": 0})
     with pytest.raises(SpecError, match="Ray gives each engine its own GPU"):
         JobSpec.from_flat({"engines_per_gpu": 2, "backend": "ray"})
+
+
+# Job-level sampling values follow the per-row rules (validate.py), checked before any model loads.
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"temperature": -1.0}, "temperature must be in [0, 2], got -1.0"),
+        ({"temperature": 2.5}, "temperature must be in [0, 2], got 2.5"),
+        ({"temperature": float("inf")}, "temperature must be in [0, 2], got inf"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"top_k": -2}, "top_k must be >= -1 (0 or -1: off), got -2"),
+        ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5"),
+        ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2], got 3.0"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty must be in [-2, 2], got -2.5"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0, got 0.0"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number > 0, got inf"),
+        ({"max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
+        ({"stop": ["end", ""]}, "stop must be a string or a list of strings, got ['end', '']"),
+    ],
+)
+def test_job_sampling_values_follow_the_row_rules(values, message):
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_flat(values, source="jobs/x.toml")
+    assert info.value.message == message
+
+
+def test_sampling_rules_refuse_what_vllm_refuses():
+    """Every value qbatch's rules let through, vLLM's SamplingParams accepts; every one they refuse, it refuses."""
+    sampling_params = pytest.importorskip("vllm.sampling_params")
+    from vllm.exceptions import VLLMError
+
+    from qbatch.inputs.validate import RowError, check_params
+
+    cases = [{"temperature": t} for t in (-0.1, 0.0, 2.0, 2.1, float("nan"), float("inf"))]
+    cases += [{"top_p": p} for p in (0.0, 1e-3, 1.0, 1.1)] + [{"top_k": k} for k in (-2, -1, 0, 1)]
+    cases += [{"min_p": p} for p in (-0.1, 0.0, 1.0, 1.1)] + [{"max_tokens": n} for n in (0, 1)]
+    cases += [{name: v} for name in ("presence_penalty", "frequency_penalty") for v in (-2.1, -2.0, 2.0, 2.1)]
+    cases += [{"repetition_penalty": v} for v in (0.0, 0.5, float("inf"))]
+    cases += [{"min_tokens": 5, "max_tokens": 4}, {"min_tokens": 4, "max_tokens": 4}, {"stop": ["a", ""]}]
+    for params in cases:
+        try:
+            check_params(params)
+            ours = True
+        except RowError:
+            ours = False
+        try:
+            sampling_params.SamplingParams(**params)
+            theirs = True
+        except (ValueError, VLLMError):
+            theirs = False
+        assert ours == theirs, params
+
+
+# Every job-file (and from_flat) value has its field's type.
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"raw": "false"}, 'raw must be true or false, got "false"'),
+        ({"keep_columns": "a,b"}, 'keep_columns must be a list of strings, got "a,b"'),
+        ({"temperature": "hot"}, 'temperature must be a number, got "hot"'),
+        ({"max_tokens": "10"}, 'max_tokens must be an integer, got "10"'),
+        ({"max_tokens": 1.5}, "max_tokens must be an integer, got 1.5"),
+        ({"dedupe": 1}, "dedupe must be true or false, got 1"),
+        ({"model": 3}, "model must be a string, got 3"),
+        ({"inputs": ["a.jsonl", 2]}, 'inputs must be a list of strings, got ["a.jsonl", 2]'),
+        ({"thinking": "no"}, 'thinking must be true or false, got "no"'),
+        ({"max_token": 5}, "unknown setting 'max_token' (did you mean max_tokens?)"),
+        ({"colour": 1}, "unknown setting 'colour'"),
+    ],
+)
+def test_wrong_types_name_the_key_the_type_and_the_value(values, message):
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_flat(values, source="jobs/x.toml")
+    assert info.value.message == message
+    assert str(info.value) == f"{message} (jobs/x.toml)"
+
+
+def test_one_string_is_a_one_item_list_where_a_list_is_meant(tmp_path):
+    spec = JobSpec.from_flat({"inputs": "p.jsonl", "stop": "END", "gpus": [0, 1], "temperature": 1})
+    assert (spec.input.inputs, spec.sampling.stop, spec.engine.gpus) == (["p.jsonl"], ["END"], ["0", "1"])
+    assert spec.sampling.temperature == 1.0 and isinstance(spec.sampling.temperature, float)
+
+
+def test_job_file_types_are_checked(tmp_path, cli):
+    job = tmp_path / "x.toml"
+    job.write_text('inputs = "p.jsonl"\nraw = "false"\n')
+    result = cli("run", "--job", job, "--dry-run")
+    assert result.exit_code == 2
+    assert result.output.startswith(f'Error: raw must be true or false, got "false" ({job})')
+    job.write_text('inputs = "p.jsonl"\nmax_token = 3\n')
+    assert "did you mean max_tokens?" in cli("run", "--job", job, "--dry-run").output
+
+
+def test_bad_job_sampling_value_stops_a_dry_run(tmp_path, cli, write_jsonl):
+    path = write_jsonl([{"prompt": "hi"}])
+    result = cli("run", path, "-o", tmp_path / "out", "--model", "smollm2-135m", "--dry-run", "--temperature", "-1")
+    assert result.exit_code == 2
+    assert "Error: temperature must be in [0, 2], got -1.0\nHint: set --temperature (job file: temperature)" in result.output

@@ -32,7 +32,7 @@ from typing import Any
 
 from qbatch.engines.dispatch import POLL_S, STOP, Dispatcher, Message, Worker, feed, pack, start_engine
 from qbatch.engines.vllm import Chunk
-from qbatch.errors import ModelError
+from qbatch.errors import ModelError, QbatchError
 from qbatch.spec import EngineSpec
 
 STARTUP_TIMEOUT_S = 1800.0
@@ -126,7 +126,7 @@ class DataParallelEngine(Dispatcher):
                 continue
             if message[0] == "failed":  # before any engine runs: the settings are wrong for all of them
                 self.close()
-                raise ModelError(f"engine worker {message[1]} could not start: {message[2]}")
+                raise start_failure(message)
             if message[0] == "want":
                 self._wanting.append(message[1])
             elif message[0] == "ready":
@@ -158,6 +158,16 @@ class DataParallelEngine(Dispatcher):
             if process.is_alive():
                 process.kill()
         self._workers.clear()
+
+
+def start_failure(message: Message) -> QbatchError:
+    """The error of a worker whose engine could not start, with the worker's own kind and hint."""
+    rank, text = message[1], message[2]
+    error = message[3] if len(message) > 3 else None
+    if isinstance(error, QbatchError):
+        return type(error)(f"engine worker {rank} could not start: {error.message}", where=error.where,
+                           hint=error.hint)
+    return ModelError(f"engine worker {rank} could not start: {text}")
 
 
 def _kill_tree(pid: int | None) -> None:
@@ -209,7 +219,8 @@ def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path
         # anything queued before this engine said "ready" is the coordinator's STOP: the run ended first
         engine = _start_in_turn(turn, spec, model_path, max_model_len, rank, world, stopped=lambda: not tasks.empty())
     except BaseException as exc:  # reported to the coordinator, which says so and stops
-        results.put(("failed", rank, str(exc)))
+        # a qbatch error travels whole: its kind and hint (too little memory, a missing model) are the answer
+        results.put(("failed", rank, str(exc), exc if isinstance(exc, QbatchError) else None))
         return
     if engine is None:
         return

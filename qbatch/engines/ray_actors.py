@@ -23,6 +23,7 @@ from typing import Any
 
 from qbatch.engines.dispatch import STOP, Dispatcher, Message, Worker, feed, pack, start_engine
 from qbatch.engines.vllm import Chunk, _first_line
+from qbatch.engines.start_errors import MEMORY_HINT, memory_reason
 from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError
 from qbatch.spec import EngineSpec
 
@@ -85,8 +86,10 @@ class RayEngine(Dispatcher):
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, QbatchError):
                 raise exc.cause from None
+            _raise_if_memory(exc.cause or exc)
             raise ModelError(f"an engine actor could not start: {_first_line(exc.cause or exc)}") from None
         except ray.exceptions.RayError as exc:
+            _raise_if_memory(exc)
             raise ModelError(f"an engine actor died while starting: {_first_line(exc)}",
                              hint="see the log above") from None
 
@@ -187,6 +190,13 @@ class EngineActor:
             self._thread.join(timeout=STOP_TIMEOUT_S)
         if self._engine is not None:
             self._engine.close()
+
+
+def _raise_if_memory(exc: BaseException) -> None:
+    """An actor that ran out of memory while starting is told from one whose model is missing."""
+    reason = memory_reason(exc)
+    if reason is not None:
+        raise EngineError(f"an engine actor ran out of memory while starting: {reason}", hint=MEMORY_HINT) from None
 
 
 def import_ray() -> Any:

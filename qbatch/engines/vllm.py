@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from qbatch.engines.detokenize import FinalDecoder
-from qbatch.errors import EngineError, MissingDependency, ModelError, SpecError
+from qbatch.engines.start_errors import start_error, start_log
+from qbatch.errors import EngineError, MissingDependency, SpecError
 from qbatch.records import Completion, Request
 from qbatch.spec import EngineSpec
 
@@ -106,12 +107,10 @@ class VllmEngine:
         if _on_cpu():
             _use_all_cores()
         try:
-            self.llm = LLM(model=model_path, **kwargs)
-        except Exception as exc:
-            raise ModelError(
-                f"vLLM could not load model '{spec.model}': {_first_line(exc)}",
-                hint="check the model name or folder; offline, use --model smollm2-135m (bundled)",
-            ) from exc
+            with start_log() as logged:
+                self.llm = LLM(model=model_path, **kwargs)
+        except Exception as exc:  # too little memory is told from a missing model (engine_errors.py)
+            raise start_error(spec.model, exc, "".join(logged)) from exc
         try:
             self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
             self._decoder = FinalDecoder.for_llm(self.llm)
@@ -182,7 +181,7 @@ class VllmEngine:
                 request_id = f"q{self._next_id}"
                 self._next_id += 1
                 engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params)
-            except (ValueError, TypeError) as exc:  # a row vLLM rejects fails alone
+            except (ValueError, TypeError, *_request_errors()) as exc:  # a row vLLM rejects fails alone
                 slots[pos] = Completion(request, "", None, 0, error=f"vLLM rejected the request: {_first_line(exc)}")
                 state.remaining -= 1
                 continue
@@ -471,6 +470,16 @@ def _engine_arg_names() -> set[str]:
     from vllm.engine.arg_utils import EngineArgs
 
     return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def _request_errors() -> tuple[type[BaseException], ...]:
+    """vLLM's errors for a bad request: VLLMValidationError is no ValueError (vLLM 0.2x), and one
+    escaping add_request ended the run with a traceback instead of failing its row."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return ()
+    return (VLLMClientError,)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,16 +65,48 @@ def generation_defaults(model_path: str) -> dict[str, Any]:
 
 
 def row_id(row: Row, id_column: str | None, positional_prefix: bool) -> str:
-    """The row's id: its id column, else `id`, else OpenAI's `custom_id`, else its position."""
+    """The row's id: its id column, else `id`, else OpenAI's `custom_id`, else its position.
+
+    Raises RowError("missing_id") when the row has the id column but no usable value in it:
+    its position in place of the id could equal another row's real id.
+    """
     if row.data is None:
         return fallback_id(row)
-    data = row.data
-    for column in (id_column,) if id_column else ("id", "custom_id"):
-        value = data.get(column)
-        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value) != "":
-            return str(value)
-        if id_column:
-            raise RowError("missing_id", f"row has no usable '{id_column}' (set by --id-column); keys: {keys(data)}")
+    rid = own_id(row.data, id_column)
+    return positional_id(row, positional_prefix) if rid is None else rid
+
+
+def own_id(data: dict[str, Any], id_column: str | None) -> str | None:
+    """The id the row gives itself, or None when it has no id column (`--id-column` must be there)."""
+    if id_column:
+        return id_text(data.get(id_column), id_column, data, hint="set by --id-column")
+    for column in ("id", "custom_id"):
+        if column in data:
+            return id_text(data[column], column, data, hint="give every row an id, or drop the column to number "
+                                                            "rows by position, or pass --id-column")
+    return None
+
+
+def id_text(value: Any, column: str, data: dict[str, Any], *, hint: str) -> str:
+    """An id value as text: strings as they are, integers and integral floats (Parquet ints with
+    nulls arrive as floats) as integer text ("10"), other finite floats as Python's shortest repr."""
+    if isinstance(value, str) and value != "":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if value is None:
+        problem = "is missing" if column not in data else "is null"
+    elif value == "":
+        problem = "is empty"
+    else:
+        problem = f"must be a string or a number, got {value!r}"
+    raise RowError("missing_id", f"'{column}' {problem} ({hint}); keys: {keys(data)}")
+
+
+def positional_id(row: Row, positional_prefix: bool) -> str:
+    """The id of a row without an id column: its position (prefixed by its file's name with several files)."""
     return f"{Path(row.source).name}:{row.row_index}" if positional_prefix else str(row.row_index)
 
 
@@ -130,19 +163,24 @@ class Preparer:
         return requests, failures + more
 
     def row_id(self, row: Row) -> str:
-        """The row's id; rows whose id cannot be read get a stable one from their position."""
+        """The row's id; a row whose id cannot be read (it becomes an error row) gets `fallback_id`,
+        never a bare position that another row's real id could equal."""
+        if row.data is None:
+            return fallback_id(row)
         try:
-            return row_id(row, self.input.id_column, self.positional_prefix)
+            rid = own_id(row.data, self.input.id_column)
         except RowError:
             return fallback_id(row)
+        if rid is None:
+            return fallback_id(row) if self._is_openai(row.data) else positional_id(row, self.positional_prefix)
+        return rid
 
     # -- one row -----------------------------------------------------------
     def _draft(self, row: Row, rid: str) -> _Draft:
         if row.data is None:
             raise RowError("bad_line", row.error or "unreadable line")
         data = row.data
-        if self.input.id_column:
-            row_id(row, self.input.id_column, self.positional_prefix)  # raises missing_id
+        own_id(data, self.input.id_column)  # raises missing_id: an id column without a usable value
         shape = self._shape(data)
         if shape == "openai":
             return self._draft_openai(row, rid, data)
@@ -164,6 +202,10 @@ class Preparer:
         return _Draft(row, rid, messages, None, overrides, thinking, self._extra(data, used))
 
     def _draft_openai(self, row: Row, rid: str, data: dict[str, Any]) -> _Draft:
+        if data.get("custom_id") is None:
+            where = f"line {row.line}" if row.line is not None else f"row {row.row_index}"
+            raise RowError("missing_id", f"OpenAI batch request has no 'custom_id' ({where}); every request needs "
+                                         "its own, to match its result")
         url = data.get("url")
         body = data.get("body")
         if url not in OPENAI_URLS:
@@ -178,16 +220,16 @@ class Preparer:
         thinking = thinking_flag(kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, self.input.thinking)
         if OPENAI_URLS[url] == "completion":
             text = check_text(body.get("prompt"), "body.prompt", body)
-            return _Draft(row, rid, None, text, overrides, thinking, {})
+            return _Draft(row, rid, None, text, overrides, thinking, {"url": url})
         messages = self._with_system(check_messages(body.get("messages"), "body.messages"))
-        return _Draft(row, rid, messages, None, overrides, thinking, {})
+        return _Draft(row, rid, messages, None, overrides, thinking, {"url": url})  # url: the response's object
 
     def _shape(self, data: dict[str, Any]) -> str:
         if self.input.template:
             return "template"
         if self.input.shape != "auto":
             return self.input.shape
-        if "custom_id" in data and ("body" in data or "url" in data):
+        if self._is_openai(data):
             return "openai"
         if self.input.messages_column in data and self.input.prompt_column not in data:
             return "chat"
@@ -199,10 +241,31 @@ class Preparer:
             "Use --prompt-column NAME or --template '...{column}...'",
         )
 
+    def _is_openai(self, data: dict[str, Any]) -> bool:
+        """An OpenAI Batch API line: by --shape openai, or (auto) by its keys, with or without custom_id."""
+        if self.input.template or self.input.shape not in ("auto", "openai"):
+            return False
+        if self.input.shape == "openai":
+            return True
+        if "custom_id" in data:
+            return "body" in data or "url" in data
+        return isinstance(data.get("body"), dict) and data.get("url") in OPENAI_URLS  # a request that lost its id
+
     def _with_system(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.input.system_prompt and not any(m["role"] == "system" for m in messages):
             return [{"role": "system", "content": self.input.system_prompt}, *messages]
         return messages
+
+    def carried(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The columns a row carries to the results, as `_draft` keeps them (for the pre-scan's type decision)."""
+        try:
+            shape = self._shape(data)
+        except RowError:
+            return {}  # the row fails: it carries nothing
+        if shape == "openai":
+            return {"url": data["url"]} if data.get("url") in OPENAI_URLS else {}
+        used = {"chat": self.input.messages_column, "prompt": self.input.prompt_column}.get(shape)
+        return self._extra(data, used)
 
     def _extra(self, data: dict[str, Any], used: str | None) -> dict[str, Any]:
         """The columns carried to the results: all but the one the prompt came from, or --keep-columns."""

@@ -13,10 +13,15 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from qbatch.errors import InputError
+from qbatch.spec import COMPRESSED_SUFFIXES
 from qbatch.records import Row
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 try:  # parses a typical line 4-5x faster than json (the input is parsed twice: pre-scan and run)
     from orjson import JSONDecodeError as FastJSONError, loads as fast_loads
@@ -25,12 +30,11 @@ except ImportError:  # json alone gives the same rows
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 HUGE_FLOAT = float(2**63)  # orjson reads integers beyond 64 bits as floats; json keeps them exact
-COMPRESSED_SUFFIXES = (".gz", ".zst")
 PARQUET_BATCH_ROWS = 4096
 
 
 def expand_inputs(inputs: list[str]) -> list[Path]:
-    """Turn files, folders and globs into a sorted, de-duplicated list of files."""
+    """Turn files, folders and globs into a sorted, de-duplicated list of files, as `stable_path`s."""
     if not inputs:
         raise InputError("no input files given", hint="pass files, folders or globs: `qbatch run prompts.jsonl -o out/`")
     files: list[Path] = []
@@ -51,7 +55,14 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
         else:
             raise InputError("input file not found", where=item, hint="check the path; globs must be quoted")
     seen: set[Path] = set()
-    return [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+    return [stable_path(f) for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+
+
+def stable_path(path: Path) -> Path:
+    """The file's folder resolved, then its own name: the same for every working directory and
+    spelling, so the `source` of a resumed run's rows is one value. The name is kept as given
+    (not a link's target): positional row ids are built from it."""
+    return path.parent.resolve() / path.name
 
 
 def detect_format(path: Path, override: str | None, *, strict: bool = True) -> str | None:
@@ -154,14 +165,23 @@ def _has_huge_number(value: dict | list) -> bool:
     return False
 
 
-def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:
+def _open_parquet(path: Path) -> pq.ParquetFile:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        reader = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"not a readable Parquet file: {exc}", where=str(path)) from None
+
+
+def parquet_schema(path: Path) -> pa.Schema:
+    """The Arrow schema of a Parquet input (the types its columns keep in the results)."""
+    return _open_parquet(path).schema_arrow
+
+
+def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:
+    reader = _open_parquet(path)
     row_index = 0
     for batch in reader.iter_batches(batch_size=PARQUET_BATCH_ROWS):
         for data in batch.to_pylist():

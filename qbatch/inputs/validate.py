@@ -6,6 +6,7 @@ found; prepare.py turns it into an error row, so one bad row never stops a batch
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -123,15 +124,17 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The ranges vLLM's SamplingParams enforces (sampling_params.py, _verify_args), so a value vLLM would
+# refuse is refused here first, with the rule: per row as an error row, per job (spec.py) before loading.
 RANGE_RULES = (  # built once: most rows have no sampling overrides, and this runs for every row
     ("max_tokens", lambda v: v >= 1, ">= 1"),
-    ("temperature", lambda v: v >= 0, ">= 0"),
+    ("temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
     ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("top_k", lambda v: v >= -1, ">= -1 (0 or -1: off)"),
     ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
     ("frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
-    ("repetition_penalty", lambda v: v > 0, "> 0"),
+    ("repetition_penalty", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
     ("min_tokens", lambda v: v >= 0, ">= 0"),
     ("n", lambda v: v == 1, "1 (qbatch returns one completion per row)"),
 )
@@ -141,3 +144,5 @@ def check_ranges(p: dict[str, Any]) -> None:
     for key, ok, rule in RANGE_RULES:
         if key in p and not ok(p[key]):
             raise RowError("bad_param", f"{key} must be {rule}, got {p[key]!r}")
+    if p.get("min_tokens", 0) > p.get("max_tokens", math.inf):
+        raise RowError("bad_param", f"min_tokens must be <= max_tokens, got {p['min_tokens']} > {p['max_tokens']}")

@@ -7,23 +7,28 @@ rows are never all in memory, and sorts them back into input order.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, atomic_write
+from qbatch._fs import atomic_write
+from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir
 from qbatch.records import ERROR_SCHEMA
 
 ORDER = ["source_index", "row_index"]
 JSONL_SLICE_ROWS = 10_000
+COMPLETIONS_URL = "/v1/completions"
+MISSING_ID = "missing_id"
 
 
 def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[Path] | None = None,
-             error_parts: list[Path] | None = None) -> dict[str, int]:
+             error_parts: list[Path] | None = None, model: str | None = None) -> dict[str, int]:
     """Write results.parquet / errors.parquet (and results.jsonl); return row counts.
 
     The parts default to OUT_DIR's own; `qbatch merge` passes those of several shards.
+    `model` (the job's --model as given) is the `model` of results.jsonl's responses.
     """
     results = _scan(out.part_files(RESULT_PREFIX) if result_parts is None else result_parts)
     if results is None:
@@ -54,7 +59,7 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
         "rows_failed": pl.scan_parquet(out.path / "errors.parquet").select(pl.len()).collect().item(),
     }
     if openai_jsonl:
-        write_openai_jsonl(out.path)
+        write_openai_jsonl(out.path, model)
     return counts
 
 
@@ -64,32 +69,45 @@ def _scan(paths: list[Path]) -> pl.LazyFrame | None:
     return pl.concat([pl.scan_parquet(p) for p in paths], how="diagonal_relaxed")
 
 
-def write_openai_jsonl(folder: Path) -> None:
-    """results.jsonl in the OpenAI Batch API output format, results then errors."""
+def write_openai_jsonl(folder: Path, model: str | None = None) -> None:
+    """results.jsonl in the OpenAI Batch API output format, results then errors.
+
+    A row that came from a `/v1/completions` request (its carried `url` column) gets a
+    `text_completion` object, as OpenAI's completions API returns; any other a `chat.completion`.
+    """
+    created = int(time.time())
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
             for frame in pl.read_parquet(folder / "results.parquet").iter_slices(JSONL_SLICE_ROWS):
                 for row in frame.iter_rows(named=True):
-                    handle.write(json.dumps(_openai_ok(row), ensure_ascii=False) + "\n")
+                    handle.write(json.dumps(_openai_ok(row, model, created), ensure_ascii=False) + "\n")
             for row in pl.read_parquet(folder / "errors.parquet").iter_rows(named=True):
                 handle.write(json.dumps(_openai_error(row), ensure_ascii=False) + "\n")
 
     atomic_write(folder / "results.jsonl", write)
 
 
-def _openai_ok(row: dict[str, Any]) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": row["text"]}
-    if row.get("reasoning") is not None:
-        message["reasoning"] = row["reasoning"]
+def _openai_ok(row: dict[str, Any], model: str | None, created: int) -> dict[str, Any]:
     usage = {"prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"],
              "total_tokens": row["prompt_tokens"] + row["completion_tokens"]}
-    body = {"id": f"chatcmpl-{row['id']}", "object": "chat.completion", "model": row.get("model"),
-            "choices": [{"index": 0, "message": message, "finish_reason": row["finish_reason"]}], "usage": usage}
+    if row.get("url") == COMPLETIONS_URL:
+        choice: dict[str, Any] = {"index": 0, "text": row["text"], "logprobs": None,
+                                  "finish_reason": row["finish_reason"]}
+        body = {"id": f"cmpl-{row['id']}", "object": "text_completion", "created": created, "model": model,
+                "choices": [choice], "usage": usage}
+    else:
+        message: dict[str, Any] = {"role": "assistant", "content": row["text"]}
+        if row.get("reasoning") is not None:
+            message["reasoning"] = row["reasoning"]
+        body = {"id": f"chatcmpl-{row['id']}", "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": row["finish_reason"]}], "usage": usage}
     return {"id": f"batch_req_{row['id']}", "custom_id": row["id"],
             "response": {"status_code": 200, "request_id": row["id"], "body": body}, "error": None}
 
 
 def _openai_error(row: dict[str, Any]) -> dict[str, Any]:
-    return {"id": f"batch_req_{row['id']}", "custom_id": row["id"], "response": None,
+    # A request without a custom_id has only the stand-in id qbatch gave its error row: report none.
+    custom_id = None if row["error"] == MISSING_ID else row["id"]
+    return {"id": f"batch_req_{row['id']}", "custom_id": custom_id, "response": None,
             "error": {"code": row["error"], "message": row["message"]}}

@@ -15,13 +15,10 @@ leftover temp). Resume is by row id, never by position.
 
 from __future__ import annotations
 
-import errno
 import fcntl
-import json
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,53 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from qbatch._fs import TMP_MARK, atomic_write, atomic_write_json, output_error, output_os_errors, read_json
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
+from qbatch.spec import COMPRESSED_SUFFIXES
 
 LOCK_NAME = ".qbatch.lock"
-TMP_MARK = ".tmp-"
 RESULT_PREFIX, ERROR_PREFIX = "part-", "errors-"
 DUPLICATE_ID = "duplicate_id"  # the error of a row that --dedupe dropped
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through `write(tmp_path)`, fsync, rename into place, fsync the folder."""
-    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        if exc.errno == errno.ENOSPC:
-            raise OutputError(
-                "disk full while writing output", where=str(path),
-                hint="finished parts are intact: free space and rerun the same command to resume",
-            ) from None
-        raise OutputError(f"cannot write output: {exc.strerror or exc}", where=str(path)) from None
-
-
-def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str) + "\n"))
-
-
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OutputError(f"{path.name} is corrupt: {exc}", where=str(path),
-                          hint="rerun with --restart to start this output over") from None
 
 
 class OutputDir:
@@ -97,15 +54,21 @@ class OutputDir:
         if self.path.exists() and not self.path.is_dir():
             raise OutputError("output path exists and is not a folder", where=str(self.path),
                               hint="pass a folder with -o/--output-dir")
-        try:
+        with output_os_errors("create the output folder", self.path):
             self.parts.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(f"cannot create output folder: {exc.strerror}", where=str(self.path)) from None
         self._lock()
-        for folder in (self.path, self.parts):
-            for leftover in folder.glob(f"*{TMP_MARK}*"):
-                leftover.unlink(missing_ok=True)
+        try:
+            self._remove_leftovers()
+        except BaseException:
+            self.close()  # the caller never gets this object to close
+            raise
         return self
+
+    def _remove_leftovers(self) -> None:
+        for folder in (self.path, self.parts):
+            with output_os_errors("remove temp files of a killed run", folder):
+                for leftover in folder.glob(f"*{TMP_MARK}*"):
+                    leftover.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self._lock_fd is not None:
@@ -113,7 +76,8 @@ class OutputDir:
             self._lock_fd = None
 
     def _lock(self) -> None:
-        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        with output_os_errors("open the lock file", self.path / LOCK_NAME):
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -123,9 +87,28 @@ class OutputDir:
                 f"another qbatch run is using this output folder ({holder or 'pid unknown'})",
                 where=str(self.path), hint="wait for it to finish, or use a different -o/--output-dir",
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise output_error("write the lock file", self.path / LOCK_NAME, exc) from None
         self._lock_fd = fd
+
+    def lock_holder(self) -> str | None:
+        """Who holds the run lock ("pid N since ..."), or None when no live run does."""
+        path = self.path / LOCK_NAME
+        if not path.exists():
+            return None
+        with output_os_errors("read the lock file", path):
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        finally:
+            os.close(fd)
 
     # -- manifest ----------------------------------------------------------
     def manifest(self) -> dict[str, Any] | None:
@@ -159,30 +142,49 @@ class OutputDir:
 
     def wipe(self) -> None:
         self._last_number.clear()
-        shutil.rmtree(self.parts, ignore_errors=True)
-        self.parts.mkdir(parents=True, exist_ok=True)
-        for name in ("manifest.json", "stats.json", "results.parquet", "errors.parquet", "results.jsonl"):
-            (self.path / name).unlink(missing_ok=True)
+        with output_os_errors("remove the previous results", self.path):
+            shutil.rmtree(self.parts, ignore_errors=True)
+            self.parts.mkdir(parents=True, exist_ok=True)
+            for name in ("manifest.json", "stats.json", "results.parquet", "errors.parquet", "results.jsonl"):
+                (self.path / name).unlink(missing_ok=True)
 
     # -- parts -------------------------------------------------------------
     def part_files(self, prefix: str) -> list[Path]:
-        return sorted(p for p in self.parts.glob(f"{prefix}*.parquet") if TMP_MARK not in p.name)
+        """Finished parts, in order. An unreadable parts/ is an error: Path.glob would list nothing,
+        and every row would be redone."""
+        try:
+            names = [entry.name for entry in os.scandir(self.parts)]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise output_error("list the parts", self.parts, exc) from None
+        return sorted(self.parts / name for name in names
+                      if name.startswith(prefix) and name.endswith(".parquet") and TMP_MARK not in name)
 
     def done_ids(self, *, include_errors: bool) -> set[str]:
-        """Ids with a result (and, unless errors are retried, with an error) in a finished part.
+        """Ids with a result (and, unless errors are retried, with an error) in a finished part."""
+        return self.result_ids() | self.error_ids() if include_errors else self.result_ids()
 
-        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
-        that error does not make the id done: a run killed before the kept row's result was
-        written would otherwise never process it.
-        """
+    def result_ids(self) -> set[str]:
+        """Ids with a result in a finished part."""
         done: set[str] = set()
         for path in self.part_files(RESULT_PREFIX):
             done.update(self._read_part(path, ["id"]).column("id").to_pylist())
-        for path in self.part_files(ERROR_PREFIX) if include_errors else []:
+        return done
+
+    def error_ids(self) -> set[str]:
+        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors).
+
+        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
+        that error does not make the id failed: a run killed before the kept row's result was
+        written would otherwise never process it.
+        """
+        failed: set[str] = set()
+        for path in self.part_files(ERROR_PREFIX):
             table = self._read_part(path, ["id", "error"])
             kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
-            done.update(table.column("id").filter(kept).to_pylist())
-        return done
+            failed.update(table.column("id").filter(kept).to_pylist())
+        return failed
 
     @staticmethod
     def _read_part(path: Path, columns: list[str]) -> pa.Table:
@@ -221,43 +223,70 @@ def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         changes.append(f"inputs were {[i['path'] for i in old_inputs]}, now {[i['path'] for i in new_inputs]}")
     else:
         for before, after in zip(old_inputs, new_inputs, strict=True):
-            if not input_still_valid(before, after):
-                changes.append(f"input {after['path']} changed (not only appended to)")
+            reason = input_change(before, after)
+            if reason:
+                changes.append(f"input {after['path']} changed (not only appended to): {reason}")
     return changes
 
 
-def input_identity(path: Path, fmt: str) -> dict[str, Any]:
-    """Size plus hashes of the file's start and of the 64 KiB before its end.
+HASH_BLOCK_BYTES = 1 << 20
 
-    Cheap for any file size, and lets an append-only JSONL file grow: the next
-    run checks that the old bytes are still there and processes the new rows.
+
+def input_identity(path: Path, fmt: str, *, seen_size: int | None = None) -> dict[str, Any]:
+    """Size and SHA-256 of the whole file, read once, block by block.
+
+    Any changed byte, anywhere, changes the hash: a hash of the start and end alone let a row
+    edited in the middle of a large file resume (and double). With `seen_size`, the size of the
+    file when the previous run hashed it, the same pass also hashes the file's first `seen_size`
+    bytes ("prefix"): when that equals the previous whole-file hash, the file only grew.
     """
     import hashlib
 
-    size = path.stat().st_size
+    whole = hashlib.sha256()
+    prefix: dict[str, Any] | None = None
+    size, last_byte = 0, b""
     with open(path, "rb") as handle:
-        head = hashlib.sha256(handle.read(1 << 20)).hexdigest()
-        handle.seek(max(0, size - (1 << 16)))
-        tail = hashlib.sha256(handle.read(1 << 16)).hexdigest()
-    return {"path": str(path.resolve()), "format": fmt, "size": size, "head_sha256": head, "tail_sha256": tail}
+        while block := handle.read(HASH_BLOCK_BYTES):
+            if seen_size is not None and prefix is None and size + len(block) >= seen_size:
+                head = whole.copy()
+                head.update(block[:seen_size - size])
+                prefix = {"size": seen_size, "sha256": head.hexdigest()}
+            whole.update(block)
+            size += len(block)
+            last_byte = block[-1:]
+    identity = {"path": str(path.resolve()), "format": fmt, "size": size, "sha256": whole.hexdigest(),
+                "ends_with_newline": last_byte == b"\n"}
+    if prefix is not None and seen_size != size:
+        identity["prefix"] = prefix
+    return identity
 
 
-def input_still_valid(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Unchanged, or an uncompressed JSONL file whose old bytes are intact and which only grew."""
-    if old == new:
-        return True
-    appendable = old.get("format") == "jsonl" and not old["path"].endswith((".gz", ".zst"))
-    if not appendable or new["size"] < old["size"]:
-        return False
-    return _prefix_matches(old, new)
+def recorded(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint as a manifest keeps it: without the prefix hashes, which only this run's check uses."""
+    inputs = [{k: v for k, v in i.items() if k != "prefix"} for i in fingerprint.get("inputs", [])]
+    return {**fingerprint, "inputs": inputs}
 
 
-def _prefix_matches(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    import hashlib
-
-    size = old["size"]
-    with open(new["path"], "rb") as handle:
-        head = hashlib.sha256(handle.read(min(size, 1 << 20))).hexdigest()
-        handle.seek(max(0, size - (1 << 16)))
-        tail = hashlib.sha256(handle.read(min(size, 1 << 16))).hexdigest()
-    return head == old["head_sha256"] and tail == old["tail_sha256"]
+def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Why `new` cannot resume the results of `old`, or None: unchanged, or an uncompressed
+    JSONL file that only grew by whole lines (its old bytes intact, its old last line ended)."""
+    if "sha256" not in old:
+        return "the output was made by an older qbatch that hashed only the file's start and end"
+    if old["format"] != new["format"]:
+        return f"format was {old['format']}, now {new['format']}"
+    if (old["size"], old["sha256"]) == (new["size"], new["sha256"]):
+        return None
+    if new["size"] < old["size"]:
+        return f"it shrank from {old['size']:,} to {new['size']:,} bytes"
+    if new["size"] == old["size"]:
+        return f"same size ({new['size']:,} bytes), different content"
+    if old["format"] != "jsonl" or old["path"].lower().endswith(COMPRESSED_SUFFIXES):
+        return f"it grew from {old['size']:,} to {new['size']:,} bytes; only uncompressed JSONL files may grow"
+    prefix = new.get("prefix")
+    if prefix is None or prefix["size"] != old["size"]:  # two manifests compared (merge): no prefix hash
+        return f"it grew from {old['size']:,} to {new['size']:,} bytes"
+    if prefix["sha256"] != old["sha256"]:
+        return f"its first {old['size']:,} bytes (what the last run read) differ"
+    if old["size"] and not old.get("ends_with_newline"):
+        return "rows were appended to a file that did not end with a newline, so its last row changed"
+    return None

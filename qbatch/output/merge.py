@@ -1,76 +1,214 @@
 """`qbatch merge`: combine the outputs of `--shard I/N` runs into one results.parquet.
 
-Shards are merged only when they ran the same job: same inputs, model and
-result-changing settings, one shard each of the same N, all completed.
+Shards are merged only when they ran the same job on the same inputs and each
+covered them completely: same model and result-changing settings, one shard
+each of the same N, all completed without --limit, every shard's input
+identities equal (compared as whole values) and its results still in its parts.
+Shards are checked in shard order, so the answer never depends on the order of
+the arguments. The merge never writes into a shard's folder.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qbatch._fs import read_json
 from qbatch.output.assemble import assemble
-from qbatch.output.folder import ERROR_PREFIX, RESULT_PREFIX, OutputDir, fingerprint_changes, read_json
-from qbatch.errors import CheckpointMismatch, OutputError
+from qbatch.output.folder import (
+    ERROR_PREFIX,
+    RESULT_PREFIX,
+    OutputDir,
+    fingerprint_changes,
+    input_change,
+    input_identity,
+)
+from qbatch.errors import CheckpointMismatch, LockedError, OutputError, SpecError
 from qbatch.spec import parse_shard
+
+RERUN = "rerun its command (it resumes), then merge again"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard's output folder as its manifest describes it."""
+
+    folder: str
+    manifest: dict[str, Any]
+    index: int
+    total: int
+
+    @property
+    def name(self) -> str:
+        return f"shard {self.index}/{self.total} ({self.folder})"
 
 
 def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False) -> dict[str, int]:
     """Assemble the shards' parts into OUTPUT_DIR; return row counts."""
-    manifests = [_completed_manifest(Path(d)) for d in shard_dirs]
-    _check_same_job(shard_dirs, manifests)
-    _check_shards(shard_dirs, manifests)
-    shards = [OutputDir(d) for d in shard_dirs]
+    _check_output_folder(output_dir, shard_dirs)
+    shards = _read_shards(shard_dirs)
+    _check_split(shards)
+    for shard in shards:
+        _check_finished(shard)
+    _check_same_job(shards)
+    _check_same_inputs(shards)
+    for shard in shards:
+        _check_parts(shard)
+    folders = [OutputDir(s.folder) for s in shards]
     out = OutputDir(output_dir).open()
     try:
         counts = assemble(
             out, openai_jsonl=openai_jsonl,
-            result_parts=[p for s in shards for p in s.part_files(RESULT_PREFIX)],
-            error_parts=[p for s in shards for p in s.part_files(ERROR_PREFIX)],
+            result_parts=[p for s in folders for p in s.part_files(RESULT_PREFIX)],
+            error_parts=[p for s in folders for p in s.part_files(ERROR_PREFIX)],
+            model=shards[0].manifest.get("spec", {}).get("model"),
         )
-        fingerprint = dict(manifests[0]["fingerprint"])
+        first = shards[0].manifest
+        fingerprint = dict(first["fingerprint"])
         fingerprint["settings"] = {**fingerprint["settings"], "shard": None}
-        out.write_manifest({"status": "completed", "merged_from": [str(Path(d).resolve()) for d in shard_dirs],
-                            "fingerprint": fingerprint, "counts": counts, "spec": manifests[0].get("spec", {})})
+        out.write_manifest({"status": "completed", "merged_from": [str(Path(s.folder).resolve()) for s in shards],
+                            "fingerprint": fingerprint, "counts": counts, "spec": first.get("spec", {}),
+                            "input_rows": first["input_rows"], "limit": None, "covered_inputs": True})
         return counts
     finally:
         out.close()
 
 
-def _completed_manifest(folder: Path) -> dict[str, Any]:
-    manifest = read_json(folder / "manifest.json")
-    if manifest is None:
-        raise OutputError("not a qbatch output folder (no manifest.json)", where=str(folder))
-    if manifest.get("status") != "completed":
-        raise OutputError(f"shard has not completed (status: {manifest.get('status')})", where=str(folder),
-                          hint="rerun that shard's command; it resumes")
-    return manifest
+def _check_output_folder(output_dir: str, shard_dirs: list[str]) -> None:
+    """The merge writes only into a folder of its own: never a shard's, nor a run's."""
+    target = Path(output_dir).resolve()
+    for folder in sorted(shard_dirs):
+        shard = Path(folder).resolve()
+        if target == shard or shard in target.parents:
+            raise SpecError(f"the merge output {output_dir} is a shard's folder or inside one",
+                            where=folder, hint="pass another -o/--output-dir, e.g. a sibling of the shards' folders")
+    manifest = read_json(target / "manifest.json")
+    if manifest is not None and "merged_from" not in manifest:
+        raise OutputError("the merge output folder holds a qbatch run, not a merge", where=output_dir,
+                          hint="pass an empty folder (or an earlier merge's folder) with -o/--output-dir")
 
 
-def _check_same_job(dirs: list[str], manifests: list[dict[str, Any]]) -> None:
-    def without_shard(fingerprint: dict[str, Any]) -> dict[str, Any]:
-        return {**fingerprint, "settings": {k: v for k, v in fingerprint["settings"].items() if k != "shard"}}
-
-    first = without_shard(manifests[0]["fingerprint"])
-    for folder, manifest in zip(dirs[1:], manifests[1:]):
-        changes = fingerprint_changes(first, without_shard(manifest["fingerprint"]))
-        if changes:
-            raise CheckpointMismatch(f"shards ran different jobs: {'; '.join(changes)}", where=folder,
+def _read_shards(shard_dirs: list[str]) -> list[Shard]:
+    """The shards, in shard order (then folder), whatever the order they were passed in."""
+    shards = []
+    for folder in sorted(shard_dirs):
+        manifest = read_json(Path(folder) / "manifest.json")
+        if manifest is None:
+            raise OutputError("not a qbatch output folder (no manifest.json)", where=folder,
+                              hint="pass the -o folders of `qbatch run --shard I/N` runs")
+        shard = manifest.get("fingerprint", {}).get("settings", {}).get("shard")
+        if shard is None:
+            raise CheckpointMismatch("a folder was not run with --shard", where=folder,
                                      hint="merge only the outputs of one job's --shard I/N runs")
+        index, total = parse_shard(shard)
+        shards.append(Shard(folder, manifest, index, total))
+    return sorted(shards, key=lambda s: (s.index, s.folder))
 
 
-def _check_shards(dirs: list[str], manifests: list[dict[str, Any]]) -> None:
-    shards = [m["fingerprint"]["settings"].get("shard") for m in manifests]
-    if None in shards:
-        raise CheckpointMismatch("a folder was not run with --shard", where=dirs[shards.index(None)])
-    parsed = [parse_shard(s) for s in shards]
-    counts = {n for _, n in parsed}
-    if len(counts) != 1:
-        raise CheckpointMismatch(f"shards of different splits: {', '.join(shards)}")
-    total = counts.pop()
-    indexes = sorted(i for i, _ in parsed)
+def _check_split(shards: list[Shard]) -> None:
+    totals = {s.total for s in shards}
+    if len(totals) != 1:
+        splits = ", ".join(f"{s.index}/{s.total}" for s in shards)
+        raise CheckpointMismatch(f"shards of different splits: {splits}",
+                                 hint="merge only the outputs of one job's --shard I/N runs")
+    total = totals.pop()
+    indexes = [s.index for s in shards]
     if indexes != list(range(total)):
         missing = sorted(set(range(total)) - set(indexes))
         doubled = sorted({i for i in indexes if indexes.count(i) > 1})
         raise CheckpointMismatch(f"shards must be 0..{total - 1} once each; missing {missing}, repeated {doubled}",
                                  hint="pass every shard's output folder exactly once")
+
+
+def _check_finished(shard: Shard) -> None:
+    """Not in use by a live run, completed, and every row of the inputs read."""
+    holder = OutputDir(shard.folder).lock_holder()
+    if holder:
+        raise LockedError(f"a qbatch run is using {shard.name} ({holder})",
+                          hint="wait for it to finish, then merge again")
+    manifest = shard.manifest
+    if manifest.get("status") != "completed":
+        raise CheckpointMismatch(f"{shard.name} has not completed (status: {manifest.get('status')})", hint=RERUN)
+    if "covered_inputs" not in manifest or "input_rows" not in manifest:
+        raise CheckpointMismatch(f"{shard.name} was run by a qbatch that did not record whether it read all its "
+                                 "inputs", hint=RERUN)
+    if not manifest["covered_inputs"]:
+        raise CheckpointMismatch(f"{shard.name} ran with --limit {manifest.get('limit')}, so it did not cover its "
+                                 "inputs", hint="rerun its command without --limit (it resumes), then merge again")
+
+
+def _check_same_job(shards: list[Shard]) -> None:
+    """Same model and result-changing settings; the same input files (their contents: _check_same_inputs)."""
+    def job(shard: Shard) -> dict[str, Any]:
+        fingerprint = shard.manifest["fingerprint"]
+        settings = {k: v for k, v in fingerprint["settings"].items() if k != "shard"}
+        return {**fingerprint, "settings": settings, "inputs": []}
+
+    first = shards[0]
+    for shard in shards[1:]:
+        changes = fingerprint_changes(job(first), job(shard))
+        paths, first_paths = _input_paths(shard), _input_paths(first)
+        if paths != first_paths:
+            changes.append(f"inputs were {first_paths}, now {paths}")
+        if changes:
+            raise CheckpointMismatch(f"shards ran different jobs: {'; '.join(changes)}", where=shard.folder,
+                                     hint="merge only the outputs of one job's --shard I/N runs")
+
+
+def _input_paths(shard: Shard) -> list[str]:
+    return [entry["path"] for entry in shard.manifest["input_rows"]]
+
+
+def _check_same_inputs(shards: list[Shard]) -> None:
+    """Every shard read each input in the same state; else name the shards that read it in another."""
+    for position in range(len(shards[0].manifest["input_rows"])):
+        # The reference is the shard that read the most rows of this input (the first such shard).
+        ahead = max(shards, key=lambda s: _rows(s, position))
+        behind = [s for s in shards if _identity(s, position) != _identity(ahead, position)]
+        if not behind:
+            continue
+        name = Path(ahead.manifest["input_rows"][position]["path"]).name
+        missing = {s.index: _rows(ahead, position) - _rows(s, position) for s in behind}
+        if all(missing[s.index] > 0 and _only_appended(_identity(s, position), _identity(ahead, position))
+               for s in behind):
+            whose = "its command" if len(behind) == 1 else "those shards' commands"
+            problems = [f"{s.name} read {name} before {_rows_were(missing[s.index])} appended" for s in behind]
+            raise CheckpointMismatch("; ".join(problems), hint=f"rerun {whose} to catch up, then merge again")
+        raise CheckpointMismatch(
+            f"{', '.join(s.name for s in behind)} read another version of {name} than {ahead.name}",
+            hint="rerun every shard on the same input (with --restart where a rerun refuses), then merge again")
+
+
+def _rows_were(count: int) -> str:
+    return "1 row was" if count == 1 else f"{count} rows were"
+
+
+def _only_appended(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether the shard that read `old` saw a prefix of the file the other read as `new` (appended
+    rows, not another version): told from the file as it is now, when it is still `new`."""
+    if old["size"] >= new["size"]:
+        return False
+    try:
+        now = input_identity(Path(new["path"]), new["format"], seen_size=old["size"])
+    except OSError:  # the input is gone or unreadable now: it cannot be told
+        return False
+    return now["sha256"] == new["sha256"] and input_change(old, now) is None
+
+
+def _rows(shard: Shard, position: int) -> int:
+    return shard.manifest["input_rows"][position]["rows"]
+
+
+def _identity(shard: Shard, position: int) -> dict[str, Any]:
+    """An input's identity as recorded, compared as one whole value (its fields are checkpoint's business)."""
+    return shard.manifest["fingerprint"]["inputs"][position]
+
+
+def _check_parts(shard: Shard) -> None:
+    """The results a shard completed with are still in its parts (the merge reads the parts)."""
+    expected = shard.manifest.get("counts", {}).get("rows_ok")
+    found = len(OutputDir(shard.folder).result_ids())
+    if found != expected:
+        raise CheckpointMismatch(f"{shard.name} holds {found} results in parts/ but completed with {expected}",
+                                 hint="its parts changed after it completed: " + RERUN)

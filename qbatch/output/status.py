@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from qbatch.output.folder import ERROR_PREFIX, LOCK_NAME, RESULT_PREFIX, OutputDir, read_json
+from qbatch._fs import output_os_errors, read_json
+from qbatch.output.folder import RESULT_PREFIX, OutputDir
 from qbatch.errors import OutputError
 from qbatch.run.runner import Summary
 
@@ -55,68 +54,87 @@ def _chunk_range(chunks: list[dict[str, Any]]) -> str:
     return f" ({min(rows)}-{max(rows)} rows each)"
 
 
+RERUN_HINT = "the run was stopped before it finished: rerun the same `qbatch run` command to resume"
+
+
 def read_status(output_dir: str) -> dict[str, Any]:
     """Rows done / failed / remaining, last run's throughput, lock holder, completion."""
-    import pyarrow.parquet as pq
-
     folder = OutputDir(output_dir)
     manifest = read_json(folder.manifest_path)
-    if manifest is None:
+    holder = folder.lock_holder()
+    if manifest is None and holder is None:
         raise OutputError("not a qbatch output folder (no manifest.json)", where=output_dir,
                           hint="pass the -o folder of a qbatch run")
-    ok_ids: set[str] = set()
-    for path in folder.part_files(RESULT_PREFIX):
-        ok_ids.update(pq.read_table(path, columns=["id"]).column("id").to_pylist())
-    failed_ids: set[str] = set()
-    for path in folder.part_files(ERROR_PREFIX):
-        failed_ids.update(pq.read_table(path, columns=["id"]).column("id").to_pylist())
-    failed_ids -= ok_ids
+    manifest = manifest or {}
+    status, hint = _run_state(manifest.get("status"), holder)
+    merged_from = manifest.get("merged_from")
+    done, failed = _merged_counts(folder) if merged_from else _part_counts(folder)
     stats = read_json(folder.path / "stats.json") or {}
-    total = manifest.get("rows_total")
+    total = done + failed if merged_from else manifest.get("rows_total")
     return {
         "output_dir": str(folder.path),
-        "status": manifest.get("status"),
-        "completed": manifest.get("status") == "completed",
-        "running": _lock_holder(folder.path),
+        "status": status,
+        "completed": status == "completed",
+        "running": holder,
+        "hint": hint,
         "model": manifest.get("spec", {}).get("model"),
         "rows_total": total,
-        "rows_done": len(ok_ids),
-        "rows_failed": len(failed_ids),
-        "rows_remaining": None if total is None else max(total - len(ok_ids) - len(failed_ids), 0),
+        "rows_done": done,
+        "rows_failed": failed,
+        "rows_remaining": None if total is None else max(total - done - failed, 0),
         "parts": len(folder.part_files(RESULT_PREFIX)),
+        "merged_from": merged_from,
         "last_run": {key: stats.get(key) for key in ("rows_ok", "rows_failed", "prompt_tokens", "completion_tokens",
                                                     "generate_s", "wall_s", "output_tok_s", "total_tok_s")},
         "updated_at": manifest.get("updated_at"),
     }
 
 
-def _lock_holder(folder: Path) -> str | None:
-    """Who holds the run lock, or None when no live run does."""
-    path = folder / LOCK_NAME
-    if not path.exists():
-        return None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
-    finally:
-        os.close(fd)
+def _run_state(status: str | None, holder: str | None) -> tuple[str, str | None]:
+    """The state to report and its hint. The manifest says what the last run wrote, the lock
+    whether a run is live: a live run that has not written its manifest yet is starting, and
+    a manifest still 'running' with no live run was left by a killed run."""
+    if holder is not None:
+        return ("running" if status == "running" else "starting"), None
+    if status == "running":
+        return "interrupted", RERUN_HINT
+    return str(status), RERUN_HINT if status == "failed" else None
+
+
+def _part_counts(folder: OutputDir) -> tuple[int, int]:
+    """Ids done and failed, by the rule a resumed run uses (OutputDir.done_ids)."""
+    ok = folder.result_ids()
+    return len(ok), len(folder.error_ids() - ok)
+
+
+def _merged_counts(folder: OutputDir) -> tuple[int, int]:
+    """A merge's rows are in its final files (its parts stay in the shards' folders)."""
+    import pyarrow.parquet as pq
+
+    counts = []
+    for name in ("results.parquet", "errors.parquet"):
+        path = folder.path / name
+        with output_os_errors(f"read {name}", path):
+            counts.append(pq.ParquetFile(path).metadata.num_rows if path.exists() else 0)
+    return counts[0], counts[1]
 
 
 def print_status(info: dict[str, Any]) -> None:
     remaining = "unknown" if info["rows_remaining"] is None else f"{info['rows_remaining']:,}"
     last = info["last_run"]
     rows = [
-        ("status", info["status"] + (f" (running: {info['running']})" if info["running"] else "")),
+        ("status", info["status"] + (f" ({info['running']})" if info["running"] else "")),
         ("model", str(info["model"])),
         ("rows done", f"{info['rows_done']:,}"),
         ("rows failed", f"{info['rows_failed']:,}"),
         ("rows remaining", remaining),
         ("parts", str(info["parts"])),
     ]
+    if info["merged_from"]:
+        rows.append(("merged from", f"{len(info['merged_from'])} shards"))
     if last.get("output_tok_s") is not None:
         rows.append(("last run", f"{last['rows_ok']:,} rows, {last['completion_tokens']:,} output tokens, "
                                  f"{last['output_tok_s']:,.1f} output tok/s"))
+    if info["hint"]:
+        rows.append(("hint", info["hint"]))
     _table(f"qbatch status {info['output_dir']}", rows)

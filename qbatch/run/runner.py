@@ -25,16 +25,18 @@ from qbatch import __version__
 from qbatch.engines import vllm as engines
 from qbatch.models import registry as models
 from qbatch.output.assemble import assemble
-from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity
+from qbatch.output.columns import ColumnScan, ColumnTypes, from_manifest, keep_recorded, to_manifest
+from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity, recorded
 from qbatch.errors import InputError, SpecError
 from qbatch.run.memory import rare_collections, release_freed_memory
 from qbatch.engines.processes import engines_per_gpu
 from qbatch.run.planning import FIRST_WINDOW, cut_chunks, order_window
 from qbatch.inputs.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.run.progress import Progress
-from qbatch.inputs.readers import detect_format, expand_inputs, read_rows
+from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
 from qbatch.records import Failure, Request, Row, failures_table, results_table
 from qbatch.spec import JobSpec, parse_shard
+from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
 from qbatch.run.stages import Stages
 
 # Settings that change what a row's result is: a rerun that changes one of these
@@ -83,6 +85,19 @@ class Summary:
         return self.completion_tokens / self.generate_s if self.generate_s else 0.0
 
 
+@dataclass(frozen=True)
+class InputScan:
+    """What the pre-scan found in the inputs."""
+
+    num_todo: int  # rows this run must process
+    rows_read: list[int]  # rows read per input file, in every shard, done or not
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.rows_read)
+    column_types: ColumnTypes  # carried columns' types for the whole input (columns.py)
+
+
 @dataclass
 class Job:
     """A spec resolved against the world: files, model folder, tokenizer, limits."""
@@ -117,14 +132,19 @@ class Job:
         return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
                         positional_prefix=len(self.files) > 1)
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What the results depend on; hashes every input once (with the prefix the `previous`
+        manifest's fingerprint saw of each input, so that appended rows can resume)."""
         flat = self.spec.flat()
         settings = {key: flat[key] for key in RESULT_SETTINGS}
         if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
             settings["backend"] = "vllm"
+        seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
+        inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())))
+                  for p, f in zip(self.files, formats, strict=True)]
         return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
-                "inputs": [input_identity(p, f) for p, f in zip(self.files, formats, strict=True)]}
+                "inputs": inputs}
 
     def rows(self) -> Iterator[Row]:
         rows = read_rows(self.files, fmt=self.spec.input.format, on_bad_line=self.spec.input.on_bad_line)
@@ -207,38 +227,66 @@ class Job:
 
     def count_todo(self, done: set[str]) -> int:
         """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
+        return self.scan(done).num_todo
+
+    def scan(self, done: set[str]) -> InputScan:
+        """The pre-scan of every input row, before the model loads: rows to process (refusing
+        duplicate ids unless --dedupe), rows read, and the carried columns' types.
+
+        The types are decided on every row read, whatever its shard and whether it is done,
+        so that shards and resumed runs decide alike.
+        """
+        shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
+        columns = ColumnScan(self._parquet_schemas())
+        preparer = self.preparer
         counts: dict[str, int] = {}
-        for _, rid in self.identified_rows(done):
-            counts[rid] = counts.get(rid, 0) + 1
+        rows_read = [0] * len(self.files)
+        for row in self.rows():
+            rows_read[row.source_index] += 1
+            if row.data is not None:
+                columns.add(preparer.carried(row.data), row.source_index)
+            rid = preparer.row_id(row)
+            if in_shard(rid, shard) and rid not in done:
+                counts[rid] = counts.get(rid, 0) + 1
+        self._refuse_duplicates(counts)
+        return InputScan(sum(counts.values()), rows_read, columns.finish())
+
+    def _parquet_schemas(self) -> dict[int, Any]:
+        return {i: parquet_schema(path) for i, path in enumerate(self.files)
+                if detect_format(path, self.spec.input.format) == "parquet"}
+
+    def _refuse_duplicates(self, counts: dict[str, int]) -> None:
         duplicates = [rid for rid, n in counts.items() if n > 1]
         if duplicates and not self.spec.input.dedupe:
             listed = ", ".join(repr(d) for d in duplicates[:MAX_LISTED_DUPLICATES])
             more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
             raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
-        return sum(counts.values())
 
 
 def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
     """Run a job to completion (or resume it); progress goes to `stream` (default stderr)."""
     started = time.monotonic()
     stream = stream or sys.stderr
-    job = Job.setup(spec)
-    with rare_collections():
-        if spec.output.dry_run:
-            return dry_run(job, started)
-        if not spec.output.output_dir:
-            raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
-        out = OutputDir(spec.output.output_dir).open()
-        try:
+    if spec.output.dry_run:
+        with spooled_for_dry_run(spec) as spooled, rare_collections():
+            return dry_run(Job.setup(spooled), started)
+    # Inputs read once (stdin, pipes) are copied into the output folder: under its lock, so set up after it.
+    job = None if has_streams(spec.input.inputs) else Job.setup(spec)
+    if not spec.output.output_dir:
+        raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
+    out = OutputDir(spec.output.output_dir).open()
+    try:
+        job = job or Job.setup(spool_streams(spec, out.path))
+        with rare_collections():
             return _execute(job, out, started, stream)
-        finally:
-            out.close()
+    finally:
+        out.close()
 
 
 def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summary:
     spec = job.spec
-    fingerprint = job.fingerprint()
+    fingerprint = job.fingerprint(None if spec.output.restart else out.manifest())
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
     done = out.done_ids(include_errors=not spec.output.retry_errors)
     started_early = _start_engines_early(job, previous)
@@ -246,10 +294,15 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
     early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
     with job.windows(done, start=early) as windows:
-        todo = job.count_todo(done)
+        scan = job.scan(done)
+        check_not_empty(job, scan)
+        todo = scan.num_todo
+        recorded = from_manifest(previous)
+        column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
         summary = Summary(str(out.path), "running", rows_skipped=len(done))
         manifest = _manifest(job, previous, fingerprint, status="running")
-        manifest["rows_total"] = todo + len(done)
+        manifest.update(rows_total=todo + len(done), input_rows=_input_rows(job, scan.rows_read), covered_inputs=False)
+        manifest.update(to_manifest(column_types))
         out.write_manifest(manifest)
         progress = Progress(spec.output.progress, todo, stream=stream)
         if todo:
@@ -259,7 +312,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
         try:
             if todo:
                 summary.setup_s = time.monotonic() - started
-                _generate(job, windows, out, summary, progress, started_early)
+                _generate(job, windows, out, summary, progress, started_early, column_types)
         except BaseException:
             manifest.update(status="failed", updated_at=_now())
             out.write_manifest(manifest)
@@ -268,13 +321,14 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
             progress.close()
     release_freed_memory()
     t0 = time.monotonic()
-    counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai")
+    counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
     summary.assemble_s = time.monotonic() - t0
     summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
     summary.status = "completed"
     summary.wall_s = time.monotonic() - started
     out.write_stats(stats_dict(summary))
-    manifest.update(status="completed", updated_at=_now(), counts=counts)
+    manifest.update(status="completed", updated_at=_now(), counts=counts,
+                    covered_inputs=_covered_inputs(spec.input.limit, scan.rows_read))
     manifest["runs"][-1].update(finished_at=_now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
     out.write_manifest(manifest)
     return summary
@@ -289,7 +343,7 @@ def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | N
 
 
 def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress,
-              started_early: float | None) -> None:
+              started_early: float | None, column_types: ColumnTypes) -> None:
     """Start the engine (or wait for the one started early), feed it the windows' chunks, write each
     chunk as it finishes."""
     t0 = time.monotonic()
@@ -301,7 +355,8 @@ def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progr
     sources = [str(p) for p in job.files]
     windows.start()
     for chunk, completions in engine.run(_chunks(windows, out, summary, progress)):
-        _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt)
+        _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt,
+                     column_types)
     summary.generate_s = time.monotonic() - gen_start
 
 
@@ -324,12 +379,13 @@ def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, 
 
 
 def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
-                 sources: list[str], gen_start: float, include_prompt: bool) -> None:
+                 sources: list[str], gen_start: float, include_prompt: bool, column_types: ColumnTypes) -> None:
     ok = [c for c in completions if c.error is None]
     refused = [Failure(c.request.id, sources[c.request.source_index], c.request.row_index, None, "engine_rejected",
                        c.error) for c in completions if c.error is not None]
     if ok:
-        out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt))
+        out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt,
+                                                    column_types=column_types))
     if refused:
         _record_failures(refused, out, summary, progress)
     prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)
@@ -346,7 +402,7 @@ def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summar
 def dry_run(job: Job, started: float) -> Summary:
     """Read, template, tokenize and validate everything; plan the chunks; load no engine."""
     summary = Summary(None, "dry-run")
-    job.count_todo(set())
+    check_not_empty(job, job.scan(set()))
     for item in job.work(set()):
         if item and isinstance(item[0], Failure):
             summary.count_failures(item)
@@ -361,6 +417,18 @@ def dry_run(job: Job, started: float) -> Summary:
     return summary
 
 
+def check_not_empty(job: Job, scan: InputScan) -> None:
+    """Inputs that hold no rows at all: a warning on stderr, or with --fail-on-empty an error (exit 3),
+    so that a scheduler does not take an empty export for a finished job."""
+    if scan.num_rows:
+        return
+    files = ", ".join(map(str, job.files))
+    if job.spec.output.fail_on_empty:
+        raise InputError("the inputs hold 0 rows", where=files,
+                         hint="check the export that wrote them, or drop --fail-on-empty to let an empty run pass")
+    print(f"qbatch: warning: the inputs hold 0 rows: {files}", file=sys.stderr, flush=True)
+
+
 def stats_dict(summary: Summary) -> dict[str, Any]:
     stats = asdict(summary)
     total = summary.prompt_tokens + summary.completion_tokens
@@ -372,11 +440,23 @@ def stats_dict(summary: Summary) -> dict[str, Any]:
 
 def _manifest(job: Job, previous: dict[str, Any] | None, fingerprint: dict[str, Any], *, status: str) -> dict[str, Any]:
     manifest = dict(previous or {"created_at": _now(), "runs": []})
-    manifest.update(qbatch_version=__version__, status=status, updated_at=_now(), fingerprint=fingerprint,
+    manifest.update(qbatch_version=__version__, status=status, updated_at=_now(), fingerprint=recorded(fingerprint),
                     spec=json.loads(json.dumps(job.spec.flat(), default=str)), versions=_versions(),
+                    limit=job.spec.input.limit,
                     model_path=job.model_path)
     manifest["runs"] = [*manifest.get("runs", []), {"started_at": _now(), "pid": _pid()}][-20:]
     return manifest
+
+
+def _input_rows(job: Job, rows_read: list[int]) -> list[dict[str, Any]]:
+    """Rows read from each input file, for `qbatch merge` to tell which shard read less."""
+    return [{"path": str(path.resolve()), "rows": n} for path, n in zip(job.files, rows_read, strict=True)]
+
+
+def _covered_inputs(limit: int | None, rows_read: list[int]) -> bool:
+    """Whether a completed run read every row of its inputs: --limit N stopped it early unless
+    the inputs held fewer than N rows."""
+    return limit is None or sum(rows_read) < limit
 
 
 def _versions() -> dict[str, str | None]:

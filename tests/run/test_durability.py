@@ -236,3 +236,52 @@ def test_dedupe_killed_before_the_kept_row_is_written_still_processes_it(cli, wr
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b"]
     errors = pl.read_parquet(out / "errors.parquet")
     assert errors.select("id", "row_index", "error").rows() == [("a", 2, "duplicate_id")]  # not doubled
+
+
+READ_ONLY_HINT = "Hint: the output folder is on a read-only file system: pass another -o/--output-dir"
+PERMISSION_HINT = ("Hint: this user may not write there: check the folder's owner and permissions, "
+                   "or pass another -o/--output-dir")
+
+
+def refuse(monkeypatch, target, name: str, code: int, applies) -> None:
+    """Make target.name raise OSError(code) for the paths `applies` accepts: a read-only or
+    forbidden folder, which chmod cannot make for root."""
+    real = getattr(target, name)
+
+    def refused(*args, **kwargs):
+        if applies(*args):
+            raise OSError(code, os.strerror(code), str(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, refused)
+
+
+def under(out: Path, *names: str):
+    return lambda path, *rest: Path(path).is_relative_to(out) and (not names or Path(path).name in names)
+
+
+@pytest.mark.parametrize("case", ["lock", "mkdir", "temp cleanup", "parts listing", "manifest read", "manifest write"])
+def test_an_output_folder_that_cannot_be_written_is_an_error_with_its_path(cli, small_job, monkeypatch, tmp_path,
+                                                                           case):
+    out = tmp_path / "out"
+    if case != "mkdir":
+        assert cli(*small_job).exit_code == 0  # the folder already holds parts
+    if case == "lock":
+        refuse(monkeypatch, os, "open", errno.EROFS,
+               lambda path, flags, *rest: str(path).endswith(".qbatch.lock") and flags & (os.O_RDWR | os.O_WRONLY))
+    elif case == "mkdir":
+        refuse(monkeypatch, Path, "mkdir", errno.EACCES, under(out))
+    elif case == "temp cleanup":
+        (out / "parts" / "part-000099.parquet.tmp-1").write_bytes(b"torn")
+        refuse(monkeypatch, Path, "unlink", errno.EROFS, under(out))
+    elif case == "parts listing":
+        refuse(monkeypatch, os, "scandir", errno.EACCES, under(out, "parts"))
+    elif case == "manifest read":
+        refuse(monkeypatch, Path, "read_text", errno.EACCES, under(out, "manifest.json"))
+    else:
+        refuse(monkeypatch, os, "replace", errno.EROFS, lambda src, dst: Path(dst).name == "manifest.json")
+    result = cli(*small_job)
+    assert result.exit_code == 1, result.output
+    error, hint = result.stderr.splitlines()[:2]
+    assert error.startswith("Error: cannot ") and f"({out}" in error
+    assert hint == (PERMISSION_HINT if case in ("mkdir", "parts listing", "manifest read") else READ_ONLY_HINT)

@@ -1,0 +1,135 @@
+"""Carried columns' output types: one decision per column for the whole input.
+
+The rule: a carried column keeps its Arrow type when the whole input agrees on
+one (a Parquet column: its schema's type; a JSONL column: the type Arrow infers
+from all its values, where nulls and int/float mixes widen); otherwise every
+value of the column is written as JSON text (`json.dumps`). The decision is made
+in the pre-scan, before any part is written, so a column's type and values never
+depend on how rows were chunked, ordered, sharded or resumed; the manifest
+records it, and a resumed run keeps it.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pyarrow as pa
+
+from qbatch.errors import InputError
+
+JSON_TEXT = None  # the decision "write this column as JSON text"
+SCAN_BATCH_ROWS = 4096  # values inferred per call: Arrow's inference is fast per batch, slow per value
+JSON_MARK = {b"qbatch": b"json"}
+
+ColumnTypes = dict[str, pa.DataType | None]  # column -> its Arrow type, or JSON_TEXT
+
+
+class ColumnScan:
+    """Decides each carried column's type from every row of the input, row by row."""
+
+    def __init__(self, parquet_schemas: dict[int, pa.Schema]):
+        self.types: ColumnTypes = {}
+        self._schemas = parquet_schemas  # source_index -> schema, for Parquet inputs
+        self._typed: set[tuple[int, str]] = set()  # (Parquet source, column) already merged
+        self._pending: dict[str, list[Any]] = {}
+        self._num_pending = 0
+
+    def add(self, extra: dict[str, Any], source_index: int) -> None:
+        """One row's carried columns (from the input file numbered `source_index`)."""
+        schema = self._schemas.get(source_index)
+        for name, value in extra.items():
+            if name not in self.types:
+                self.types[name] = pa.null()
+            if schema is not None:
+                if (source_index, name) not in self._typed:
+                    self._typed.add((source_index, name))
+                    index = schema.get_field_index(name)
+                    self._merge(name, schema.field(index).type if index >= 0 else pa.null())
+            elif self.types[name] is not JSON_TEXT:
+                self._pending.setdefault(name, []).append(value)
+        self._num_pending += 1
+        if self._num_pending >= SCAN_BATCH_ROWS:
+            self._flush()
+
+    def finish(self) -> ColumnTypes:
+        self._flush()
+        return self.types
+
+    def _flush(self) -> None:
+        for name, values in self._pending.items():
+            try:
+                inferred = pa.array(values).type
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # mixed kinds, or ints beyond 64 bits
+                self.types[name] = JSON_TEXT
+            else:
+                self._merge(name, inferred)
+        self._pending.clear()
+        self._num_pending = 0
+
+    def _merge(self, name: str, new: pa.DataType) -> None:
+        old = self.types[name]
+        if old is JSON_TEXT:
+            return
+        merged = unify(old, new)
+        self.types[name] = merged if merged is not None and writable(merged) else JSON_TEXT
+
+
+def unify(old: pa.DataType, new: pa.DataType) -> pa.DataType | None:
+    """The type both fit in (nulls and int/float widen, struct fields merge), or None."""
+    if old == new:
+        return old
+    try:
+        schema = pa.unify_schemas([pa.schema([("c", old)]), pa.schema([("c", new)])], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    return schema.field("c").type
+
+
+def writable(kind: pa.DataType) -> bool:
+    """Whether Parquet can store the type: a struct needs at least one field (`{}` values infer none)."""
+    if pa.types.is_struct(kind):
+        return kind.num_fields > 0 and all(writable(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return writable(kind.value_type)
+    return True
+
+
+def keep_recorded(recorded: ColumnTypes, scanned: ColumnTypes) -> ColumnTypes:
+    """The types of a resumed run: those its earlier parts were written with, plus new columns.
+
+    A column that was all null so far may take a type; any other change would make the
+    parts disagree, so it stops the run before anything is written.
+    """
+    types = dict(recorded)
+    for name, new in scanned.items():
+        old = types.get(name, pa.null())
+        if old is JSON_TEXT or new == old or new == pa.null():
+            types.setdefault(name, new)
+        elif old == pa.null():
+            types[name] = new
+        else:
+            raise InputError(
+                f"column '{name}' now holds {describe(new)}, but the results written so far hold {describe(old)}",
+                where=name, hint="rerun with --restart so that every row is written with one type")
+    return types
+
+
+def describe(kind: pa.DataType | None) -> str:
+    return "json" if kind is JSON_TEXT else str(kind)
+
+
+def to_manifest(types: ColumnTypes) -> dict[str, Any]:
+    """The manifest's record of the decision: readable names, and the exact types."""
+    fields = [pa.field(name, pa.string(), metadata=JSON_MARK) if kind is JSON_TEXT else pa.field(name, kind)
+              for name, kind in types.items()]
+    return {"columns": {name: describe(kind) for name, kind in types.items()},
+            "column_schema": base64.b64encode(pa.schema(fields).serialize().to_pybytes()).decode()}
+
+
+def from_manifest(manifest: dict[str, Any] | None) -> ColumnTypes | None:
+    """The decision an earlier run recorded, or None (no earlier run, or one from before the record)."""
+    if not manifest or not manifest.get("column_schema"):
+        return None
+    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(manifest["column_schema"])))
+    return {field.name: JSON_TEXT if field.metadata == JSON_MARK else field.type for field in schema}
