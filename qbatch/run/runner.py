@@ -219,8 +219,9 @@ class Job:
         return sum(counts.values())
 
 
-def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
-    """Run a job to completion (or resume it); progress goes to `stream` (default stderr)."""
+def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Progress] = Progress) -> Summary:
+    """Run a job to completion (or resume it); progress goes to `stream` (default stderr), shown
+    by `progress_class` (the Session passes one that draws a notebook bar in Jupyter)."""
     started = time.monotonic()
     stream = stream or sys.stderr
     job = Job.setup(spec)
@@ -231,12 +232,13 @@ def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
             raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
         out = OutputDir(spec.output.output_dir).open()
         try:
-            return _execute(job, out, started, stream)
+            return _execute(job, out, started, stream, progress_class)
         finally:
             out.close()
 
 
-def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summary:
+def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
+             progress_class: type[Progress] = Progress) -> Summary:
     spec = job.spec
     fingerprint = job.fingerprint()
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
@@ -251,7 +253,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
         manifest = _manifest(job, previous, fingerprint, status="running")
         manifest["rows_total"] = todo + len(done)
         out.write_manifest(manifest)
-        progress = Progress(spec.output.progress, todo, stream=stream)
+        progress = progress_class(spec.output.progress, todo, stream=stream)
         if todo:
             progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
         else:
