@@ -174,7 +174,7 @@ class Session:
         before = set(engines._ENGINES)
         try:
             return runner.run(spec, progress_class=SessionProgress)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
             settle_engines()
             raise
         finally:
@@ -199,8 +199,9 @@ def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | 
 
 
 def settle_engines() -> None:
-    """After an interrupted call: drop cached in-process engines whose engine process died, and abort
-    the requests the call left in the others (their steps would otherwise be run by the next call).
+    """After a call that stopped early: drop cached in-process engines whose engine process died (Ctrl-C
+    reaches it too: it shares the terminal's or Jupyter's process group), so the next call starts a new
+    one; abort the requests the call left in the others (the next call would run their steps).
     """
     for key, engine in list(engines._ENGINES.items()):
         llm = getattr(engine, "llm", None)  # an in-process vLLM engine (VllmEngine)
