@@ -171,6 +171,7 @@ class Session:
 
     def _run_spec(self, spec: JobSpec) -> runner.Summary:
         """One job on the cached engines; engines it started become this session's to close."""
+        settle_engines()
         before = set(engines._ENGINES)
         try:
             return runner.run(spec, progress_class=SessionProgress)
@@ -199,23 +200,44 @@ def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | 
 
 
 def settle_engines() -> None:
-    """After a call that stopped early: drop cached in-process engines whose engine process died (Ctrl-C
-    reaches it too: it shares the terminal's or Jupyter's process group), so the next call starts a new
-    one; abort the requests the call left in the others (the next call would run their steps).
+    """Drop cached in-process engines whose engine process died, so the next call starts a new one,
+    and abort the requests a stopped call left in the others (the next call would run their steps).
+
+    Run after a call that stopped early and before each call: Ctrl-C in a terminal and Jupyter's
+    interrupt reach vLLM's engine process too (it shares the process group) and it shuts down,
+    seconds after the call has stopped.
     """
     for key, engine in list(engines._ENGINES.items()):
         llm = getattr(engine, "llm", None)  # an in-process vLLM engine (VllmEngine)
         if llm is None:
             continue
-        watchdog = getattr(engine, "_watchdog", None)
-        if watchdog is not None and watchdog.dead:
+        if _engine_died(engine):
             engines._ENGINES.pop(key, None)
             with contextlib.suppress(Exception):
                 engine.close()
             continue
         unfinished = list(getattr(llm.llm_engine.output_processor, "external_req_ids", ()))
         if unfinished:
-            llm.llm_engine.abort_request(unfinished)
+            with contextlib.suppress(Exception):  # an engine shutting down refuses; the next call drops it
+                llm.llm_engine.abort_request(unfinished)
+
+
+def _engine_died(engine: Any) -> bool:
+    """Whether the engine's process is gone (its watchdog polls once a second: look now)."""
+    import psutil
+
+    watchdog = getattr(engine, "_watchdog", None)
+    if watchdog is None:
+        return False
+    if watchdog.dead:
+        return True
+    for process in getattr(watchdog, "_children", ()):
+        try:
+            if not process.is_running() or process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            return True
+    return False
 
 
 _REPLY_COLUMNS = ("id", "text", "reasoning", "finish_reason", "prompt_tokens", "completion_tokens")

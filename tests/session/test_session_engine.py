@@ -102,6 +102,33 @@ def test_langchain_batch_and_invoke_with_thinking_per_call(session, started):
     assert started["n"] == 1
 
 
+def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session, started, monkeypatch):
+    """Ctrl-C reaches the engine process too (one process group): vLLM shuts it down; the next call
+    starts a new engine instead of failing on the dead one."""
+    import os
+    import signal
+
+    import psutil
+
+    from qbatch.run import runner
+
+    engine = next(e for e in engines._ENGINES.values() if isinstance(e, engines.VllmEngine))
+    children = list(engine._watchdog._children)
+
+    def ctrl_c(*args):
+        for child in children:
+            os.kill(child.pid, signal.SIGINT)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_write_chunk", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        session.run(["a", "b"], **QUICK)
+    monkeypatch.undo()
+    psutil.wait_procs(children, timeout=60)  # the user reruns the cell a little later
+    assert session.generate(["again"], max_tokens=4)
+    assert started["n"] == 2
+
+
 def test_close_leaves_no_engine_processes(session):
     import psutil
 
