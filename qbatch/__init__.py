@@ -16,7 +16,7 @@ class _RunPackage(_types.ModuleType):
     one-job function `qbatch.session.run`: an import of qbatch.run.* rebinds the attribute
     `qbatch.run` to the package, so the package itself must be the callable."""
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: object, **kwargs: object) -> object:
         from qbatch.session.session import run
 
         return run(*args, **kwargs)
@@ -25,7 +25,7 @@ class _RunPackage(_types.ModuleType):
 _run_package.__class__ = _RunPackage
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in ("Session", "RunResult"):
         from qbatch.session import session
 

@@ -19,6 +19,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 
 ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
 SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to each run(...) call"
+# One call at a time in this process: an engine serves one run at a time, and threads calling a
+# chat model at once (LangChain's RunnableParallel, thread pools) would otherwise share it.
+_CALLS = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -171,19 +175,20 @@ class Session:
 
     def _run_spec(self, spec: JobSpec) -> runner.Summary:
         """One job on the cached engines; engines it started become this session's to close."""
-        settle_engines()
-        before = set(engines._ENGINES)
-        try:
-            return runner.run(spec, progress_class=SessionProgress)
-        except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
+        with _CALLS:
             settle_engines()
-            raise
-        finally:
-            started = set(engines._ENGINES) - before
-            if started and not self._engine_keys:
-                # Registered after the engine's own exit hooks, so it runs before them (last in, first out).
-                atexit.register(_close_at_exit, weakref.ref(self))
-            self._engine_keys |= started
+            before = set(engines._ENGINES)
+            try:
+                return runner.run(spec, progress_class=SessionProgress)
+            except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
+                settle_engines()
+                raise
+            finally:
+                started = set(engines._ENGINES) - before
+                if started and not self._engine_keys:
+                    # Registered after the engine's own exit hooks, so it runs before them (last in, first out).
+                    atexit.register(_close_at_exit, weakref.ref(self))
+                self._engine_keys |= started
 
 
 def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | None = None,

@@ -148,3 +148,36 @@ def test_import_qbatch_stays_light():
     assert result.returncode == 0, result.stderr
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_progress_is_a_notebook_bar_in_jupyter(session, monkeypatch):
+    import tqdm.notebook
+
+    from qbatch.session import progress
+
+    bars = []
+
+    class FakeBar:
+        def __init__(self, total, **kwargs):
+            self.total, self.done, self.lines, self.closed = total, 0, [], False
+            bars.append(self)
+
+        def update(self, n):
+            self.done += n
+
+        def set_postfix_str(self, text, refresh=True):
+            pass
+
+        def write(self, line, file=None):
+            self.lines.append(line)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    monkeypatch.setattr(tqdm.notebook, "tqdm", FakeBar)
+    session.run(["a", "b", "c"])
+    assert len(bars) == 1 and bars[0].total == bars[0].done == 3 and bars[0].closed
+    assert any("3 rows to process" in line for line in bars[0].lines)
+    monkeypatch.undo()
+    assert not progress.in_notebook()  # pytest is no Jupyter kernel
