@@ -9,6 +9,7 @@ fast tokenizer (which uses every core). Anything wrong with a row becomes a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -42,8 +43,13 @@ class _Draft:
     extra: dict[str, Any]
 
 
+@functools.lru_cache(maxsize=8)
 def load_tokenizer(path: str, revision: str | None = None) -> Any:
-    """The model's fast tokenizer (no engine needed)."""
+    """The model's fast tokenizer (no engine needed).
+
+    Cached per (path, revision): a warm Session's next run must not load it again.
+    The tokenizer is shared, so callers must not change it (use a copy to set a template).
+    """
     from transformers import AutoTokenizer
 
     try:

@@ -264,8 +264,9 @@ class Job:
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
 
 
-def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
-    """Run a job to completion (or resume it); progress goes to `stream` (default stderr)."""
+def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Progress] = Progress) -> Summary:
+    """Run a job to completion (or resume it); progress goes to `stream` (default stderr), shown
+    by `progress_class` (the Session passes one that draws a notebook bar in Jupyter)."""
     started = time.monotonic()
     stream = stream or sys.stderr
     if spec.output.dry_run:
@@ -279,12 +280,13 @@ def run(spec: JobSpec, *, stream: TextIO | None = None) -> Summary:
     try:
         job = job or Job.setup(spool_streams(spec, out.path))
         with rare_collections():
-            return _execute(job, out, started, stream)
+            return _execute(job, out, started, stream, progress_class)
     finally:
         out.close()
 
 
-def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summary:
+def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
+             progress_class: type[Progress] = Progress) -> Summary:
     spec = job.spec
     fingerprint = job.fingerprint(None if spec.output.restart else out.manifest())
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
@@ -304,7 +306,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO) -> Summar
         manifest.update(rows_total=todo + len(done), input_rows=_input_rows(job, scan.rows_read), covered_inputs=False)
         manifest.update(to_manifest(column_types))
         out.write_manifest(manifest)
-        progress = Progress(spec.output.progress, todo, stream=stream)
+        progress = progress_class(spec.output.progress, todo, stream=stream)
         if todo:
             progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
         else:

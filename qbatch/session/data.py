@@ -1,0 +1,101 @@
+"""In-memory data -> an input file, so a Session's job reads rows exactly as `qbatch run` does.
+
+DataFrames become Parquet (column types kept); lists of dicts and of strings become JSONL
+(each row as given, so a bad row becomes an error row, as in a file). The file is written
+only when its bytes change: a rerun with the same data on the same output folder leaves it
+as it was, and the run's fingerprint (the input's size and hashes) lets it resume.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from qbatch.errors import InputError, OutputError
+
+INPUT_STEM = "input"
+DATA_HINT = ("pass a path or glob, a polars or pandas DataFrame, a list of dicts (one per row) "
+             "or a list of prompt strings")
+
+
+def input_paths(data: Any, folder: Path) -> list[str]:
+    """The job's `inputs` for `data`: its own paths, or a file written into `folder`."""
+    if isinstance(data, (str, os.PathLike)):
+        return [os.fspath(data)]
+    if _is_frame(data):
+        return [_write(folder / f"{INPUT_STEM}.parquet", _parquet_bytes(data))]
+    if isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray)):
+        return _sequence_inputs(list(data), folder)
+    raise InputError(f"cannot read data of type {type(data).__name__}", hint=DATA_HINT)
+
+
+def _sequence_inputs(items: list[Any], folder: Path) -> list[str]:
+    if not items:
+        raise InputError("no rows given", hint=DATA_HINT)
+    if all(isinstance(item, os.PathLike) for item in items):
+        return [os.fspath(item) for item in items]
+    if all(isinstance(item, str) for item in items):
+        # Prompts get their position as id: results and errors name the prompt they belong to.
+        items = [{"id": str(i), "prompt": text} for i, text in enumerate(items)]
+    elif not all(isinstance(item, dict) for item in items):
+        kinds = sorted({type(item).__name__ for item in items})
+        raise InputError(f"a list of rows must hold only dicts or only strings, got {', '.join(kinds)}",
+                         hint=DATA_HINT)
+    return [_write(folder / f"{INPUT_STEM}.jsonl", _jsonl_bytes(items))]
+
+
+def _is_frame(data: Any) -> bool:
+    """A polars or pandas DataFrame or a polars LazyFrame (checked by module: importing pandas costs ~0.5 s)."""
+    module = type(data).__module__.split(".")[0]
+    return module in ("polars", "pandas") and type(data).__name__ in ("DataFrame", "LazyFrame")
+
+
+def _parquet_bytes(data: Any) -> bytes:
+    import polars as pl
+
+    if isinstance(data, pl.LazyFrame):
+        data = data.collect()
+    elif not isinstance(data, pl.DataFrame):  # pandas
+        data = _from_pandas(data)
+    buffer = io.BytesIO()
+    data.write_parquet(buffer, compression="zstd", statistics=False)
+    return buffer.getvalue()
+
+
+def _from_pandas(frame: Any) -> Any:
+    import polars as pl
+
+    try:
+        return pl.from_pandas(frame)
+    except Exception:  # object columns polars cannot type (mixed values): go through Python objects
+        return pl.DataFrame(frame.to_dict(orient="records"), infer_schema_length=None)
+
+
+def _jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
+    import orjson
+
+    lines = []
+    for index, row in enumerate(rows):
+        try:
+            lines.append(orjson.dumps(row, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY))
+        except TypeError as exc:
+            raise InputError(f"row {index} cannot be written as JSON: {exc}",
+                             hint="give rows of strings, numbers, lists and dicts") from None
+    return b"\n".join(lines) + b"\n"
+
+
+def _write(path: Path, content: bytes) -> str:
+    """Write `content` to `path` unless it holds it already; the path as a string."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not (path.is_file() and path.stat().st_size == len(content) and path.read_bytes() == content):
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(content)
+            os.replace(tmp, path)
+    except OSError as exc:
+        raise OutputError(f"cannot write the input file: {exc.strerror}", where=str(path.parent),
+                          hint="pass an output_dir that is a writable folder") from None
+    return str(path)

@@ -1,0 +1,291 @@
+"""The warm Session: `qbatch run` from Python, on engines that stay loaded between calls.
+
+A thin door onto the CLI's run, not a copy of it: in-memory data is written as an input
+file into the run's output folder (a temporary one unless `output_dir` is given), the job
+runs through `runner.run` with a JobSpec built from the CLI's setting names, and the results
+are read back from results.parquet and errors.parquet. Preparation, validation, chunks,
+parts, resume and the fingerprint are therefore the CLI's own.
+
+Engines are cached per process and settings by the engine factory (`engines.vllm.create`);
+the CLI closes them when a command ends, a Session when it is closed (`close()`, the end of
+a `with` block, or interpreter exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qbatch.engines import vllm as engines
+from qbatch.errors import SpecError
+from qbatch.run import runner
+from qbatch.session.data import input_paths
+from qbatch.session.progress import SessionProgress
+from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec
+
+if TYPE_CHECKING:
+    import polars as pl
+
+ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
+SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to each run(...) call"
+# One call at a time in this process: an engine serves one run at a time, and threads calling a
+# chat model at once (LangChain's RunnableParallel, thread pools) would otherwise share it.
+_CALLS = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What `Session.run` returns: the CLI's results.parquet and errors.parquet, read into memory.
+
+    `results` has one row per generated row, in input order: id, source, row_index, the input's
+    other columns, text, reasoning, finish_reason, prompt_tokens, completion_tokens, cached_tokens.
+    `errors` has one row per row that could not be generated: id, source, row_index, line, error
+    (a kind such as prompt_too_long), message. `output_dir` is None for a temporary folder.
+    """
+
+    results: pl.DataFrame
+    errors: pl.DataFrame
+    summary: runner.Summary
+    output_dir: str | None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One prompt's answer on the quick paths (`generate`, `chat`, the LangChain model)."""
+
+    text: str | None
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None  # the error kind when the row failed; `message` says why
+    message: str | None = None
+
+
+class Session:
+    """Engines started once (on the first call) and reused by every call until `close()`.
+
+    Engine settings (`model`, `max_model_len`, `gpu_memory_utilization`, `backend`, ... : the
+    `qbatch run` flags of the engine) are fixed for the session; job settings (`max_tokens`,
+    `thinking`, `template`, `output_dir`, ...) are given per call.
+    """
+
+    def __init__(self, model: str | None = None, **engine_settings: Any) -> None:
+        engine_settings = {key.replace("-", "_"): value for key, value in engine_settings.items()}
+        job_keys = sorted(set(engine_settings) - ENGINE_SETTINGS)
+        if job_keys:
+            raise SpecError(f"'{job_keys[0]}' is not an engine setting", where="Session(...)", hint=SESSION_HINT)
+        model = model or os.environ.get("QBATCH_MODEL") or DEFAULT_MODEL
+        self.engine_settings: dict[str, Any] = {"model": model, **engine_settings}
+        JobSpec.from_flat(self.engine_settings, source="Session(...)")  # bad values fail now, not at the first run
+        self.closed = False
+        self._engine_keys: set[tuple] = set()
+
+    # -- calls -------------------------------------------------------------
+    def run(self, data: Any, *, output_dir: str | os.PathLike | None = None, **job_settings: Any) -> RunResult:
+        """Generate for every row of `data`, as `qbatch run` does; see RunResult.
+
+        `data`: a path or glob (str or Path), a list of Paths, a polars or pandas DataFrame, a list
+        of dicts (rows, as JSONL lines) or a list of prompt strings (ids "0", "1", ...). With
+        `output_dir` the run checkpoints there and a rerun resumes, as the CLI's `-o`.
+        """
+        self._check_open()
+        values = self._job_values(job_settings)
+        with _output_folder(output_dir) as folder:
+            values.update(inputs=input_paths(data, folder), output_dir=str(folder))
+            spec = JobSpec.from_flat(values, source="session.run(...)")
+            summary = self._run_spec(spec)
+            return _read_result(summary, None if output_dir is None else str(folder))
+
+    def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
+        """Completions of prompt strings, in order (each sent as a user turn through the chat template)."""
+        return _texts(self.replies("prompt", list(prompts), **settings))
+
+    def chat(self, conversations: Sequence[list[dict[str, Any]]], **settings: Any) -> list[str]:
+        """Completions of conversations ({role, content} lists), in order."""
+        return _texts(self.replies("messages", list(conversations), **settings))
+
+    def replies(self, column: str, values: list[Any], **settings: Any) -> list[Reply]:
+        """One Reply per value of a `prompt` or `messages` column, in order, failed rows included."""
+        if column not in ("prompt", "messages"):
+            raise SpecError(f"column must be 'prompt' or 'messages', got {column!r}")
+        if not values:
+            return []
+        rows = [{"id": str(i), column: value} for i, value in enumerate(values)]
+        result = self.run(rows, **settings)
+        replies = {row["id"]: Reply(row["text"], row["reasoning"], row["finish_reason"], row["prompt_tokens"],
+                                    row["completion_tokens"])
+                   for row in result.results.select(*_REPLY_COLUMNS).iter_rows(named=True)}
+        for row in result.errors.iter_rows(named=True):
+            replies.setdefault(row["id"], Reply(None, error=row["error"], message=row["message"]))
+        return [replies.get(str(i), Reply(None, error="missing", message="no result")) for i in range(len(values))]
+
+    # -- lifetime ----------------------------------------------------------
+    def close(self) -> None:
+        """Shut down the engines this session started (idempotent)."""
+        self.closed = True
+        while self._engine_keys:
+            engine = engines._ENGINES.pop(self._engine_keys.pop(), None)
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{k}={v!r}" for k, v in self.engine_settings.items())
+        return f"Session({settings}{', closed' if self.closed else ''})"
+
+    # -- internals ---------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SpecError("this Session is closed", hint="start a new one: qbatch.Session(model=...)")
+
+    def _job_values(self, job_settings: dict[str, Any]) -> dict[str, Any]:
+        """The session's engine settings plus a call's job settings; refuses a different engine."""
+        values = dict(self.engine_settings)
+        defaults = EngineSpec()
+        for key, value in job_settings.items():
+            name = key.replace("-", "_")
+            if name == "inputs":
+                raise SpecError("the data is run()'s first argument", where="inputs=",
+                                hint="session.run(data, ...) with a path, a DataFrame or a list of rows")
+            if name in ENGINE_SETTINGS:
+                current = values.get(name, getattr(defaults, name))
+                if value != current:
+                    raise SpecError(f"{name} is an engine setting, fixed for this session ({current!r}); "
+                                    f"got {value!r}", where="session.run(...)",
+                                    hint=f"start another Session(..., {name}={value!r}) for it")
+            values[name] = value
+        return values
+
+    def _run_spec(self, spec: JobSpec) -> runner.Summary:
+        """One job on the cached engines; engines it started become this session's to close."""
+        with _CALLS:
+            settle_engines()
+            before = set(engines._ENGINES)
+            try:
+                return runner.run(spec, progress_class=SessionProgress)
+            except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
+                settle_engines()
+                raise
+            finally:
+                started = set(engines._ENGINES) - before
+                if started and not self._engine_keys:
+                    # Registered after the engine's own exit hooks, so it runs before them (last in, first out).
+                    atexit.register(_close_at_exit, weakref.ref(self))
+                self._engine_keys |= started
+
+
+def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | None = None,
+        **settings: Any) -> RunResult:
+    """One job, as `qbatch run` does it (for scripts and Airflow tasks): a Session for one call.
+
+    Takes the CLI's settings by name (engine and job settings together); the engines are shut
+    down when it returns.
+    """
+    engine = {k: v for k, v in settings.items() if k.replace("-", "_") in ENGINE_SETTINGS}
+    job = {k: v for k, v in settings.items() if k not in engine}
+    with Session(model, **engine) as session:
+        return session.run(data, output_dir=output_dir, **job)
+
+
+def settle_engines() -> None:
+    """Drop cached in-process engines whose engine process died, so the next call starts a new one,
+    and abort the requests a stopped call left in the others (the next call would run their steps).
+
+    Run after a call that stopped early and before each call: Ctrl-C in a terminal and Jupyter's
+    interrupt reach vLLM's engine process too (it shares the process group) and it shuts down,
+    seconds after the call has stopped.
+    """
+    for key, engine in list(engines._ENGINES.items()):
+        llm = getattr(engine, "llm", None)  # an in-process vLLM engine (VllmEngine)
+        if llm is None:
+            continue
+        if _engine_died(engine):
+            engines._ENGINES.pop(key, None)
+            with contextlib.suppress(Exception):
+                engine.close()
+            continue
+        unfinished = list(getattr(llm.llm_engine.output_processor, "external_req_ids", ()))
+        if unfinished:
+            with contextlib.suppress(Exception):  # an engine shutting down refuses; the next call drops it
+                llm.llm_engine.abort_request(unfinished)
+
+
+def _engine_died(engine: Any) -> bool:
+    """Whether the engine's process is gone (its watchdog polls once a second: look now)."""
+    import psutil
+
+    watchdog = getattr(engine, "_watchdog", None)
+    if watchdog is None:
+        return False
+    if watchdog.dead:
+        return True
+    for process in getattr(watchdog, "_children", ()):
+        try:
+            if not process.is_running() or process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            return True
+    return False
+
+
+_REPLY_COLUMNS = ("id", "text", "reasoning", "finish_reason", "prompt_tokens", "completion_tokens")
+
+
+def _texts(replies: list[Reply]) -> list[str]:
+    failed = [(i, r) for i, r in enumerate(replies) if r.error is not None]
+    if failed:
+        from qbatch.errors import InputError
+
+        index, reply = failed[0]
+        raise InputError(f"{len(failed)} of {len(replies)} prompts failed; the first: {reply.error}: {reply.message}",
+                         where=f"prompt {index}",
+                         hint="session.run(...) returns the rows that worked and an errors frame")
+    return [r.text or "" for r in replies]
+
+
+@contextlib.contextmanager
+def _output_folder(output_dir: str | os.PathLike | None) -> Iterator[Path]:
+    """The given output folder, or a temporary one removed afterwards."""
+    if output_dir is not None:
+        yield Path(output_dir)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="qbatch-session-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read_result(summary: runner.Summary, output_dir: str | None) -> RunResult:
+    import polars as pl
+
+    from qbatch.records import ERROR_SCHEMA
+
+    if summary.output_dir is None:  # dry_run: nothing generated
+        return RunResult(pl.DataFrame(), pl.from_arrow(ERROR_SCHEMA.empty_table()), summary, None)
+    folder = Path(summary.output_dir)
+    return RunResult(pl.read_parquet(folder / "results.parquet"), pl.read_parquet(folder / "errors.parquet"),
+                     summary, output_dir)
+
+
+def _close_at_exit(ref: weakref.ref[Session]) -> None:
+    session = ref()
+    if session is not None:
+        session.close()

@@ -1,0 +1,47 @@
+"""The README's notebook (examples/session.ipynb) runs top to bottom in a headless Jupyter kernel."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "session.ipynb"
+
+
+def test_session_notebook_runs_headless(bundled_model):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+
+    root = NOTEBOOK.parents[1]
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    env_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env_path) if p)  # this checkout's qbatch
+    try:
+        # kernel_name python3 with ipykernel installed here: the kernel runs this interpreter.
+        client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+                                         resources={"metadata": {"path": str(root)}})
+        client.execute()
+    finally:
+        if env_path is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = env_path
+    results = {cell.source.splitlines()[-1]: _result(cell) for cell in notebook.cells if cell.cell_type == "code"}
+    assert "prompt_too_long" in results['result.errors.select("id", "error", "message")  # r3 is longer than '
+                                        'max_model_len: an error row, not a failed call']
+    generated = results['session.generate(["Name three colours.", "What is 2 + 2?"], max_tokens=24, temperature=0)']
+    assert [type(t) for t in ast.literal_eval(generated)] == [str, str]
+    assert [type(t) for t in ast.literal_eval(results["[a.content for a in answers]"])] == [str, str]
+
+
+def _result(cell) -> str:
+    """The text of a code cell's value (its last expression), or ""."""
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "execute_result":
+            return output["data"]["text/plain"]
+    return ""

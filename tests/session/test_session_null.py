@@ -1,0 +1,183 @@
+"""qbatch.Session on the null engine: inputs, schema, errors, settings, resume, quick paths (no model runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+import qbatch
+from qbatch.errors import InputError, SpecError
+from qbatch.session import Session
+
+RESULT_COLUMNS = ["id", "source", "row_index", "text", "reasoning", "finish_reason", "prompt_tokens",
+                  "completion_tokens", "cached_tokens"]
+ERROR_COLUMNS = ["id", "source", "row_index", "line", "error", "message"]
+
+
+@pytest.fixture(scope="module")
+def session(bundled_model):
+    with Session(bundled_model, backend="null") as session:
+        yield session
+
+
+def _rows(n: int) -> list[dict]:
+    return [{"id": f"r{i}", "prompt": "word " * (i % 5 + 1), "topic": i} for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["polars", "pandas", "dicts", "path"])
+def test_run_reads_every_kind_of_data_into_the_cli_schema(session, kind, write_jsonl):
+    rows = _rows(20)
+    data = {"polars": lambda: pl.DataFrame(rows), "pandas": lambda: pl.DataFrame(rows).to_pandas(),
+            "dicts": lambda: rows, "path": lambda: write_jsonl(rows)}[kind]()
+    result = session.run(data, max_tokens=8, progress="none")
+    assert result.results.columns == ["id", "source", "row_index", "topic", *RESULT_COLUMNS[3:]]
+    assert result.results["id"].to_list() == [f"r{i}" for i in range(20)]
+    assert result.results["topic"].to_list() == list(range(20))
+    assert result.errors.columns == ERROR_COLUMNS and result.errors.height == 0
+    assert result.summary.rows_ok == 20 and result.output_dir is None
+
+
+def test_list_of_strings_gets_positions_as_ids(session):
+    result = session.run(["hello", "world", "again"], progress="none")
+    assert result.results.columns == RESULT_COLUMNS
+    assert result.results["id"].to_list() == ["0", "1", "2"]
+
+
+def test_bad_rows_become_error_rows(session):
+    rows = [{"id": "ok", "prompt": "fine"}, {"id": "no-prompt", "text": "x"}, {"id": "number", "prompt": 5},
+            {"id": "long", "prompt": "word " * 9000}]
+    result = session.run(rows, max_tokens=8, progress="none")
+    assert result.results["id"].to_list() == ["ok"]
+    errors = dict(zip(result.errors["id"], result.errors["error"], strict=True))
+    assert errors == {"no-prompt": "missing_prompt", "number": "bad_prompt", "long": "prompt_too_long"}
+
+
+def test_temporary_folder_is_removed(session, monkeypatch, tmp_path):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    session.run(["hi"], progress="none")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_settings_are_checked_with_the_session_they_belong_to(session, bundled_model):
+    with pytest.raises(SpecError, match="max_model_len is an engine setting, fixed for this session"):
+        session.run(["hi"], max_model_len=512)
+    session.run(["hi"], backend="null", progress="none")  # the session's own value is fine
+    with pytest.raises(SpecError, match="unknown setting 'max_tokenz'"):
+        session.run(["hi"], max_tokenz=5)
+    with pytest.raises(SpecError, match="'max_tokens' is not an engine setting"):
+        Session(bundled_model, max_tokens=5)
+    with pytest.raises(InputError, match="cannot read data of type int"):
+        session.run(5)
+    with pytest.raises(InputError, match="only dicts or only strings"):
+        session.run(["a", {"prompt": "b"}])
+
+
+def test_output_dir_resumes_after_an_interrupted_call(session, tmp_path, monkeypatch):
+    from qbatch.run import runner
+
+    out = tmp_path / "out"
+    data = pl.DataFrame(_rows(60))
+    write_chunk, written = runner._write_chunk, []
+
+    def interrupt_after_two_chunks(chunk, *args):
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        write_chunk(chunk, *args)
+        written.append(chunk.index)
+
+    monkeypatch.setattr(runner, "_write_chunk", interrupt_after_two_chunks)
+    with pytest.raises(KeyboardInterrupt):
+        session.run(data, output_dir=out, chunk_tokens=200, max_tokens=16, progress="none")
+    monkeypatch.undo()
+    done = pl.read_parquet(out / "parts" / "*.parquet")["id"].to_list()
+    assert 0 < len(done) < 60
+
+    result = session.run(data, output_dir=out, chunk_tokens=200, max_tokens=16, progress="none")
+    assert result.summary.rows_skipped == len(done) and result.summary.rows_ok == 60 - len(done)
+    assert result.results["id"].to_list() == [f"r{i}" for i in range(60)]
+    assert result.output_dir == str(out)
+
+
+def test_generate_and_chat_return_texts_in_order(session):
+    texts = session.generate(["one", "two two two two"], max_tokens=4)
+    assert len(texts) == 2 and texts[0] != texts[1] and texts[0].startswith("[null engine")
+    chats = session.chat([[{"role": "user", "content": "hi"}], [{"role": "system", "content": "be brief"},
+                                                              {"role": "user", "content": "hello"}]])
+    assert len(chats) == 2
+    with pytest.raises(InputError, match=r"1 of 2 prompts failed; the first: empty_prompt") as exc:
+        session.generate(["fine", "   "])
+    assert exc.value.where == "prompt 1"
+
+
+def test_the_tokenizer_loads_once_per_model(session):
+    from qbatch.inputs.prepare import load_tokenizer
+
+    session.run(["warm"], progress="none")
+    misses = load_tokenizer.cache_info().misses
+    session.run(["again"], progress="none")
+    assert load_tokenizer.cache_info().misses == misses
+
+
+def test_top_level_run_mirrors_the_cli(bundled_model, tmp_path):
+    result = qbatch.run(["hi", "there"], model=bundled_model, backend="null", output_dir=tmp_path / "o",
+                        max_tokens=8, progress="none")
+    assert result.results.height == 2 and (tmp_path / "o" / "results.parquet").is_file()
+    from qbatch.run import runner  # the package of the run stays importable beside the function
+
+    assert callable(runner.run)
+
+
+def test_closed_session_refuses_calls(bundled_model):
+    session = Session(bundled_model, backend="null")
+    session.close()
+    with pytest.raises(SpecError, match="this Session is closed"):
+        session.run(["hi"])
+
+
+def test_import_qbatch_stays_light():
+    code = ("import sys, qbatch; qbatch.Session; "
+            "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    result = subprocess.run([sys.executable, "-c", "import sys, qbatch; assert 'polars' not in sys.modules"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_progress_is_a_notebook_bar_in_jupyter(session, monkeypatch):
+    import tqdm.notebook
+
+    from qbatch.session import progress
+
+    bars = []
+
+    class FakeBar:
+        def __init__(self, total, **kwargs):
+            self.total, self.done, self.lines, self.closed = total, 0, [], False
+            bars.append(self)
+
+        def update(self, n):
+            self.done += n
+
+        def set_postfix_str(self, text, refresh=True):
+            pass
+
+        def write(self, line, file=None):
+            self.lines.append(line)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    monkeypatch.setattr(tqdm.notebook, "tqdm", FakeBar)
+    session.run(["a", "b", "c"])
+    assert len(bars) == 1 and bars[0].total == bars[0].done == 3 and bars[0].closed
+    assert any("3 rows to process" in line for line in bars[0].lines)
+    monkeypatch.undo()
+    assert not progress.in_notebook()  # pytest is no Jupyter kernel
