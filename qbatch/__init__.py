@@ -4,25 +4,19 @@
 first use, so `import qbatch` (and the CLI's --help) imports neither polars nor the engine.
 """
 
-import types as _types
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
-
-from qbatch import run as _run_package  # noqa: E402  (the package of the run; its __init__ is empty)
-
-
-class _RunPackage(_types.ModuleType):
-    """`qbatch.run` is both the package of the run (qbatch.run.runner, ...) and, called, the
-    one-job function `qbatch.session.run`: an import of qbatch.run.* rebinds the attribute
-    `qbatch.run` to the package, so the package itself must be the callable."""
-
-    def __call__(self, *args: object, **kwargs: object) -> object:
-        from qbatch.session.session import run
-
-        return run(*args, **kwargs)
+__all__ = ["RunResult", "Session", "run"]
 
 
-_run_package.__class__ = _RunPackage
+def run(data: Any, **settings: Any) -> Any:
+    """Run one job on a Session of its own and close it: `qbatch run` from Python (see qbatch.session.run)."""
+    from qbatch.session.session import run as run_job
+
+    return run_job(data, **settings)
 
 
 def __getattr__(name: str) -> object:

@@ -149,7 +149,7 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
     """
     from qbatch.engines.vllm import close_all as close_engines
     from qbatch.output.status import print_summary
-    from qbatch.run.runner import run as run_job
+    from qbatch.jobs.runner import run as run_job
 
     spec = build_spec(ctx, job, inputs)
     try:

@@ -1,7 +1,7 @@
 """Benchmarks: synthetic workloads run side by side through raw vLLM, qbatch and Transformers.
 
 One process, one engine. The `qbatch` mode runs the whole `qbatch run` path
-(a JSONL file on disk to Parquet) through `qbatch.run.runner.run`, whose engine
+(a JSONL file on disk to Parquet) through `qbatch.jobs.runner.run`, whose engine
 cache hands back the very engine the raw vLLM modes drive, so every mode runs
 on the same engine settings and the same prompts. Output lengths are forced
 (`ignore_eos` + per-row `max_tokens`), so every mode does the same work.
@@ -53,7 +53,7 @@ class Measurement:
 
 def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every mode on every workload; return the report (see `format_table`)."""
-    from qbatch.run.runner import Job
+    from qbatch.jobs.runner import Job
 
     settings.validate()
     with work_dir(settings.work_dir) as work:
@@ -119,7 +119,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
 
 def _engine_processes(spec: Any) -> int:
     """The engines a run of this spec would start, as Job.setup resolves them (it loads no tokenizer)."""
-    from qbatch.run.runner import Job
+    from qbatch.jobs.runner import Job
 
     return Job.setup(copy.deepcopy(spec)).spec.engine.engine_count()
 
@@ -127,7 +127,7 @@ def _engine_processes(spec: Any) -> int:
 def _start_engines(spec: Any) -> float:
     """Start a qbatch run's own engines (kept in qbatch.engines.vllm's cache for its runs); the seconds it took."""
     from qbatch.engines import vllm as engines
-    from qbatch.run.runner import Job
+    from qbatch.jobs.runner import Job
 
     started = time.monotonic()
     job = Job.setup(copy.deepcopy(spec))  # resolves the engines per GPU as the run will
@@ -245,7 +245,7 @@ def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, 
 def _run_qbatch(spec: Any, workload: Workload, variant: dict[str, Any], engines_start_s: float | None = None
                 ) -> Measurement:
     """The full `qbatch run` path, in-process: JSONL -> tokenize -> plan -> engine -> Parquet."""
-    from qbatch.run.runner import run
+    from qbatch.jobs.runner import run
 
     spec = copy.deepcopy(spec)  # run() resolves its defaults into the spec
     started = time.monotonic()

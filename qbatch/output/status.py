@@ -10,7 +10,7 @@ import click
 from qbatch._fs import output_os_errors, read_json
 from qbatch.output.folder import RESULT_PREFIX, OutputDir
 from qbatch.errors import OutputError
-from qbatch.run.runner import Summary
+from qbatch.jobs.runner import Summary
 
 
 def print_summary(summary: Summary) -> None:

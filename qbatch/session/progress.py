@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from qbatch.run.progress import Progress
+from qbatch.jobs.progress import Progress
 
 
 class SessionProgress(Progress):

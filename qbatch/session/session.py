@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from qbatch.engines import vllm as engines
 from qbatch.errors import SpecError
-from qbatch.run import runner
+from qbatch.jobs import runner
 from qbatch.session.data import input_paths
 from qbatch.session.progress import SessionProgress
 from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec

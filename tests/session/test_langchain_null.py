@@ -23,7 +23,7 @@ def chat(bundled_model):
 @pytest.fixture
 def calls(monkeypatch):
     """The job settings of every Session call."""
-    from qbatch.run import runner
+    from qbatch.jobs import runner
 
     seen: list[dict] = []
     run = runner.run

@@ -60,7 +60,7 @@ def test_bad_rows_and_list_of_dicts(session, started):
 
 
 def test_interrupted_call_keeps_its_rows_and_the_session_resumes(session, started, tmp_path, monkeypatch):
-    from qbatch.run import runner
+    from qbatch.jobs import runner
 
     out = tmp_path / "out"
     data = [{"id": f"r{i}", "prompt": f"question {i} " * (i % 4 + 1)} for i in range(24)]
@@ -110,7 +110,7 @@ def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session,
 
     import psutil
 
-    from qbatch.run import runner
+    from qbatch.jobs import runner
 
     engine = next(e for e in engines._ENGINES.values() if isinstance(e, engines.VllmEngine))
     children = list(engine._watchdog._children)

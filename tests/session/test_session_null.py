@@ -78,7 +78,7 @@ def test_settings_are_checked_with_the_session_they_belong_to(session, bundled_m
 
 
 def test_output_dir_resumes_after_an_interrupted_call(session, tmp_path, monkeypatch):
-    from qbatch.run import runner
+    from qbatch.jobs import runner
 
     out = tmp_path / "out"
     data = pl.DataFrame(_rows(60))
@@ -127,7 +127,7 @@ def test_top_level_run_mirrors_the_cli(bundled_model, tmp_path):
     result = qbatch.run(["hi", "there"], model=bundled_model, backend="null", output_dir=tmp_path / "o",
                         max_tokens=8, progress="none")
     assert result.results.height == 2 and (tmp_path / "o" / "results.parquet").is_file()
-    from qbatch.run import runner  # the package of the run stays importable beside the function
+    from qbatch.jobs import runner  # the package of the run stays importable beside the function
 
     assert callable(runner.run)
 

@@ -28,16 +28,16 @@ from qbatch.output.assemble import assemble
 from qbatch.output.columns import ColumnScan, ColumnTypes, from_manifest, keep_recorded, to_manifest
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity, recorded
 from qbatch.errors import InputError, SpecError
-from qbatch.run.memory import rare_collections, release_freed_memory
+from qbatch.jobs.memory import rare_collections, release_freed_memory
 from qbatch.engines.processes import engines_per_gpu
-from qbatch.run.planning import FIRST_WINDOW, cut_chunks, order_window
+from qbatch.jobs.planning import FIRST_WINDOW, cut_chunks, order_window
 from qbatch.inputs.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
-from qbatch.run.progress import Progress
+from qbatch.jobs.progress import Progress
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
 from qbatch.records import Failure, Request, Row, failures_table, results_table
 from qbatch.spec import JobSpec, parse_shard
 from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
-from qbatch.run.stages import Stages
+from qbatch.jobs.stages import Stages
 
 # Settings that change what a row's result is: a rerun that changes one of these
 # must not mix its results with the old ones. Planning and engine sizing may change,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from qbatch.run.stages import Stages
+from qbatch.jobs.stages import Stages
 
 
 def _alive(prefix: str) -> list[str]:
