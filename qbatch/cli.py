@@ -275,16 +275,18 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
             click.echo(path)
         return
     from qbatch.engine import close_all as close_engines
+    from qbatch.shutdown import ProcessGuard
 
-    try:
-        if null_engine:
-            from qbatch.bench_pipeline import pipeline_bench
+    with ProcessGuard(reaper=not null_engine):  # a signal kills the engines; so does this process's death
+        try:
+            if null_engine:
+                from qbatch.bench_pipeline import pipeline_bench
 
-            report = pipeline_bench(spec, prompts_file=prompts)
-        else:
-            report = benchmarks.run_bench(spec)
-    finally:
-        close_engines()
+                report = pipeline_bench(spec, prompts_file=prompts)
+            else:
+                report = benchmarks.run_bench(spec)
+        finally:
+            close_engines()
     report["command"] = "qbatch " + shlex.join(sys.argv[1:])
     with open(json_path, "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2, default=str)

@@ -169,7 +169,7 @@ def _remember(watched: Any, known: dict[int, Any], parent_of: dict[int, int]) ->
     except psutil.Error:
         return
     for child in children:
-        if child.pid not in known:
+        if child.pid not in known and child.pid != os.getpid():  # the reaper is a child of the process it watches
             try:
                 parent_of[child.pid] = child.ppid()
                 known[child.pid] = child

@@ -37,8 +37,8 @@ def _alive(process: psutil.Process) -> bool:
 class Run:
     """The CLI in a subprocess; remembers every process it started, whatever becomes of them."""
 
-    def __init__(self, args: list[str]):
-        cmd = [sys.executable, "-m", "qbatch.cli", "run", *args]
+    def __init__(self, args: list[str], cmd: list[str] | None = None):
+        cmd = cmd or [sys.executable, "-m", "qbatch.cli", "run", *args]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
@@ -143,6 +143,21 @@ def test_engines_die_with_a_killed_cli(job, tmp_path, engines):
     assert run.survivors_after(GONE_WITHIN_S) == []
 
 
+@pytest.mark.slow
+def test_the_python_api_leaves_no_engine_at_interpreter_exit(job, tmp_path):
+    inp, args = job
+    flat = {"inputs": [str(inp)], "output_dir": str(tmp_path / "out"), "model": args[1], "max_model_len": 512,
+            "thinking": False, "max_tokens": 4, "limit": 8, "progress": "none"}
+    code = ("from qbatch.runner import run; from qbatch.spec import JobSpec; "
+            f"print(run(JobSpec.from_flat({flat!r}, source='test')).rows_ok)")
+    run = Run([], cmd=[sys.executable, "-c", code])
+    run.proc.wait(timeout=600)
+    survivors = run.survivors_after(15)
+    assert run.proc.returncode == 0, "".join(run.stderr)
+    assert run.proc.stdout.read().strip() == "8"
+    assert survivors == []
+
+
 # The fast tests below use the null engine, or a stand-in engine that runs a child process the way
 # vLLM's engine core is one: no model loads.
 
@@ -216,7 +231,7 @@ def test_sigterm_in_process_marks_the_run_interrupted_and_the_rerun_completes(cl
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["runs"][-1]["interrupted_by"] == "SIGTERM"
     assert list((out / "parts").glob("part-*.parquet"))
-    assert signal.getsignal(signal.SIGTERM) is not None and not isinstance(signal.getsignal(signal.SIGTERM), int)
+    assert signal.getsignal(signal.SIGTERM).__name__ == "handler"  # the caller's handler is back
     monkeypatch.undo()
     result = cli(*small_run)
     assert result.exit_code == 0, result.output
@@ -289,3 +304,23 @@ def test_the_reaper_kills_what_a_dead_process_leaves(tmp_path):
             if _alive(process):
                 process.kill()
         watched.kill()
+
+
+def test_a_process_killed_outright_takes_what_it_started_along(tmp_path):
+    """The CLI's case: the reaper is a child of the process it watches."""
+    script = ("import subprocess, sys, time\n"
+              f"sys.path.insert(0, {str(ROOT)!r})\n"
+              "from qbatch.shutdown import ProcessGuard\n"
+              "with ProcessGuard(reaper=True):\n"
+              "    print(subprocess.Popen(['sleep', '300']).pid, flush=True)\n"
+              "    time.sleep(300)\n")
+    watched = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    engine = psutil.Process(int(watched.stdout.readline()))
+    time.sleep(1.5)  # the reaper has seen it
+    watched.kill()
+    watched.wait()
+    psutil.wait_procs([engine], timeout=6)
+    alive = _alive(engine)
+    if alive:
+        engine.kill()
+    assert not alive
