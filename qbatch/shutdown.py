@@ -73,6 +73,7 @@ class ProcessGuard:
         closing.start()
         closing.join(grace_s)
         self.kill(grace_s=1.0)
+        closing.join(1.0)  # its processes are gone: let it finish before the exit-time closes run
 
     def kill(self, grace_s: float) -> None:
         """SIGTERM this command's processes, SIGKILL those still alive after `grace_s` seconds."""
