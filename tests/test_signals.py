@@ -154,7 +154,7 @@ def test_the_python_api_leaves_no_engine_at_interpreter_exit(job, tmp_path):
     run.proc.wait(timeout=600)
     survivors = run.survivors_after(15)
     assert run.proc.returncode == 0, "".join(run.stderr)
-    assert run.proc.stdout.read().strip().splitlines()[-1] == "8"  # after vLLM's log lines
+    assert "8" in run.proc.stdout.read().splitlines()  # among vLLM's log lines
     assert survivors == []
 
 
