@@ -8,13 +8,14 @@ their traceback.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from typing import Any
 
 import click
 
 from qbatch import __version__
-from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, QbatchError
+from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 
 
@@ -27,6 +28,18 @@ class QbatchGroup(click.Group):
             if exc.hint:
                 click.echo(f"Hint: {exc.hint}", err=True)
             sys.exit(exc.exit_code)
+        except Interrupted as exc:  # a signal outside a run's own handling (e.g. while shutting down)
+            click.echo(f"Error: interrupted by {exc.signal_name}", err=True)
+            sys.exit(exc.exit_code)
+
+
+def _echo_interrupted(exc: Interrupted, output_dir: str | None) -> None:
+    """What a signal did to a run, and the command that resumes it."""
+    where = f" ({output_dir})" if output_dir else ""
+    click.echo(f"Error: interrupted by {exc.signal_name}{where}: finished parts are kept, "
+               "rows in flight are redone on resume", err=True)
+    command = f": qbatch {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["run"] else ""
+    click.echo(f"Hint: rerun the same command to resume{command}", err=True)
 
 
 @click.group(cls=QbatchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -148,13 +161,22 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
     from qbatch.engines.vllm import close_all as close_engines
-    from qbatch.output.status import print_summary
     from qbatch.jobs.runner import run as run_job
+    from qbatch.output.status import print_summary
+    from qbatch.jobs.shutdown import ProcessGuard
 
     spec = build_spec(ctx, job, inputs)
-    try:
-        summary = run_job(spec)
-    finally:
+    # the reaper kills the engines if this process dies without a word (SIGKILL); the null engine has none
+    with ProcessGuard(reaper=spec.engine.backend != "null" and not spec.output.dry_run) as guard:
+        try:
+            summary = run_job(spec)
+        except Interrupted as exc:
+            _echo_interrupted(exc, spec.output.output_dir)
+            guard.stop(close_engines)
+            sys.exit(exc.exit_code)
+        except BaseException:
+            close_engines()
+            raise
         close_engines()
     print_summary(summary)
     if spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed):
@@ -259,16 +281,18 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
             click.echo(path)
         return
     from qbatch.engines.vllm import close_all as close_engines
+    from qbatch.jobs.shutdown import ProcessGuard
 
-    try:
-        if null_engine:
-            from qbatch.bench.pipeline import pipeline_bench
+    with ProcessGuard(reaper=not null_engine):  # a signal kills the engines; so does this process's death
+        try:
+            if null_engine:
+                from qbatch.bench.pipeline import pipeline_bench
 
-            report = pipeline_bench(spec, prompts_file=prompts)
-        else:
-            report = benchmarks.run_bench(spec)
-    finally:
-        close_engines()
+                report = pipeline_bench(spec, prompts_file=prompts)
+            else:
+                report = benchmarks.run_bench(spec)
+        finally:
+            close_engines()
     report["command"] = "qbatch " + shlex.join(sys.argv[1:])
     with open(json_path, "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2, default=str)

@@ -7,6 +7,8 @@ status the CLI uses; the codes are documented in the README.
 
 from __future__ import annotations
 
+import signal
+
 EXIT_FATAL = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3
@@ -14,6 +16,10 @@ EXIT_ROW_ERRORS = 4
 EXIT_MISMATCH = 5
 EXIT_ENGINE = 6
 EXIT_LOCKED = 75  # EX_TEMPFAIL: another run holds the output; try again later
+# Stopped by a signal: the shell's convention, 128 + the signal's number.
+EXIT_SIGHUP = 129
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
 
 
 class QbatchError(Exception):
@@ -75,6 +81,19 @@ class MissingDependency(QbatchError):
     """An optional extra is not installed."""
 
     exit_code = EXIT_USAGE
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the run; finished parts are kept and a rerun resumes.
+
+    A KeyboardInterrupt, not a QbatchError: no `except Exception` on its way up may swallow it.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        self.exit_code = 128 + signum  # the shell's convention: EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGHUP
 
 
 def first_line(exc: BaseException, limit: int = 500) -> str:

@@ -356,6 +356,7 @@ def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
         engine_class = VllmEngine
     key = _key(spec, model_path, max_model_len)
     if key not in _ENGINES:
+        _close_at_exit()
         _ENGINES[key] = engine_class(spec, model_path, max_model_len)
     engine = _ENGINES[key]
     getattr(engine, "wait_ready", lambda: None)()  # one started by prestart() may still be loading
@@ -372,6 +373,7 @@ def prestart(spec: EngineSpec, model_path: str, max_model_len: int) -> float | N
     from qbatch.engines.processes import DataParallelEngine
 
     started = time.monotonic()
+    _close_at_exit()
     _ENGINES[key] = DataParallelEngine(spec, model_path, max_model_len, wait=False)
     return started
 
@@ -392,6 +394,16 @@ def _key(spec: EngineSpec, model_path: str, max_model_len: int) -> tuple:
 
 
 _ENGINES: dict[tuple, Engine] = {}
+_CLOSING_AT_EXIT: list[bool] = []
+
+
+def _close_at_exit() -> None:
+    """Engines cached by a program that calls qbatch (runner.run) are shut down when it exits: left to
+    vLLM's own finalizers, an engine process could outlive it. Registered before the first engine starts,
+    so it runs after that engine's watchdog stops (atexit runs last-registered first)."""
+    if not _CLOSING_AT_EXIT:
+        _CLOSING_AT_EXIT.append(True)
+        atexit.register(close_all)
 
 
 def close_all() -> None:

@@ -15,6 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from itertools import islice
@@ -312,15 +313,38 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
         else:
             progress.log(f"no rows to process ({len(done)} already done, inputs: {', '.join(map(str, job.files))})")
         try:
-            if todo:
-                summary.setup_s = time.monotonic() - started
-                _generate(job, windows, out, summary, progress, started_early, column_types)
-        except BaseException:
-            manifest.update(status="failed", updated_at=_now())
-            out.write_manifest(manifest)
-            raise
+            with _recording_stop(out, manifest):
+                if todo:
+                    summary.setup_s = time.monotonic() - started
+                    _generate(job, windows, out, summary, progress, started_early, column_types)
         finally:
             progress.close()
+    with _recording_stop(out, manifest):
+        return _finish(job, out, summary, manifest, started,
+                       covered_inputs=_covered_inputs(spec.input.limit, scan.rows_read))
+
+
+@contextmanager
+def _recording_stop(out: OutputDir, manifest: dict[str, Any]) -> Iterator[None]:
+    """A run stopped by a signal (KeyboardInterrupt, errors.Interrupted) or a failure says so in the
+    manifest, for `qbatch status` and schedulers; its finished parts stay, and a rerun resumes."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        manifest.update(status="interrupted", updated_at=_now())
+        manifest["runs"][-1].update(interrupted_at=_now(), interrupted_by=getattr(exc, "signal_name", "SIGINT"))
+        out.write_manifest(manifest)
+        raise
+    except BaseException:
+        manifest.update(status="failed", updated_at=_now())
+        out.write_manifest(manifest)
+        raise
+
+
+def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any], started: float, *,
+            covered_inputs: bool) -> Summary:
+    """Assemble results.parquet from the parts; record the run as completed."""
+    spec = job.spec
     release_freed_memory()
     t0 = time.monotonic()
     counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
@@ -330,7 +354,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
     summary.wall_s = time.monotonic() - started
     out.write_stats(stats_dict(summary))
     manifest.update(status="completed", updated_at=_now(), counts=counts,
-                    covered_inputs=_covered_inputs(spec.input.limit, scan.rows_read))
+                    covered_inputs=covered_inputs)
     manifest["runs"][-1].update(finished_at=_now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
     out.write_manifest(manifest)
     return summary

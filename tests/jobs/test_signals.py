@@ -1,0 +1,326 @@
+"""Stopping leaves nothing behind: SIGTERM/SIGINT stop a run cleanly, and a CLI killed outright takes its
+engines with it.
+
+The slow tests drive the real CLI in a subprocess with the real engine and watch every process the run
+started: after the run is gone, none of them may live on (a vLLM engine holds gigabytes of GPU memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import psutil
+import pytest
+
+from qbatch.errors import EXIT_SIGTERM
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = [{"id": f"r{i:03d}", "prompt": "word " * (1 + i % 30)} for i in range(160)]
+GONE_WITHIN_S = 20
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Run:
+    """The CLI in a subprocess; remembers every process it started, whatever becomes of them."""
+
+    def __init__(self, args: list[str], cmd: list[str] | None = None):
+        cmd = cmd or [sys.executable, "-m", "qbatch.cli", "run", *args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.seen: dict[int, psutil.Process] = {}
+        self.stderr: list[str] = []
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+        self._stop = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for child in psutil.Process(self.proc.pid).children(recursive=True):
+                    self.seen.setdefault(child.pid, child)
+            except psutil.Error:
+                return
+            time.sleep(0.1)
+
+    def wait_for_parts(self, out: Path, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if list((out / "parts").glob("part-*.parquet")):
+                return
+            time.sleep(0.05)
+        raise AssertionError("no part written in time:\n" + "".join(self.stderr))
+
+    def engine_processes(self) -> list[psutil.Process]:
+        return [p for p in self.seen.values() if _alive(p) and "EngineCore" in _title(p)]
+
+    def survivors_after(self, seconds: float) -> list[str]:
+        """The run's processes still alive `seconds` after now (checked until they are all gone)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            left = [p for p in self.seen.values() if _alive(p)]
+            if not left:
+                break
+            time.sleep(0.25)
+        self._stop.set()
+        left = [p for p in self.seen.values() if _alive(p)]
+        described = [f"{p.pid} {_title(p)}" for p in left]
+        for p in left:  # leave nothing behind for the next test
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        return described
+
+
+def _title(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline()) or process.name()
+    except psutil.Error:
+        return "?"
+
+
+@pytest.fixture(scope="module")
+def job(tiny_qwen3, tmp_path_factory) -> tuple[Path, list[str]]:
+    folder = tmp_path_factory.mktemp("signals")
+    inp = folder / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    args = ["--model", tiny_qwen3, "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens", "24",
+            "--chunk-tokens", "600", "--max-num-seqs", "8", "--progress", "log"]
+    return inp, args
+
+
+@pytest.mark.slow
+def test_sigterm_stops_cleanly_and_the_rerun_resumes(job, tmp_path):
+    inp, args = job
+    out = tmp_path / "out"
+    run = Run([str(inp), "-o", str(out), *args])
+    run.wait_for_parts(out)
+    assert run.engine_processes(), "the engine runs in a process of its own"
+    run.proc.send_signal(signal.SIGTERM)
+    run.proc.wait(timeout=60)
+    stderr = "".join(run.stderr)
+    assert run.proc.returncode == EXIT_SIGTERM, stderr
+    assert "Error: interrupted by SIGTERM" in stderr
+    assert "rerun the same command to resume" in stderr
+    assert "Traceback" not in stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["runs"][-1]["interrupted_by"] == "SIGTERM"
+    assert run.survivors_after(15) == []
+
+    final = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out), *args],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr
+    results = pl.read_parquet(out / "results.parquet")
+    assert results["id"].to_list() == [r["id"] for r in ROWS]  # every row exactly once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engines", [1, 2], ids=["one-engine", "data-parallel-2"])
+def test_engines_die_with_a_killed_cli(job, tmp_path, engines):
+    """SIGKILL of the CLI alone (not its process group): its engines must not live on without it."""
+    inp, args = job
+    out = tmp_path / "out"
+    run = Run([str(inp), "-o", str(out), *args, "--data-parallel-size", str(engines)])
+    run.wait_for_parts(out)
+    assert len(run.engine_processes()) >= 1
+    run.proc.kill()
+    run.proc.wait(timeout=30)
+    assert run.survivors_after(GONE_WITHIN_S) == []
+
+
+@pytest.mark.slow
+def test_the_python_api_leaves_no_engine_at_interpreter_exit(job, tmp_path):
+    inp, args = job
+    flat = {"inputs": [str(inp)], "output_dir": str(tmp_path / "out"), "model": args[1], "max_model_len": 512,
+            "thinking": False, "max_tokens": 4, "limit": 8, "progress": "none"}
+    code = ("from qbatch.jobs.runner import run; from qbatch.spec import JobSpec; "
+            f"print(run(JobSpec.from_flat({flat!r}, source='test')).rows_ok)")
+    run = Run([], cmd=[sys.executable, "-c", code])
+    run.proc.wait(timeout=600)
+    survivors = run.survivors_after(15)
+    assert run.proc.returncode == 0, "".join(run.stderr)
+    assert "8" in run.proc.stdout.read().splitlines()  # among vLLM's log lines
+    assert survivors == []
+
+
+# The fast tests below use the null engine, or a stand-in engine that runs a child process the way
+# vLLM's engine core is one: no model loads.
+
+STAND_IN = '''
+import subprocess, sys, time
+from qbatch.engines import vllm as engine
+
+class StandIn(engine.NullEngine):
+    """Finishes two chunks, then hangs in a step, with a child process as its engine core."""
+
+    def __init__(self, *args):
+        self.core = subprocess.Popen(["sleep", "300"])
+
+    def run(self, chunks):
+        for n, done in enumerate(super().run(chunks)):
+            if n == 2:
+                print("generating", file=sys.stderr, flush=True)
+                time.sleep(300)
+            yield done
+
+    def close(self):
+        time.sleep(30)  # a shutdown that takes too long: the grace ends it
+
+engine._ENGINES.clear()
+engine.create = lambda *args: engine._ENGINES.setdefault("x", StandIn())
+from qbatch.cli import main
+main()
+'''
+
+
+@pytest.fixture
+def small_run(write_jsonl, bundled_model, tmp_path) -> list[str]:
+    path = write_jsonl([{"id": i, "prompt": f"prompt {i} " * 5} for i in range(40)])
+    return ["run", str(path), "-o", str(tmp_path / "out"), "--model", bundled_model, "--backend", "null",
+            "--chunk-tokens", "300", "--max-tokens", "4", "--progress", "none"]
+
+
+class _Unhandled(Exception):
+    pass
+
+
+@pytest.fixture
+def sigterm_raises():
+    """SIGTERM in this test process raises _Unhandled, unless the code under test handles it."""
+
+    def handler(signum, frame):
+        raise _Unhandled("SIGTERM reached the test's own handler")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_in_process_marks_the_run_interrupted_and_the_rerun_completes(cli, small_run, monkeypatch,
+                                                                                tmp_path, sigterm_raises):
+    from qbatch.engines import vllm as engine
+
+    class Terminated(engine.NullEngine):
+        def run(self, chunks):
+            for n, done in enumerate(super().run(chunks)):
+                if n == 2:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                yield done
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(engine, "create", lambda *a, **k: Terminated())
+    result = cli(*small_run)
+    assert result.exit_code == EXIT_SIGTERM
+    assert result.stderr.startswith(f"Error: interrupted by SIGTERM ({out}): finished parts are kept, "
+                                    "rows in flight are redone on resume\nHint: rerun the same command to resume")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["runs"][-1]["interrupted_by"] == "SIGTERM"
+    assert list((out / "parts").glob("part-*.parquet"))
+    assert signal.getsignal(signal.SIGTERM).__name__ == "handler"  # the caller's handler is back
+    monkeypatch.undo()
+    result = cli(*small_run)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == [str(i) for i in range(40)]
+
+
+@pytest.mark.parametrize("signals", [1, 2], ids=["one-signal", "second-signal"])
+def test_a_signal_kills_the_engine_processes_and_a_second_one_exits_at_once(small_run, tmp_path, signals):
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr_file:  # a file: the stand-in's core holds no pipe open after the run
+        proc = subprocess.Popen([sys.executable, str(script), *small_run], cwd=ROOT, stderr=stderr_file,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while "generating" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    core = psutil.Process(proc.pid).children()[0]
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    if signals == 2:
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        took = time.monotonic() - started
+        kill_later = [core] if _alive(core) else []
+        psutil.wait_procs(kill_later, timeout=5)
+        alive = _alive(core)
+        if alive:
+            core.kill()
+    stderr = log.read_text()
+    assert proc.returncode == EXIT_SIGTERM, stderr
+    assert "Error: interrupted by SIGTERM" in stderr and "Traceback" not in stderr
+    if signals == 2:
+        assert "qbatch: SIGTERM again: killing the engines and exiting now" in stderr
+        assert took < 2.5  # not the grace the first signal gives the engines
+    else:
+        assert took < 10  # close() would take 30 s: the grace ends it
+    assert not alive
+
+
+def test_the_reaper_kills_what_a_dead_process_leaves(tmp_path):
+    """A child's death takes its descendants along (an engine core under a dead worker); the watched
+    process's death takes all of them."""
+    from qbatch.jobs.shutdown import start_reaper
+
+    tree = ("import subprocess, sys, time\n"
+            "sys.stdout.write('%d\\n' % subprocess.Popen(['sleep', '300']).pid)\n"
+            "child = subprocess.Popen([sys.executable, '-c', "
+            "'import subprocess, sys, time; print(subprocess.Popen([\"sleep\", \"300\"]).pid, flush=True); time.sleep(300)'],"
+            " stdout=sys.stdout)\n"
+            "sys.stdout.flush(); time.sleep(300)\n")
+    watched = subprocess.Popen([sys.executable, "-c", tree], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    direct, grandchild = (psutil.Process(int(watched.stdout.readline())) for _ in range(2))
+    child = grandchild.parent()
+    reaper = start_reaper(watched.pid)
+    time.sleep(1.5)  # the reaper has seen the tree
+    try:
+        child.kill()
+        psutil.wait_procs([grandchild], timeout=6)
+        assert not _alive(grandchild) and _alive(direct)
+        watched.kill()
+        psutil.wait_procs([direct], timeout=6)
+        assert not _alive(direct)
+        reaper.wait(timeout=6)
+    finally:
+        for process in (direct, grandchild, child):
+            if _alive(process):
+                process.kill()
+        watched.kill()
+
+
+def test_a_process_killed_outright_takes_what_it_started_along(tmp_path):
+    """The CLI's case: the reaper is a child of the process it watches."""
+    script = ("import subprocess, sys, time\n"
+              f"sys.path.insert(0, {str(ROOT)!r})\n"
+              "from qbatch.jobs.shutdown import ProcessGuard\n"
+              "with ProcessGuard(reaper=True):\n"
+              "    print(subprocess.Popen(['sleep', '300']).pid, flush=True)\n"
+              "    time.sleep(300)\n")
+    watched = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    engine = psutil.Process(int(watched.stdout.readline()))
+    time.sleep(1.5)  # the reaper has seen it
+    watched.kill()
+    watched.wait()
+    psutil.wait_procs([engine], timeout=6)
+    alive = _alive(engine)
+    if alive:
+        engine.kill()
+    assert not alive
