@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from qbatch import __version__
+from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 
@@ -51,6 +52,7 @@ def cli() -> None:
     token-budgeted chunks and checkpoints results to Parquet, so a killed job
     resumes where it stopped.
     """
+    setup_log()  # events on stderr; `run` sets the level from --progress
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
@@ -162,10 +164,11 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
     """
     from qbatch.engines.vllm import close_all as close_engines
     from qbatch.jobs.runner import run as run_job
-    from qbatch.output.status import print_summary
+    from qbatch.display import print_summary
     from qbatch.jobs.shutdown import ProcessGuard
 
     spec = build_spec(ctx, job, inputs)
+    setup_log(spec.output.progress)
     # the reaper kills the engines if this process dies without a word (SIGKILL); the null engine has none
     with ProcessGuard(reaper=spec.engine.backend != "null" and not spec.output.dry_run) as guard:
         try:
@@ -194,7 +197,8 @@ def status(output_dir: str, as_json: bool) -> None:
       qbatch status out/
       qbatch status out/ --json | jq .rows_done
     """
-    from qbatch.output.status import print_status, read_status
+    from qbatch.display import print_status
+    from qbatch.output.status import read_status
 
     info = read_status(output_dir)
     if as_json:

@@ -1,15 +1,13 @@
-"""The records that flow through every stage, and the Parquet schemas of results.
+"""The records that flow through every stage.
 
-rows (readers) -> Request / Failure (prepare) -> chunks (planning) ->
-Completion (engine) -> result and error rows (checkpoint).
+rows (inputs.readers) -> Request / Failure (inputs.prepare) -> chunks (jobs.planning) ->
+Completion (engines) -> result and error rows (output.tables).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-import pyarrow as pa
 
 
 @dataclass(slots=True)
@@ -69,101 +67,3 @@ class Completion:
     num_completion_tokens: int
     num_cached_tokens: int = 0
     error: str | None = None  # set when the engine refused the row
-
-
-ERROR_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("source", pa.string()),
-        ("row_index", pa.int64()),
-        ("line", pa.int64()),
-        ("error", pa.string()),
-        ("message", pa.string()),
-    ]
-)
-
-# Result columns in order; carried input columns go between row_index and text.
-RESULT_HEAD = [("id", pa.string()), ("source_index", pa.int32()), ("row_index", pa.int64())]
-RESULT_TAIL = [
-    ("text", pa.string()),
-    ("reasoning", pa.string()),
-    ("finish_reason", pa.string()),
-    ("prompt_tokens", pa.int32()),
-    ("completion_tokens", pa.int32()),
-    ("cached_tokens", pa.int32()),
-]
-
-
-def failures_table(failures: list[Failure]) -> pa.Table:
-    columns = {name: [getattr(f, name) for f in failures] for name in ERROR_SCHEMA.names}
-    return pa.Table.from_pydict(columns, schema=ERROR_SCHEMA)
-
-
-def results_table(completions: list[Completion], sources: list[str], *, include_prompt: bool,
-                  column_types: dict[str, pa.DataType | None] | None = None) -> pa.Table:
-    """One chunk's results as an Arrow table.
-
-    `column_types` (columns.ColumnScan's decision for the whole input) gives every part the
-    same carried columns, in the same order and types (None: JSON text); without it, the
-    types are inferred from this chunk alone.
-    """
-    from qbatch.output.reasoning import split_reasoning
-
-    requests = [c.request for c in completions]
-    columns: dict[str, Any] = {
-        "id": [r.id for r in requests],
-        "source": [sources[r.source_index] for r in requests],
-        "source_index": [r.source_index for r in requests],
-        "row_index": [r.row_index for r in requests],
-    }
-    if column_types is None:
-        key_orders = dict.fromkeys(tuple(r.extra) for r in requests)  # rows mostly share one: cheaper than per-row dicts
-        names = list(dict.fromkeys(name for order in key_orders for name in order))
-    else:
-        names = list(column_types)
-    carried: dict[str, pa.Array] = {}
-    for name in names:
-        if name not in columns and name not in RESULT_COLUMNS:
-            values = [r.extra.get(name) for r in requests]
-            carried[name] = _array(name, values) if column_types is None else _typed_array(values, column_types[name])
-    columns.update(carried)
-    if include_prompt:
-        columns["prompt"] = [r.prompt for r in requests]
-    if any(r.thinking is not None for r in requests):
-        splits = [split_reasoning(c.text, c.request.thinking) for c in completions]
-        columns["text"] = [text for _, text in splits]
-        columns["reasoning"] = [reasoning for reasoning, _ in splits]
-    else:  # no thinking model: the text as is (what split_reasoning returns for thinking=None)
-        columns["text"] = [c.text for c in completions]
-        columns["reasoning"] = [None] * len(completions)
-    columns["finish_reason"] = [c.finish_reason for c in completions]
-    columns["prompt_tokens"] = [len(r.prompt_token_ids) for r in requests]
-    columns["completion_tokens"] = [c.num_completion_tokens for c in completions]
-    columns["cached_tokens"] = [c.num_cached_tokens for c in completions]
-    return pa.table({name: _array(name, values) for name, values in columns.items()})
-
-
-RESULT_COLUMNS = {"id", "source", "source_index", "row_index", "prompt", *(name for name, _ in RESULT_TAIL)}
-_TYPES = dict([*RESULT_HEAD, *RESULT_TAIL, ("source", pa.string()), ("prompt", pa.string())])
-
-
-def _array(name: str, values: list[Any]) -> pa.Array:
-    if isinstance(values, pa.Array):
-        return values
-    if name in _TYPES:
-        return pa.array(values, type=_TYPES[name])
-    try:
-        return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types across rows: keep them as JSON text
-        return _typed_array(values, None)
-
-
-def _typed_array(values: list[Any], kind: pa.DataType | None) -> pa.Array:
-    """A carried column's values with the type decided for the whole input; None: JSON text,
-    every value (strings too) through json.dumps, so that every value parses as JSON."""
-    if kind is not None:
-        return pa.array(values, type=kind)
-    import json
-
-    return pa.array([None if v is None else json.dumps(v, default=str, ensure_ascii=False) for v in values],
-                    type=pa.string())

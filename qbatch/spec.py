@@ -34,41 +34,51 @@ ONE_ITEM_LISTS = frozenset({"inputs", "stop"})  # one string is a one-item list
 NUMBER_ITEMS = frozenset({"gpus"})  # GPU ids may be written as integers
 
 
-@dataclass
+def affects_results(default: Any = None, *, factory: Any = None) -> Any:
+    """A setting that changes what a row's result is: it enters the output folder's fingerprint, so a
+    rerun that changes it refuses to mix its results with the old ones (`JobSpec.result_settings`).
+    Planning, engine sizing and max_model_len may change between runs (raising max_model_len and
+    rerunning with --retry-errors is how rows that were too long get processed)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"affects_results": True})
+    return field(default=default, metadata={"affects_results": True})
+
+
+@dataclass(frozen=True)
 class InputSpec:
     """Where rows come from and how a row becomes a prompt."""
 
     inputs: list[str] = field(default_factory=list)
     format: str | None = None  # None: by file extension
-    shape: str = "auto"
-    prompt_column: str = "prompt"
-    messages_column: str = "messages"
-    id_column: str | None = None  # None: `id`, or `custom_id` for OpenAI batch lines
-    template: str | None = None
-    system_prompt: str | None = None
-    raw: bool = False
-    thinking: bool | None = None  # None: the chat template's own default
-    keep_columns: list[str] | None = None  # None: every non-prompt column
+    shape: str = affects_results("auto")
+    prompt_column: str = affects_results("prompt")
+    messages_column: str = affects_results("messages")
+    id_column: str | None = affects_results(None)  # None: `id`, or `custom_id` for OpenAI batch lines
+    template: str | None = affects_results(None)
+    system_prompt: str | None = affects_results(None)
+    raw: bool = affects_results(False)
+    thinking: bool | None = affects_results(None)  # None: the chat template's own default
+    keep_columns: list[str] | None = affects_results(None)  # None: every non-prompt column
     on_bad_line: str = "error"
-    dedupe: bool = False
+    dedupe: bool = affects_results(False)
     limit: int | None = None
-    shard: str | None = None  # "I/N"
+    shard: str | None = affects_results(None)  # "I/N"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingSpec:
     """Job-level sampling; None means the model's generation_config, then vLLM's default."""
 
-    max_tokens: int = 2048
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop: list[str] | None = None
-    ignore_eos: bool = False
+    max_tokens: int = affects_results(2048)
+    temperature: float | None = affects_results(None)
+    top_p: float | None = affects_results(None)
+    top_k: int | None = affects_results(None)
+    min_p: float | None = affects_results(None)
+    presence_penalty: float | None = affects_results(None)
+    frequency_penalty: float | None = affects_results(None)
+    repetition_penalty: float | None = affects_results(None)
+    stop: list[str] | None = affects_results(None)
+    ignore_eos: bool = affects_results(False)
 
 
 # ~2,000 rows a part at the default max_tokens (2048): ~500 parts per 1M rows instead of ~2,000,
@@ -76,7 +86,7 @@ class SamplingSpec:
 DEFAULT_CHUNK_TOKENS = 4_194_304
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanSpec:
     """How rows are grouped: sorted inside a window, cut into token-budgeted chunks."""
 
@@ -88,44 +98,48 @@ class PlanSpec:
     chunk_tokens: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineSpec:
     """vLLM engine settings; names mirror vLLM's. None leaves vLLM's own default."""
 
     model: str = DEFAULT_MODEL
-    tokenizer: str | None = None
-    revision: str | None = None
+    tokenizer: str | None = affects_results(None)
+    revision: str | None = affects_results(None)
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: int | None = None  # default on CPU: 2 GiB (see engine.py)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    dtype: str = "auto"
-    quantization: str | None = None
+    dtype: str = affects_results("auto")
+    quantization: str | None = affects_results(None)
     tensor_parallel_size: int = 1
     enforce_eager: bool | None = None  # None: True on CPU (compiling takes minutes there), else False
-    seed: int = 0
-    load_format: str | None = None
+    seed: int = affects_results(0)
+    load_format: str | None = affects_results(None)
     performance_mode: str | None = "throughput"
-    quantize: str | None = None  # "awq": quantize with AutoAWQ first, cached
+    quantize: str | None = affects_results(None)  # "awq": quantize with AutoAWQ first, cached
     data_parallel_size: int = 1  # independent engines, one process per GPU (parallel.py)
     engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by parallel.engines_per_gpu
     gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
-    backend: str = "vllm"  # "ray": engines in Ray actors (cluster.py); "null": returns instantly (tests)
+    backend: str = affects_results("vllm")  # "ray": engines in Ray actors (cluster.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
 
     def engine_count(self) -> int:
         """Engine processes in all (engines_per_gpu None counts as one: not chosen yet)."""
         return self.data_parallel_size * (self.engines_per_gpu or 1)
 
+    def one_engine(self, **changes: Any) -> EngineSpec:
+        """The settings of one engine of these: what a data-parallel worker or a Ray actor runs here."""
+        return dataclasses.replace(self, data_parallel_size=1, gpus=None, engines_per_gpu=1, **changes)
 
-@dataclass
+
+@dataclass(frozen=True)
 class OutputSpec:
     """Where results go and how the run reports."""
 
     output_dir: str | None = None
     output_format: str = "parquet"
-    include_prompt: bool = False
+    include_prompt: bool = affects_results(False)
     progress: str = "auto"
     fail_on_row_errors: bool = False
     fail_on_empty: bool = False  # inputs with no rows at all stop the run (exit 3) instead of a warning
@@ -137,7 +151,7 @@ class OutputSpec:
 SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec}
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobSpec:
     input: InputSpec = field(default_factory=InputSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
@@ -159,6 +173,7 @@ class JobSpec:
                     hint="run `qbatch run --help` for the valid names",
                 )
             sections[owners[key]][key] = _typed(raw_key, key, value, source)
+        _normalize_gpus(sections["engine"])
         spec = cls(**{name: SECTIONS[name](**kw) for name, kw in sections.items()})
         spec.validate()
         return spec
@@ -184,15 +199,13 @@ class JobSpec:
         _check_min("tensor_parallel_size", self.engine.tensor_parallel_size, 1)
         _check_min("data_parallel_size", self.engine.data_parallel_size, 1)
         if self.engine.gpus is not None:
-            self.engine.gpus = [str(g) for g in self.engine.gpus]
             twice = sorted({g for g in self.engine.gpus if self.engine.gpus.count(g) > 1})
             if twice:
                 raise SpecError(f"--gpus lists GPU {twice[0]} more than once",
                                 hint=f"for several engines on one GPU pass --engines-per-gpu {self.engine.gpus.count(twice[0])}")
-            if self.engine.data_parallel_size not in (1, len(self.engine.gpus)):
+            if self.engine.data_parallel_size != len(self.engine.gpus):
                 raise SpecError(f"--gpus lists {len(self.engine.gpus)} GPUs but data_parallel_size is "
                                 f"{self.engine.data_parallel_size}; give one GPU per engine")
-            self.engine.data_parallel_size = len(self.engine.gpus)
         for name in ("chunk_tokens", "engines_per_gpu", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                      "kv_cache_memory_bytes", "limit"):
             value = next(getattr(part, name) for part in (self.engine, self.plan, self.input) if hasattr(part, name))
@@ -212,15 +225,23 @@ class JobSpec:
         if self.output.restart and self.output.retry_errors:
             raise SpecError("--restart starts over; --retry-errors resumes: choose one")
 
-    def resolve_engines(self, engines_per_gpu: int) -> None:
-        """Fix the engines per GPU (once the model and GPUs are known) and the chunk size that follows."""
-        self.engine.engines_per_gpu = engines_per_gpu
-        if self.plan.chunk_tokens is None:
+    def with_engines(self, engines_per_gpu: int) -> JobSpec:
+        """This spec with the engines per GPU fixed (once the model and GPUs are known) and the chunk
+        size that follows: a new spec, this one is left as it is."""
+        engine = dataclasses.replace(self.engine, engines_per_gpu=engines_per_gpu)
+        chunk_tokens = self.plan.chunk_tokens
+        if chunk_tokens is None:
             # A chunk is done when its longest row is, so at the end one engine may still run a chunk
             # while the others idle: with N engines, 16N times smaller chunks keep that tail short
-            # (2 H200s: 131k-token chunks, the last ones finished within 5 s of each other).
-            engines = self.engine.engine_count()
-            self.plan.chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
+            # (docs/benchmarks.md, two H200s).
+            engines = engine.engine_count()
+            chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
+        return dataclasses.replace(self, engine=engine, plan=dataclasses.replace(self.plan, chunk_tokens=chunk_tokens))
+
+    def result_settings(self) -> dict[str, Any]:
+        """The settings marked `affects_results`, by name: what a rerun may not change."""
+        return {f.name: getattr(part, f.name) for part in (getattr(self, name) for name in SECTIONS)
+                for f in dataclasses.fields(part) if f.metadata.get("affects_results")}
 
     def _check_sampling(self) -> None:
         """Job-level sampling values follow the per-row rules (validate.py): refused here, before
@@ -280,6 +301,14 @@ def _relative_to(base: Path, value: Any) -> Any:
     if isinstance(value, str) and value != "-" and not Path(value).is_absolute():
         return str(base / value)
     return value
+
+
+def _normalize_gpus(engine: dict[str, Any]) -> None:
+    """GPU ids as text, and as many engines as GPUs listed (data_parallel_size 1 is the default)."""
+    if engine.get("gpus") is not None:
+        engine["gpus"] = [str(g) for g in engine["gpus"]]
+        if engine.get("data_parallel_size", 1) == 1:
+            engine["data_parallel_size"] = len(engine["gpus"])
 
 
 def _key_owners() -> dict[str, str]:

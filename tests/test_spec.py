@@ -54,9 +54,7 @@ def test_parse_shard():
 
 
 def _resolved(values: dict, engines_per_gpu: int = 1) -> JobSpec:
-    spec = JobSpec.from_flat(values)
-    spec.resolve_engines(engines_per_gpu)
-    return spec
+    return JobSpec.from_flat(values).with_engines(engines_per_gpu)
 
 
 def test_default_chunk_budget_is_split_among_engines():

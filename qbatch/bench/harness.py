@@ -53,7 +53,7 @@ class Measurement:
 
 def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every mode on every workload; return the report (see `format_table`)."""
-    from qbatch.jobs.runner import Job
+    from qbatch.jobs.job import Job
 
     settings.validate()
     with work_dir(settings.work_dir) as work:
@@ -119,7 +119,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
 
 def _engine_processes(spec: Any) -> int:
     """The engines a run of this spec would start, as Job.setup resolves them (it loads no tokenizer)."""
-    from qbatch.jobs.runner import Job
+    from qbatch.jobs.job import Job
 
     return Job.setup(copy.deepcopy(spec)).spec.engine.engine_count()
 
@@ -127,7 +127,7 @@ def _engine_processes(spec: Any) -> int:
 def _start_engines(spec: Any) -> float:
     """Start a qbatch run's own engines (kept in qbatch.engines.vllm's cache for its runs); the seconds it took."""
     from qbatch.engines import vllm as engines
-    from qbatch.jobs.runner import Job
+    from qbatch.jobs.job import Job
 
     started = time.monotonic()
     job = Job.setup(copy.deepcopy(spec))  # resolves the engines per GPU as the run will

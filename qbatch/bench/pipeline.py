@@ -57,7 +57,8 @@ def pipeline_bench(settings: BenchSettings, *, prompts_file: str | None = None,
     """qbatch's pipeline with the null engine vs bare batch tokenization of the same prompts."""
     from qbatch.models import registry as models
     from qbatch.inputs.prepare import load_tokenizer
-    from qbatch.jobs.runner import Job, run
+    from qbatch.jobs.job import Job
+    from qbatch.jobs.runner import run
 
     rows = settings.rows or DEFAULT_ROWS
     with work_dir(settings.work_dir) as work:

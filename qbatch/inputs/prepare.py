@@ -31,7 +31,7 @@ Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding 
 
 
 @dataclass(slots=True)
-class _Draft:
+class Draft:
     """A row understood but not yet rendered or tokenized."""
 
     row: Row
@@ -182,7 +182,7 @@ class Preparer:
         return rid
 
     # -- one row -----------------------------------------------------------
-    def _draft(self, row: Row, rid: str) -> _Draft:
+    def _draft(self, row: Row, rid: str) -> Draft:
         if row.data is None:
             raise RowError("bad_line", row.error or "unreadable line")
         data = row.data
@@ -195,7 +195,7 @@ class Preparer:
         if shape == "chat":
             messages = check_messages(data.get(self.input.messages_column), self.input.messages_column)
             messages = self._with_system(messages)
-            return _Draft(row, rid, messages, None, overrides, thinking, self._extra(data, self.input.messages_column))
+            return Draft(row, rid, messages, None, overrides, thinking, self._extra(data, self.input.messages_column))
         if shape == "template":
             text = render_template(self.input.template or "", data)
             used = None
@@ -203,11 +203,11 @@ class Preparer:
             text = check_text(data.get(self.input.prompt_column), self.input.prompt_column, data)
             used = self.input.prompt_column
         if self.input.raw:
-            return _Draft(row, rid, None, text, overrides, thinking, self._extra(data, used))
+            return Draft(row, rid, None, text, overrides, thinking, self._extra(data, used))
         messages = self._with_system([{"role": "user", "content": text}])
-        return _Draft(row, rid, messages, None, overrides, thinking, self._extra(data, used))
+        return Draft(row, rid, messages, None, overrides, thinking, self._extra(data, used))
 
-    def _draft_openai(self, row: Row, rid: str, data: dict[str, Any]) -> _Draft:
+    def _draft_openai(self, row: Row, rid: str, data: dict[str, Any]) -> Draft:
         if data.get("custom_id") is None:
             where = f"line {row.line}" if row.line is not None else f"row {row.row_index}"
             raise RowError("missing_id", f"OpenAI batch request has no 'custom_id' ({where}); every request needs "
@@ -226,9 +226,9 @@ class Preparer:
         thinking = thinking_flag(kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, self.input.thinking)
         if OPENAI_URLS[url] == "completion":
             text = check_text(body.get("prompt"), "body.prompt", body)
-            return _Draft(row, rid, None, text, overrides, thinking, {"url": url})
+            return Draft(row, rid, None, text, overrides, thinking, {"url": url})
         messages = self._with_system(check_messages(body.get("messages"), "body.messages"))
-        return _Draft(row, rid, messages, None, overrides, thinking, {"url": url})  # url: the response's object
+        return Draft(row, rid, messages, None, overrides, thinking, {"url": url})  # url: the response's object
 
     def _shape(self, data: dict[str, Any]) -> str:
         if self.input.template:
@@ -284,20 +284,20 @@ class Preparer:
         return extra
 
     # -- bulk render + tokenize -------------------------------------------
-    def render(self, rows: list[tuple[Row, str]]) -> tuple[list[_Draft], list[Failure]]:
+    def render(self, rows: list[tuple[Row, str]]) -> tuple[list[Draft], list[Failure]]:
         """Drafts whose `text` is the prompt to encode (chats rendered), and the rows that failed.
 
         This is the window's Python work; `encode` is mostly the tokenizer's own threads, so a
-        pipeline can render one window while the previous one is encoded (runner.Job.windows).
+        pipeline can render one window while the previous one is encoded (Job.windows).
         """
-        drafts: list[_Draft] = []
+        drafts: list[Draft] = []
         failures: list[Failure] = []
         for row, rid in rows:
             try:
                 drafts.append(self._draft(row, rid))
             except RowError as exc:
                 failures.append(_failure(row, rid, exc))
-        groups: dict[bool | None, list[_Draft]] = {}
+        groups: dict[bool | None, list[Draft]] = {}
         for draft in drafts:
             if draft.messages is not None:
                 draft.text = self.splicer.render(draft.messages, draft.thinking)
@@ -313,7 +313,7 @@ class Preparer:
                     draft.text = text
         return ([d for d in drafts if id(d) not in refused] if refused else drafts), failures
 
-    def encode(self, drafts: list[_Draft]) -> list[Encoded]:
+    def encode(self, drafts: list[Draft]) -> list[Encoded]:
         """Encodings of rendered drafts, in at most two batch calls (chat templates carry their own special tokens).
 
         They are the fast tokenizer's own objects where it is used: turning them into lists
@@ -330,7 +330,7 @@ class Preparer:
                 encoded[i] = item
         return encoded
 
-    def requests(self, drafts: list[_Draft], encoded: list[Encoded]) -> tuple[list[Request], list[Failure]]:
+    def requests(self, drafts: list[Draft], encoded: list[Encoded]) -> tuple[list[Request], list[Failure]]:
         """Requests for encoded drafts, and the rows whose prompts cannot be sent (empty, too long)."""
         requests, failures = [], []
         for draft, item in zip(drafts, encoded, strict=True):
@@ -374,7 +374,7 @@ class Preparer:
         kwargs = {} if thinking is None else {"enable_thinking": thinking}
         return self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True, **kwargs)
 
-    def _request(self, draft: _Draft, ids: list[int]) -> Request:
+    def _request(self, draft: Draft, ids: list[int]) -> Request:
         num = len(ids)
         if num == 0:
             raise RowError("empty_prompt", "prompt is empty after tokenization")

@@ -3,7 +3,7 @@
 Pure functions, no I/O and no vLLM. A window bounds memory (only it and the
 chunks cut from it are ever materialised; windows grow from FIRST_WINDOW rows
 so generation starts early, and the rows left at the end join the last one, see
-runner.Job._row_windows); sorting inside it starts the longest rows first
+Job._row_windows); sorting inside it starts the longest rows first
 and puts rows of similar length in one chunk, so they finish at about the same
 time; the token budget (prompt + max_tokens) bounds the work a chunk
 represents, which is what a crash can cost.

@@ -1,10 +1,16 @@
-"""Progress: a tqdm bar on a terminal, plain periodic log lines in cron and Airflow."""
+"""Progress: a tqdm bar on a terminal, plain periodic log lines in cron and Airflow.
+
+Lines go through qbatch's logger (qbatch/log.py), which writes them through tqdm while a bar
+shows; the logger's level (set by the CLI or the Session from --progress) decides what shows.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
 from typing import TextIO
+
+from qbatch.log import log
 
 LOG_EVERY_S = 30.0
 
@@ -42,13 +48,8 @@ class Progress:
             self.log(f"{self.done}/{self.total} rows ({self.failed} failed), {rate:,.0f} output tok/s")
 
     def log(self, message: str) -> None:
-        if self.mode == "none":
-            return
-        line = f"qbatch {time.strftime('%H:%M:%S')} {message}"
-        if self._bar is not None:
-            self._bar.write(line, file=self.stream)
-        else:
-            print(line, file=self.stream, flush=True)
+        if self.mode != "none":
+            log.info(message)
 
     def close(self) -> None:
         if self._bar is not None:

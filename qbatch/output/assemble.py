@@ -15,7 +15,7 @@ import polars as pl
 
 from qbatch._fs import atomic_write
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir
-from qbatch.records import ERROR_SCHEMA
+from qbatch.output.tables import ERROR_SCHEMA
 
 ORDER = ["source_index", "row_index"]
 JSONL_SLICE_ROWS = 10_000

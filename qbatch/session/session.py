@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 from qbatch.engines import vllm as engines
 from qbatch.errors import SpecError
 from qbatch.jobs import runner
+from qbatch.log import setup as setup_log
+from qbatch.jobs.summary import Summary
 from qbatch.session.data import input_paths
 from qbatch.session.progress import SessionProgress
 from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec
@@ -55,7 +57,7 @@ class RunResult:
 
     results: pl.DataFrame
     errors: pl.DataFrame
-    summary: runner.Summary
+    summary: Summary
     output_dir: str | None
 
 
@@ -173,9 +175,10 @@ class Session:
             values[name] = value
         return values
 
-    def _run_spec(self, spec: JobSpec) -> runner.Summary:
+    def _run_spec(self, spec: JobSpec) -> Summary:
         """One job on the cached engines; engines it started become this session's to close."""
         with _CALLS:
+            setup_log(spec.output.progress)  # events on stderr (the notebook shows them under the cell)
             settle_engines()
             before = set(engines._ENGINES)
             try:
@@ -273,10 +276,10 @@ def _output_folder(output_dir: str | os.PathLike | None) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _read_result(summary: runner.Summary, output_dir: str | None) -> RunResult:
+def _read_result(summary: Summary, output_dir: str | None) -> RunResult:
     import polars as pl
 
-    from qbatch.records import ERROR_SCHEMA
+    from qbatch.output.tables import ERROR_SCHEMA
 
     if summary.output_dir is None:  # dry_run: nothing generated
         return RunResult(pl.DataFrame(), pl.from_arrow(ERROR_SCHEMA.empty_table()), summary, None)

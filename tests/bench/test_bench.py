@@ -56,7 +56,7 @@ def test_workload_prompts_have_the_sampled_token_counts(tokenizer, name):
 
 def test_qbatch_tokenizes_the_jsonl_exactly_like_the_raw_modes(tokenizer, bundled_model, tmp_path):
     """`qbatch` and `vllm-tokens` must see the same token ids, or the comparison is void."""
-    from qbatch.jobs.runner import Job
+    from qbatch.jobs.job import Job
     from qbatch.spec import JobSpec
 
     workload = make_workload("varied", tokenizer, 30, scale=0.2)

@@ -54,7 +54,7 @@ def test_ray_settings_that_cannot_work_are_refused(cli, ray_job, flags, message)
 
 
 def test_a_run_may_move_between_the_vllm_and_ray_backends(bundled_model):
-    from qbatch.jobs.runner import Job
+    from qbatch.jobs.job import Job
     from qbatch.spec import JobSpec
 
     def fingerprint(backend: str) -> dict:

@@ -106,7 +106,7 @@ def test_a_template_that_escapes_content_fails_its_probes(tokenizer):
 
 
 def test_preparer_gives_the_same_requests_with_and_without_splicing(write_jsonl, bundled_model):
-    from qbatch.jobs.runner import Job
+    from qbatch.jobs.job import Job
     from qbatch.spec import JobSpec
 
     rows = [{"id": f"p{i}", "prompt": text} for i, text in enumerate(TEXTS) if text.strip()]

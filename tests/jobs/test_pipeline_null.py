@@ -205,7 +205,7 @@ def test_user_mistakes_get_messages_not_tracebacks(run_null, tmp_path):
 def test_keep_columns_and_sampling_defaults_from_generation_config(run_null, write_jsonl, bundled_model, tmp_path):
     import shutil
 
-    from qbatch.jobs.runner import Job
+    from qbatch.jobs.job import Job
     from qbatch.spec import JobSpec
 
     model = tmp_path / "model"
@@ -271,12 +271,12 @@ def test_engines_in_processes_of_their_own_start_before_the_tokenizer_loads(run_
                                                                              monkeypatch):
     """Their start overlaps the tokenizer's load and the id pre-scan; a finished job starts none."""
     from qbatch.engines import vllm as engine
-    from qbatch.jobs import runner
+    from qbatch.jobs import job
 
     events: list[str] = []
-    load = runner.load_tokenizer
+    load = job.load_tokenizer
     monkeypatch.setattr(engine, "prestart", lambda *args: events.append("engines") or None)
-    monkeypatch.setattr(runner, "load_tokenizer", lambda *args: events.append("tokenizer") or load(*args))
+    monkeypatch.setattr(job, "load_tokenizer", lambda *args: events.append("tokenizer") or load(*args))
     path, out = write_jsonl([{"id": f"r{i}", "prompt": "hi"} for i in range(3)]), tmp_path / "out"
     assert run_null(path, "-o", out).exit_code == 0
     assert events == ["engines", "tokenizer"]

@@ -34,18 +34,19 @@ def test_oversized_request_gets_its_own_chunk():
 def test_windows_grow_and_sort_only_within_themselves(bundled_model, tmp_path, monkeypatch):
     """The run's own planning: windows of 2 rows, then doubling up to --sort-window (4), each sorted;
     the rows left at the end (2) are sorted with the last full window, not after it."""
-    from qbatch.jobs import runner
+    from qbatch.jobs import job
+    from qbatch.jobs.job import Job
     from qbatch.spec import JobSpec
 
-    monkeypatch.setattr(runner, "FIRST_WINDOW", 2)
+    monkeypatch.setattr(job, "FIRST_WINDOW", 2)
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps({"id": str(n), "prompt": "word " * n}) + "\n" for n in range(1, 9)))
     spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "sort_window": 4})
-    with runner.Job.setup(spec).windows(set()) as windows:
-        assert [[r.id for r in chunk] for window in windows for chunk in window] == \
+    with Job.setup(spec).windows(set()) as windows:
+        assert [[r.id for r in chunk] for window in windows for chunk in window.chunks] == \
             [["2", "1"], ["8", "7", "6", "5", "4", "3"]]  # one chunk per window (a large token budget)
     spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "sort_window": 4, "chunk_tokens": 1})
-    chunks = [[r.id for r in chunk] for chunk in runner.Job.setup(spec).work(set())]
+    chunks = [[r.id for r in chunk] for chunk in Job.setup(spec).work(set())]
     assert chunks == [[str(n)] for n in (2, 1, 8, 7, 6, 5, 4, 3)]  # a chunk per row, in the windows' order
 
 

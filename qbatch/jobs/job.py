@@ -1,0 +1,239 @@
+"""A job: the spec resolved against the world (input files, model folder, context length, engines
+per GPU), its fingerprint, and its rows prepared window by window in stage threads.
+
+A window's rows go through three stages, each in a thread of its own (stages.py), each passing
+a small frozen record to the next: RowWindow (rows to prepare) -> RenderedWindow (prompts
+rendered, rows refused) -> EncodedWindow (token ids) -> PlannedWindow (failures and the chunks
+the engine gets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from qbatch.engines.processes import engines_per_gpu
+from qbatch.errors import InputError
+from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
+from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
+from qbatch.jobs.planning import FIRST_WINDOW, cut_chunks, order_window
+from qbatch.jobs.stages import Stages
+from qbatch.models import registry as models
+from qbatch.output.columns import ColumnScan, ColumnTypes
+from qbatch.output.folder import DUPLICATE_ID, input_identity
+from qbatch.records import Failure, Request, Row
+from qbatch.spec import JobSpec, parse_shard
+
+MAX_LISTED_DUPLICATES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class RowWindow:
+    """Rows to prepare, with their ids, and the duplicates --dedupe dropped among them."""
+
+    rows: list[tuple[Row, str]]
+    failures: list[Failure]
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedWindow:
+    """Prompts rendered (chat template or raw text); rows refused so far."""
+
+    drafts: list[Draft]
+    failures: list[Failure]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedWindow:
+    """Prompts tokenized, one entry per draft."""
+
+    drafts: list[Draft]
+    failures: list[Failure]
+    encoded: list[Encoded]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedWindow:
+    """A window's rows that failed, and its requests cut into the chunks the engine gets (in order)."""
+
+    failures: list[Failure]
+    chunks: list[list[Request]]
+
+
+@dataclass(frozen=True)
+class InputScan:
+    """What the pre-scan found in the inputs."""
+
+    num_todo: int  # rows this run must process
+    rows_read: list[int]  # rows read per input file, in every shard, done or not
+    column_types: ColumnTypes  # carried columns' types for the whole input (output/columns.py)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.rows_read)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A spec resolved against the world: files, model folder, tokenizer, limits. `spec` is the
+    resolved spec (engines per GPU and chunk size fixed); the caller's spec is never changed."""
+
+    spec: JobSpec
+    files: list[Path]
+    model_path: str
+    max_model_len: int
+
+    @classmethod
+    def setup(cls, spec: JobSpec) -> Job:
+        files = expand_inputs(spec.input.inputs)
+        for path in files:
+            detect_format(path, spec.input.format)
+        model_path = models.resolve(spec.engine.model)
+        if spec.engine.quantize:
+            from qbatch.models.quantize import ensure_quantized
+
+            model_path = ensure_quantized(model_path, spec)
+        spec = spec.with_engines(engines_per_gpu(spec.engine, model_path))
+        max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
+        return cls(spec, files, model_path, max_model_len)
+
+    @cached_property
+    def preparer(self) -> Preparer:
+        """Loaded on first use: importing Transformers and loading the tokenizer takes seconds,
+        which engines started first spend loading beside it."""
+        spec = self.spec
+        tokenizer = load_tokenizer(spec.engine.tokenizer or self.model_path, spec.engine.revision)
+        base = {**generation_defaults(self.model_path), "max_tokens": spec.sampling.max_tokens}
+        base.update({k: v for k, v in asdict(spec.sampling).items() if v is not None and v is not False})
+        return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
+                        positional_prefix=len(self.files) > 1)
+
+    def fingerprint(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What the results depend on; hashes every input once (with the prefix the `previous`
+        manifest's fingerprint saw of each input, so that appended rows can resume)."""
+        settings = self.spec.result_settings()
+        if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
+            settings["backend"] = "vllm"
+        seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
+        formats = [detect_format(p, self.spec.input.format) for p in self.files]
+        inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())))
+                  for p, f in zip(self.files, formats, strict=True)]
+        return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
+                "inputs": inputs}
+
+    def rows(self) -> Iterator[Row]:
+        rows = read_rows(self.files, fmt=self.spec.input.format, on_bad_line=self.spec.input.on_bad_line)
+        return islice(rows, self.spec.input.limit) if self.spec.input.limit else rows
+
+    def identified_rows(self, done: set[str]) -> Iterator[tuple[Row, str]]:
+        """(row, id) for the rows this run must process: in its shard, not done yet."""
+        shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
+        for row in self.rows():
+            rid = self.preparer.row_id(row)
+            if in_shard(rid, shard) and rid not in done:
+                yield row, rid
+
+    def work(self, done: set[str]) -> Iterator[list[Failure] | list[Request]]:
+        """Each window's failures (when there are any), then its chunks of requests."""
+        with self.windows(done) as windows:
+            for window in windows:
+                if window.failures:
+                    yield window.failures
+                yield from window.chunks
+
+    def windows(self, done: set[str], *, start: bool = True) -> Stages:
+        """Each window's failures and chunks, in one list, prepared in three threads (started now, or by start()).
+
+        Rendering (read, parse, check, template: Python), encoding (the tokenizer's own threads,
+        outside the GIL: most of the work) and planning (token ids as lists, requests, sort,
+        chunks) each get a thread, so the encoder never waits for Python work. What consumes
+        the windows (the engine, the writer) runs beside them too.
+        """
+        return Stages(self._row_windows(done), ("qbatch-render", self._render), ("qbatch-encode", self._encode),
+                      ("qbatch-plan", self._plan), start=start)
+
+    def _row_windows(self, done: set[str]) -> Iterator[RowWindow]:
+        """Windows of (row, id) to process, with the duplicates that --dedupe drops from them.
+
+        Windows grow from FIRST_WINDOW rows to sort_window: the engine gets its first requests
+        after a few hundred rows are prepared, not after a whole window. The rows left at the end
+        join the last full window (which then holds up to twice sort_window rows): a short last
+        window of its own would start its longest rows after all the others, to run almost alone
+        at the end (benchmarks/simulate_order.py models it; docs/benchmarks.md has the figures).
+        Windows are held back one window to see the end.
+        """
+        seen: set[str] = set()
+        window: list[tuple[Row, str]] = []
+        failures: list[Failure] = []
+        full: RowWindow | None = None
+        size = min(FIRST_WINDOW, self.spec.plan.sort_window)
+        for row, rid in self.identified_rows(done):
+            if rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
+                failures.append(Failure(rid, row.source, row.row_index, row.line, DUPLICATE_ID,
+                                        f"id '{rid}' already appeared earlier in the input; dropped by --dedupe"))
+            else:
+                seen.add(rid)
+                window.append((row, rid))
+            if len(window) + len(failures) >= size:
+                if full is not None:
+                    yield full
+                full, window, failures = RowWindow(window, failures), [], []
+                size = min(2 * size, self.spec.plan.sort_window)
+        if full is not None:
+            window, failures = full.rows + window, full.failures + failures
+        if window or failures:
+            yield RowWindow(window, failures)
+
+    def _render(self, window: RowWindow) -> RenderedWindow:
+        drafts, refused = self.preparer.render(window.rows)
+        return RenderedWindow(drafts, window.failures + refused)
+
+    def _encode(self, window: RenderedWindow) -> EncodedWindow:
+        return EncodedWindow(window.drafts, window.failures, self.preparer.encode(window.drafts))
+
+    def _plan(self, window: EncodedWindow) -> PlannedWindow:
+        requests, refused = self.preparer.requests(window.drafts, window.encoded)
+        chunks = cut_chunks(order_window(requests, self.spec.plan.order), self.spec.plan.chunk_tokens)
+        return PlannedWindow(window.failures + refused, list(chunks))
+
+    def count_todo(self, done: set[str]) -> int:
+        """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
+        return self.scan(done).num_todo
+
+    def scan(self, done: set[str]) -> InputScan:
+        """The pre-scan of every input row, before the model loads: rows to process (refusing
+        duplicate ids unless --dedupe), rows read, and the carried columns' types.
+
+        The types are decided on every row read, whatever its shard and whether it is done,
+        so that shards and resumed runs decide alike.
+        """
+        shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
+        columns = ColumnScan(self._parquet_schemas())
+        preparer = self.preparer
+        counts: dict[str, int] = {}
+        rows_read = [0] * len(self.files)
+        for row in self.rows():
+            rows_read[row.source_index] += 1
+            if row.data is not None:
+                columns.add(preparer.carried(row.data), row.source_index)
+            rid = preparer.row_id(row)
+            if in_shard(rid, shard) and rid not in done:
+                counts[rid] = counts.get(rid, 0) + 1
+        self._refuse_duplicates(counts)
+        return InputScan(sum(counts.values()), rows_read, columns.finish())
+
+    def _parquet_schemas(self) -> dict[int, Any]:
+        return {i: parquet_schema(path) for i, path in enumerate(self.files)
+                if detect_format(path, self.spec.input.format) == "parquet"}
+
+    def _refuse_duplicates(self, counts: dict[str, int]) -> None:
+        duplicates = [rid for rid, n in counts.items() if n > 1]
+        if duplicates and not self.spec.input.dedupe:
+            listed = ", ".join(repr(d) for d in duplicates[:MAX_LISTED_DUPLICATES])
+            more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
+            raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
+                             hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")

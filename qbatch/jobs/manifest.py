@@ -1,0 +1,62 @@
+"""What a run records in OUT_DIR/manifest.json: its fingerprint and spec, its status as it goes
+(running, interrupted, failed, completed), the rows it read, and the runs so far."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from qbatch import __version__
+from qbatch.output.folder import OutputDir, recorded
+from qbatch.spec import JobSpec
+from qbatch.versions import package_versions
+
+MAX_RUNS = 20  # runs listed in a manifest, latest last
+
+
+def new_manifest(spec: JobSpec, model_path: str, previous: dict[str, Any] | None, fingerprint: dict[str, Any], *,
+                 status: str) -> dict[str, Any]:
+    """The manifest of this run: the previous one's history, this run's fingerprint, spec and versions."""
+    manifest = dict(previous or {"created_at": now(), "runs": []})
+    manifest.update(qbatch_version=__version__, status=status, updated_at=now(), fingerprint=recorded(fingerprint),
+                    spec=json.loads(json.dumps(spec.flat(), default=str)), versions=package_versions(),
+                    limit=spec.input.limit, model_path=model_path)
+    manifest["runs"] = [*manifest.get("runs", []), {"started_at": now(), "pid": os.getpid()}][-MAX_RUNS:]
+    return manifest
+
+
+def input_rows(files: list[Path], rows_read: list[int]) -> list[dict[str, Any]]:
+    """Rows read from each input file, for `qbatch merge` to tell which shard read less."""
+    return [{"path": str(path.resolve()), "rows": n} for path, n in zip(files, rows_read, strict=True)]
+
+
+def covered_inputs(limit: int | None, rows_read: list[int]) -> bool:
+    """Whether a completed run read every row of its inputs: --limit N stopped it early unless
+    the inputs held fewer than N rows."""
+    return limit is None or sum(rows_read) < limit
+
+
+@contextmanager
+def recording_stop(out: OutputDir, manifest: dict[str, Any]) -> Iterator[None]:
+    """A run stopped by a signal (KeyboardInterrupt, errors.Interrupted) or a failure says so in the
+    manifest, for `qbatch status` and schedulers; its finished parts stay, and a rerun resumes."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        manifest.update(status="interrupted", updated_at=now())
+        manifest["runs"][-1].update(interrupted_at=now(), interrupted_by=getattr(exc, "signal_name", "SIGINT"))
+        out.write_manifest(manifest)
+        raise
+    except BaseException:
+        manifest.update(status="failed", updated_at=now())
+        out.write_manifest(manifest)
+        raise
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,49 @@
+"""What a run did: the summary the CLI prints and stats.json stores."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from qbatch.records import Failure
+
+
+@dataclass
+class Summary:
+    """What a run did; the CLI prints it and stats.json stores it."""
+
+    output_dir: str | None
+    status: str
+    rows_ok: int = 0
+    rows_failed: int = 0
+    rows_skipped: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    num_chunks: int = 0
+    wall_s: float = 0.0
+    setup_s: float = 0.0  # start to engine creation: inputs, tokenizer, fingerprint, resume scan, id pre-scan
+    engine_start_s: float = 0.0  # engines started early: from their start, so it overlaps setup_s
+    generate_s: float = 0.0
+    assemble_s: float = 0.0  # results.parquet / errors.parquet from the parts
+    total_ok: int = 0
+    total_failed: int = 0
+    failures_by_kind: dict[str, int] = field(default_factory=dict)
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+
+    def count_failures(self, failures: list[Failure]) -> None:
+        self.rows_failed += len(failures)
+        for f in failures:
+            self.failures_by_kind[f.error] = self.failures_by_kind.get(f.error, 0) + 1
+
+    @property
+    def output_tok_s(self) -> float:
+        return self.completion_tokens / self.generate_s if self.generate_s else 0.0
+
+
+def stats_dict(summary: Summary) -> dict[str, Any]:
+    stats = asdict(summary)
+    total = summary.prompt_tokens + summary.completion_tokens
+    stats.update(output_tok_s=round(summary.output_tok_s, 1),
+                 total_tok_s=round(total / summary.generate_s, 1) if summary.generate_s else 0.0,
+                 rows_per_s=round(summary.rows_ok / summary.generate_s, 2) if summary.generate_s else 0.0)
+    return stats
