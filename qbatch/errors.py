@@ -83,6 +83,16 @@ class MissingDependency(QbatchError):
     exit_code = EXIT_USAGE
 
 
+class RowError(Exception):
+    """A problem with one row (its prompt, messages, id or sampling values); becomes an error row, never
+    stops the batch. `kind` is the machine-readable error, `message` states the rule and the value."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
 class Interrupted(KeyboardInterrupt):
     """A signal (SIGINT, SIGTERM, SIGHUP) stopped the run; finished parts are kept and a rerun resumes.
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbatch.errors import SpecError
-from qbatch.inputs.validate import RowError, check_params
+from qbatch.errors import RowError, SpecError
+from qbatch.sampling import check_params
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 SHAPES = ("auto", "prompt", "chat", "openai")

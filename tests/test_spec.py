@@ -109,7 +109,8 @@ def test_sampling_rules_refuse_what_vllm_refuses():
     sampling_params = pytest.importorskip("vllm.sampling_params")
     from vllm.exceptions import VLLMError
 
-    from qbatch.inputs.validate import RowError, check_params
+    from qbatch.errors import RowError
+    from qbatch.sampling import check_params
 
     cases = [{"temperature": t} for t in (-0.1, 0.0, 2.0, 2.1, float("nan"), float("inf"))]
     cases += [{"top_p": p} for p in (0.0, 1e-3, 1.0, 1.1)] + [{"top_k": k} for k in (-2, -1, 0, 1)]

@@ -21,10 +21,11 @@ from qbatch.errors import ModelError, SpecError
 from qbatch.records import Failure, Request, Row
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.spec import JobSpec
+from qbatch.errors import RowError
 from qbatch.inputs.validate import (
-    FLOAT_PARAMS, INT_PARAMS, OPENAI_URLS, RowError, check_messages, check_params, check_text, keys,
-    render_template, sampling_overrides, thinking_flag,
+    OPENAI_URLS, check_messages, check_text, keys, render_template, sampling_overrides, thinking_flag,
 )
+from qbatch.sampling import FLOAT_PARAMS, INT_PARAMS, check_params
 
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (its `.ids`)
