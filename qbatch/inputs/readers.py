@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-try:  # parses a typical line 4-5x faster than json (the input is parsed twice: pre-scan and run)
+try:  # parses a typical line several times faster than json (the input is parsed twice: pre-scan and run)
     from orjson import JSONDecodeError as FastJSONError, loads as fast_loads
 except ImportError:  # json alone gives the same rows
     fast_loads = None

@@ -1,6 +1,6 @@
 """Chat templates without jinja for one-turn prompts: render once with a placeholder, splice each text in.
 
-jinja costs ~19 µs a row (25 of the ~200 CPU-seconds of a 1M-row run); most rows are one
+jinja is a large share of qbatch's own CPU time per row; most rows are one
 user turn, plus the job's system prompt, that differ only in their text. So the template
 is rendered once per (system prompt, thinking) with a placeholder text, and each row's text
 takes the placeholder's place. That is right only where the template inserts the text

@@ -96,7 +96,7 @@ def model_max_len(model_path: str, revision: str | None) -> int:
     """The context length vLLM would derive from the model's config.
 
     Read from config.json where it says: importing Transformers for AutoConfig takes
-    5-8 s, which would delay the engines' start (they start right after this).
+    seconds, which would delay the engines' start (they start right after this).
     """
     config = _text_config(model_path)
     if config is not None and isinstance(config.get("max_position_embeddings"), int):

@@ -34,8 +34,8 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     if results is None:
         results_frame = pl.LazyFrame(schema={"id": pl.String, "source_index": pl.Int32, "row_index": pl.Int64})
     else:
-        # is_first_distinct looks at the id column alone: unique(subset="id") held every column
-        # in its hash table (peak RSS 1.07 GB vs 0.46 GB for 1M rows, same output).
+        # is_first_distinct looks at the id column alone: unique(subset="id") holds every column
+        # in its hash table (twice the peak memory, same output).
         results_frame = results.filter(pl.col("id").is_first_distinct()).sort(ORDER)
     atomic_write(out.path / "results.parquet",
                  lambda tmp: results_frame.drop("source_index").sink_parquet(tmp, compression="zstd"))

@@ -200,8 +200,8 @@ class OutputDir:
         return path
 
     def _next_number(self, prefix: str) -> int:
-        # List the folder once, then count: listing it for every part made writing n parts
-        # O(n^2) (30 s of a 1M-row run with 2,000 parts). The lock makes this process the only writer.
+        # List the folder once, then count: listing it for every part makes writing n parts
+        # O(n^2). The lock makes this process the only writer.
         if prefix not in self._last_number:
             existing = self.part_files(prefix)
             self._last_number[prefix] = int(existing[-1].stem.removeprefix(prefix)) if existing else 0
