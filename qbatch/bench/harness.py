@@ -17,7 +17,6 @@ qbatch's own pipeline is in bench_pipeline.py, the workloads in workloads.py.
 
 from __future__ import annotations
 
-import copy
 import gc
 import os
 import time
@@ -121,7 +120,7 @@ def _engine_processes(spec: Any) -> int:
     """The engines a run of this spec would start, as Job.setup resolves them (it loads no tokenizer)."""
     from qbatch.jobs.job import Job
 
-    return Job.setup(copy.deepcopy(spec)).spec.engine.engine_count()
+    return Job.setup(spec).spec.engine.engine_count()
 
 
 def _start_engines(spec: Any) -> float:
@@ -130,7 +129,7 @@ def _start_engines(spec: Any) -> float:
     from qbatch.jobs.job import Job
 
     started = time.monotonic()
-    job = Job.setup(copy.deepcopy(spec))  # resolves the engines per GPU as the run will
+    job = Job.setup(spec)  # resolves the engines per GPU as the run will
     engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
     getattr(engine, "wait_started", lambda: None)()  # a run begins on the first engine ready; timing waits for all
     return time.monotonic() - started
@@ -247,7 +246,6 @@ def _run_qbatch(spec: Any, workload: Workload, variant: dict[str, Any], engines_
     """The full `qbatch run` path, in-process: JSONL -> tokenize -> plan -> engine -> Parquet."""
     from qbatch.jobs.runner import run
 
-    spec = copy.deepcopy(spec)  # run() resolves its defaults into the spec
     started = time.monotonic()
     summary = run(spec)
     wall = time.monotonic() - started

@@ -50,12 +50,14 @@ class BenchSettings:
 def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None, *,
                 shared: bool = False) -> Any:
     """The spec of a qbatch run; shared=True: of the one engine the raw vLLM modes drive."""
+    import dataclasses
+
     from qbatch.spec import JobSpec
 
-    one_engine = {"engines_per_gpu": 1, "data_parallel_size": 1, "gpus": None} if shared else {}
-    values = {"progress": "none", **settings.run_settings, **(variant or {}), **one_engine, "inputs": [str(path)],
+    values = {"progress": "none", **settings.run_settings, **(variant or {}), "inputs": [str(path)],
               "output_dir": str(out), "ignore_eos": True, "restart": True}
-    return JobSpec.from_flat(values, source="qbatch bench")
+    spec = JobSpec.from_flat(values, source="qbatch bench")
+    return dataclasses.replace(spec, engine=spec.engine.one_engine()) if shared else spec
 
 
 def environment() -> dict[str, Any]:
