@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from qbatch import __version__
-from qbatch.engines import vllm as engines
+from qbatch.engines import factory as engines
+from qbatch.engines.base import Chunk
 from qbatch.models import registry as models
 from qbatch.output.assemble import assemble
 from qbatch.output.columns import ColumnScan, ColumnTypes, from_manifest, keep_recorded, to_manifest
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir, input_identity, recorded
 from qbatch.errors import InputError, SpecError
 from qbatch.jobs.memory import rare_collections, release_freed_memory
-from qbatch.engines.processes import engines_per_gpu
+from qbatch.engines.placement import engines_per_gpu
 from qbatch.jobs.planning import FIRST_WINDOW, cut_chunks, order_window
 from qbatch.inputs.prepare import Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.jobs.progress import Progress
@@ -118,7 +119,7 @@ class Job:
             from qbatch.models.quantize import ensure_quantized
 
             model_path = ensure_quantized(model_path, spec)
-        spec.resolve_engines(engines_per_gpu(spec.engine, model_path))
+        spec.resolve_engines(engines_per_gpu(spec.engine, models.weights_bytes(model_path)))
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
         return cls(spec, files, model_path, max_model_len)
 
@@ -387,14 +388,14 @@ def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progr
 
 
 def _chunks(windows: Iterable[list[list[Failure] | list[Request]]], out: OutputDir, summary: Summary,
-            progress: Progress) -> Iterator[engines.Chunk]:
+            progress: Progress) -> Iterator[Chunk]:
     """Number the chunks for the engine; record failures as they come."""
     for items in windows:
         for item in items:
             if item and isinstance(item[0], Failure):
                 _record_failures(item, out, summary, progress)
             else:
-                yield engines.Chunk(summary.num_chunks, item)
+                yield Chunk(summary.num_chunks, item)
                 summary.num_chunks += 1
 
 
@@ -404,7 +405,7 @@ def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, 
     progress.update(len(failures), failed=len(failures))
 
 
-def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
+def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
                  sources: list[str], gen_start: float, include_prompt: bool, column_types: ColumnTypes) -> None:
     ok = [c for c in completions if c.error is None]
     refused = [Failure(c.request.id, sources[c.request.source_index], c.request.row_index, None, "engine_rejected",
