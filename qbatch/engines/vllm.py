@@ -79,7 +79,7 @@ class VllmEngine:
         try:
             with start_log() as logged:
                 self.llm = LLM(model=model_path, **kwargs)
-        except Exception as exc:  # too little memory is told from a missing model (engine_errors.py)
+        except Exception as exc:  # too little memory is told from a missing model (start_errors.py)
             raise start_error(spec.model, exc, "".join(logged)) from exc
         try:
             self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
