@@ -162,7 +162,7 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
-    from qbatch.engines.vllm import close_all as close_engines
+    from qbatch.engines.factory import close_all as close_engines
     from qbatch.jobs.runner import run as run_job
     from qbatch.display import print_summary
     from qbatch.jobs.shutdown import ProcessGuard
@@ -284,7 +284,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
         for path in benchmarks.write_workloads(spec):
             click.echo(path)
         return
-    from qbatch.engines.vllm import close_all as close_engines
+    from qbatch.engines.factory import close_all as close_engines
     from qbatch.jobs.shutdown import ProcessGuard
 
     with ProcessGuard(reaper=not null_engine):  # a signal kills the engines; so does this process's death

@@ -1,6 +1,6 @@
 """Shared fixtures: the bundled model, a tiny random Qwen3, sample files, a CLI runner.
 
-Engines are cached per process (qbatch.engines.vllm.create), so every test that
+Engines are cached per process (qbatch.engines.factory.create), so every test that
 runs the same model with the same engine settings shares one engine: the
 suite starts each engine once.
 """
@@ -80,7 +80,7 @@ def write_jsonl(tmp_path: Path):
 @pytest.fixture(scope="session", autouse=True)
 def _close_engines_at_end():
     yield
-    from qbatch.engines import vllm as engine
+    from qbatch.engines import factory as engine
 
     engine.close_all()
 
@@ -94,7 +94,7 @@ def cli(monkeypatch):
     """
     from click.testing import CliRunner
 
-    from qbatch.engines import vllm as engine
+    from qbatch.engines import factory as engine
     from qbatch.cli import cli as qbatch_cli
 
     monkeypatch.setattr(engine, "close_all", lambda: None)
@@ -104,3 +104,20 @@ def cli(monkeypatch):
         return runner.invoke(qbatch_cli, [str(a) for a in args], catch_exceptions=False)
 
     return invoke
+
+
+@pytest.fixture
+def engine_log(caplog):
+    """The qbatch logger's records, at INFO and up, whether or not qbatch.log.setup() stopped propagation."""
+    import logging
+
+    from qbatch.log import log
+
+    log.addHandler(caplog.handler)
+    level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        yield caplog
+    finally:
+        log.removeHandler(caplog.handler)
+        log.setLevel(level)

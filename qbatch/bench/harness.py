@@ -70,7 +70,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
         if set(settings.modes) - {"hf"}:
             engine, engine_info = _engine(settings, spec, job)
             log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
-            # vLLM's defaults engine is not in qbatch.engines.vllm's cache, which the CLI closes
+            # vLLM's defaults engine is not in qbatch.engines.factory's cache, which the CLI closes
             release = engine.close if settings.vllm_defaults else _keep
             try:
                 _run_engine_modes(settings, engine.llm, workloads, work, job, measurements, log, release)
@@ -80,7 +80,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
 
 
 def _keep() -> None:
-    """The shared engine stays: it is qbatch.engines.vllm's, closed with the others."""
+    """The shared engine stays: it is qbatch.engines.factory's, closed with the others."""
 
 
 def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Workload], work: Path, job: Any,
@@ -124,8 +124,8 @@ def _engine_processes(spec: Any) -> int:
 
 
 def _start_engines(spec: Any) -> float:
-    """Start a qbatch run's own engines (kept in qbatch.engines.vllm's cache for its runs); the seconds it took."""
-    from qbatch.engines import vllm as engines
+    """Start a qbatch run's own engines (kept in qbatch.engines.factory's cache for its runs); the seconds it took."""
+    from qbatch.engines import factory as engines
     from qbatch.jobs.job import Job
 
     started = time.monotonic()
@@ -136,7 +136,7 @@ def _start_engines(spec: Any) -> float:
 
 
 def _close_engines() -> None:
-    from qbatch.engines import vllm as engines
+    from qbatch.engines import factory as engines
 
     engines.close_all()
     _free_torch_memory()
@@ -146,7 +146,7 @@ def _close_engines() -> None:
 def _wait_for_gpu_memory(timeout_s: float = 60.0) -> None:
     """Wait until the GPUs in use are (nearly) empty: the driver may hand back the memory of an
     engine process a moment after it exited, and the next engines would find too little free."""
-    from qbatch.engines.processes import query_gpus
+    from qbatch.engines.placement import query_gpus
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or None
     deadline = time.monotonic() + timeout_s
@@ -196,14 +196,15 @@ def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _engine(settings: BenchSettings, spec: Any, job: Any) -> tuple[Any, dict[str, Any]]:
-    """The engine every mode shares: the one `qbatch run` gets from qbatch.engines.vllm's cache."""
-    from qbatch.engines import vllm as engines
+    """The engine every mode shares: the one `qbatch run` gets from qbatch.engines.factory's cache."""
+    from qbatch.engines import factory
+    from qbatch.engines.vllm import VllmEngine
 
     started = time.monotonic()
     if settings.vllm_defaults:
-        engine = engines.VllmEngine(spec.engine, job.model_path, job.max_model_len, tuned=False)
+        engine = VllmEngine(spec.engine, job.model_path, job.max_model_len, tuned=False)
     else:
-        engine = engines.create(spec.engine, job.model_path, job.max_model_len)
+        engine = factory.create(spec.engine, job.model_path, job.max_model_len)
     config = engine.llm.llm_engine.vllm_config
     info = {"start_s": round(time.monotonic() - started, 2), "settings": {
         "max_num_seqs": config.scheduler_config.max_num_seqs,

@@ -1,9 +1,9 @@
 """Texts of finished rows, decoded once per chunk instead of token by token.
 
 vLLM detokenizes every running request at every engine step in the process that
-drives the engine: ~14 us per request per step, 29 ms per step at 2,048 running
-requests on a 2-core EPYC (4.6 ms without it), which that process must keep up
-with beside everything else it does. qbatch only needs each row's final text, so
+drives the engine: at thousands of running requests that is most of a step's CPU
+time (docs/benchmarks.md), which that process must keep up with beside everything
+else it does. qbatch only needs each row's final text, so
 it asks vLLM for token ids alone and decodes a finished chunk in one batched call
 of the Rust tokenizer. The text is the one vLLM's incremental detokenizer gives:
 decoded after a few prompt tokens (so a first token's leading space comes out as

@@ -8,10 +8,9 @@ with one engine; each worker process owns one vLLM engine
 `LLM(data_parallel_size>1)` refuses to start in one process, so qbatch does
 not use it.
 
-A small model leaves its GPU idle a third of each step while vLLM's engine
-loop runs on the CPU (Qwen3-0.6B on an H200: 65% busy with one engine, 96%
-with two, 1.26x the output tok/s), so by default such a model gets two
-engines per GPU, each with half of the GPU's memory. Engines sharing a GPU
+A small model leaves its GPU idle for part of each step while vLLM's engine
+loop runs on the CPU, so by default such a model gets two engines per GPU
+(placement.py), each with half of the GPU's memory. Engines sharing a GPU
 start one after another: vLLM sizes its KV cache from the memory that changed
 while it profiled, and a neighbour starting meanwhile would count as its own
 (a running one keeps its memory). The run starts as soon as one engine is
@@ -25,55 +24,18 @@ import atexit
 import multiprocessing as mp
 import os
 import queue
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from qbatch.engines.dispatch import POLL_S, STOP, Dispatcher, Message, Worker, feed, pack, start_engine
-from qbatch.engines.vllm import Chunk
-from qbatch.errors import ModelError, QbatchError
+from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
+from qbatch.engines.dispatch import POLL_S, Dispatcher, Worker, feed, start_engine
+from qbatch.engines.messages import Done, Failed, Message, Ready, Stop, Want, pack
+from qbatch.engines.placement import gpu_ids
+from qbatch.engines.platform import on_cpu
+from qbatch.errors import ModelError, QbatchError, first_line
+from qbatch.log import log
 from qbatch.spec import EngineSpec
-
-STARTUP_TIMEOUT_S = 1800.0
-# Two engines per GPU when the weights take at most this share of its memory (the KV cache
-# of each engine stays large) and the host has SHARED_GPU_CORES cores per engine.
-SHARED_GPU_MAX_WEIGHTS = 0.02
-SHARED_GPU_CORES = 4
-
-
-def engines_per_gpu(spec: EngineSpec, model_path: str) -> int:
-    """The engines to run on each GPU: the spec's choice, else 2 for a small model on a large GPU."""
-    from qbatch.models import registry as models
-
-    if spec.engines_per_gpu is not None:
-        return spec.engines_per_gpu
-    if spec.backend != "vllm" or spec.tensor_parallel_size > 1:
-        return 1
-    memory, weights = gpu_memory_bytes(gpu_ids(spec)[0]), models.weights_bytes(model_path)
-    cores = len(os.sched_getaffinity(0))
-    if memory and weights and weights <= SHARED_GPU_MAX_WEIGHTS * memory \
-            and cores >= SHARED_GPU_CORES * 2 * spec.data_parallel_size:
-        return 2
-    return 1
-
-
-def gpu_memory_bytes(device: str) -> int | None:
-    """Total memory of an NVIDIA GPU (CUDA stays uninitialised); None without one."""
-    rows = query_gpus("memory.total", device)
-    return rows[0][0] << 20 if rows else None  # MiB
-
-
-def query_gpus(fields: str, devices: str | None = None) -> list[list[int]] | None:
-    """Integer fields of each GPU (all, or `devices`: ids as in CUDA_VISIBLE_DEVICES), asked through
-    nvidia-smi; None without an NVIDIA GPU."""
-    command = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
-    try:
-        out = subprocess.run(command + (["-i", devices] if devices else []), capture_output=True, text=True,
-                             timeout=30, check=True).stdout
-        return [[int(x) for x in line.split(",")] for line in out.splitlines() if line.strip()] or None
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
 
 
 class DataParallelEngine(Dispatcher):
@@ -99,16 +61,13 @@ class DataParallelEngine(Dispatcher):
             # collected before a child unpickled it takes its semaphore along (FileNotFoundError there)
             self._workers[rank] = Worker(rank, f"worker {rank} (device {device})", (process, tasks, turn))
         atexit.register(self.close)
-        self._engines = len(devices)
-        self.max_num_seqs = 0  # known once an engine is ready
         if wait:
             self.wait_ready()
 
     def wait_ready(self) -> None:
         """Return once the first engine is ready (at once if one was)."""
-        if not self.max_num_seqs:
+        if not self.engine_seqs:
             self.engine_seqs = self._wait_first_ready()
-            self.max_num_seqs = self.engine_seqs * self._engines  # every engine has the same settings
 
     def _wait_first_ready(self) -> int:
         """Wait for one engine: the run starts on it while the others start (they join when ready)."""
@@ -124,15 +83,16 @@ class DataParallelEngine(Dispatcher):
                     self.close()
                     raise ModelError(f"engine worker(s) {dead} exited while starting", hint="see the log above")
                 continue
-            if message[0] == "failed":  # before any engine runs: the settings are wrong for all of them
-                self.close()
-                raise start_failure(message)
-            if message[0] == "want":
-                self._wanting.append(message[1])
-            elif message[0] == "ready":
-                self._starting.discard(message[1])
-                print(f"qbatch: engine {self._workers[message[1]].label} ready, the run starts on it", flush=True)
-                return message[2]
+            match message:
+                case Failed():  # before any engine runs: the settings are wrong for all of them
+                    self.close()
+                    raise start_failure(message)
+                case Want(rank=rank):
+                    self._wanting.append(rank)
+                case Ready(rank=rank, max_num_seqs=max_num_seqs):
+                    self._starting.discard(rank)
+                    log.info("engine %s ready, the run starts on it", self._workers[rank].label)
+                    return max_num_seqs
 
     def _send(self, worker: Worker, chunk: Chunk) -> None:
         worker.handle[1].put(chunk)
@@ -151,7 +111,7 @@ class DataParallelEngine(Dispatcher):
             if worker.rank in self._starting:  # holds no work: no need to wait for its engine to finish starting
                 _kill_tree(worker.handle[0].pid)
             elif self._is_alive(worker):
-                worker.handle[1].put(STOP)
+                worker.handle[1].put(Stop())
         for worker in self._workers.values():
             process = worker.handle[0]
             process.join(timeout=30)
@@ -160,14 +120,13 @@ class DataParallelEngine(Dispatcher):
         self._workers.clear()
 
 
-def start_failure(message: Message) -> QbatchError:
+def start_failure(message: Failed) -> QbatchError:
     """The error of a worker whose engine could not start, with the worker's own kind and hint."""
-    rank, text = message[1], message[2]
-    error = message[3] if len(message) > 3 else None
-    if isinstance(error, QbatchError):
-        return type(error)(f"engine worker {rank} could not start: {error.message}", where=error.where,
+    error = message.error
+    if error is not None:
+        return type(error)(f"engine worker {message.rank} could not start: {error.message}", where=error.where,
                            hint=error.hint)
-    return ModelError(f"engine worker {rank} could not start: {text}")
+    return ModelError(f"engine worker {message.rank} could not start: {message.reason}")
 
 
 def _kill_tree(pid: int | None) -> None:
@@ -196,16 +155,6 @@ class Turn:
     started: Any  # set once this engine has started (or failed to)
 
 
-def gpu_ids(spec: EngineSpec) -> list[str]:
-    """The GPUs to use: --gpus, else the first N that CUDA_VISIBLE_DEVICES shows, else 0..N-1."""
-    if spec.gpus:
-        return list(spec.gpus)
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if len(visible) >= spec.data_parallel_size:
-        return visible[:spec.data_parallel_size]
-    return [str(i) for i in range(spec.data_parallel_size)]
-
-
 def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int,
                  tasks: Any, results: Any) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = turn.device
@@ -216,22 +165,22 @@ def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path
     except ImportError:
         pass
     try:
-        # anything queued before this engine said "ready" is the coordinator's STOP: the run ended first
+        # anything queued before this engine said Ready is the coordinator's Stop: the run ended first
         engine = _start_in_turn(turn, spec, model_path, max_model_len, rank, world, stopped=lambda: not tasks.empty())
     except BaseException as exc:  # reported to the coordinator, which says so and stops
         # a qbatch error travels whole: its kind and hint (too little memory, a missing model) are the answer
-        results.put(("failed", rank, str(exc), exc if isinstance(exc, QbatchError) else None))
+        results.put(Failed(rank, str(exc), exc if isinstance(exc, QbatchError) else None))
         return
     if engine is None:
         return
-    results.put(("ready", rank, engine.max_num_seqs))
+    results.put(Ready(rank, engine.max_num_seqs))
     parent = os.getppid()
     try:
-        chunks = feed(tasks, ask=lambda: results.put(("want", rank)), orphaned=lambda: os.getppid() != parent)
+        chunks = feed(tasks, ask=lambda: results.put(Want(rank)), orphaned=lambda: os.getppid() != parent)
         for chunk, completions in engine.run(chunks):
-            results.put(("done", rank, chunk.index, pack(completions)))
+            results.put(Done(rank, chunk.index, pack(completions)))
     except BaseException as exc:
-        results.put(("failed", rank, str(exc)))
+        results.put(Failed(rank, first_line(exc)))
     finally:
         engine.close()  # a multiprocessing child skips atexit: vLLM's engine process would outlive it
 
@@ -256,9 +205,7 @@ def _start_in_turn(turn: Turn, spec: EngineSpec, model_path: str, max_model_len:
 
 def _memory_share(spec: EngineSpec, share: int) -> EngineSpec:
     """The spec of one of `share` engines on a GPU: gpu_memory_utilization is the GPU's, split evenly."""
-    from qbatch.engines.vllm import _on_cpu
-
-    if share == 1 or _on_cpu():
+    if share == 1 or on_cpu():
         return spec
     # also with --kv-cache-memory-bytes: vLLM still refuses to start with less free memory than its utilization
     util = spec.gpu_memory_utilization or _vllm_default_utilization()

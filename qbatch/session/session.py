@@ -6,7 +6,7 @@ runs through `runner.run` with a JobSpec built from the CLI's setting names, and
 are read back from results.parquet and errors.parquet. Preparation, validation, chunks,
 parts, resume and the fingerprint are therefore the CLI's own.
 
-Engines are cached per process and settings by the engine factory (`engines.vllm.create`);
+Engines are cached per process and settings by the engine factory (`engines.factory.create`);
 the CLI closes them when a command ends, a Session when it is closed (`close()`, the end of
 a `with` block, or interpreter exit).
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qbatch.engines import vllm as engines
+from qbatch.engines import factory as engines
 from qbatch.errors import SpecError
 from qbatch.jobs import runner
 from qbatch.log import setup as setup_log
@@ -137,10 +137,7 @@ class Session:
         """Shut down the engines this session started (idempotent)."""
         self.closed = True
         while self._engine_keys:
-            engine = engines._ENGINES.pop(self._engine_keys.pop(), None)
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
+            engines.close(self._engine_keys.pop())
 
     def __enter__(self) -> Session:
         return self
@@ -179,15 +176,15 @@ class Session:
         """One job on the cached engines; engines it started become this session's to close."""
         with _CALLS:
             setup_log(spec.output.progress)  # events on stderr (the notebook shows them under the cell)
-            settle_engines()
-            before = set(engines._ENGINES)
+            engines.drop_dead()
+            before = engines.cached_keys()
             try:
                 return runner.run(spec, progress_class=SessionProgress)
             except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
-                settle_engines()
+                engines.drop_dead()
                 raise
             finally:
-                started = set(engines._ENGINES) - before
+                started = engines.cached_keys() - before
                 if started and not self._engine_keys:
                     # Registered after the engine's own exit hooks, so it runs before them (last in, first out).
                     atexit.register(_close_at_exit, weakref.ref(self))
@@ -205,47 +202,6 @@ def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | 
     job = {k: v for k, v in settings.items() if k not in engine}
     with Session(model, **engine) as session:
         return session.run(data, output_dir=output_dir, **job)
-
-
-def settle_engines() -> None:
-    """Drop cached in-process engines whose engine process died, so the next call starts a new one,
-    and abort the requests a stopped call left in the others (the next call would run their steps).
-
-    Run after a call that stopped early and before each call: Ctrl-C in a terminal and Jupyter's
-    interrupt reach vLLM's engine process too (it shares the process group) and it shuts down,
-    seconds after the call has stopped.
-    """
-    for key, engine in list(engines._ENGINES.items()):
-        llm = getattr(engine, "llm", None)  # an in-process vLLM engine (VllmEngine)
-        if llm is None:
-            continue
-        if _engine_died(engine):
-            engines._ENGINES.pop(key, None)
-            with contextlib.suppress(Exception):
-                engine.close()
-            continue
-        unfinished = list(getattr(llm.llm_engine.output_processor, "external_req_ids", ()))
-        if unfinished:
-            with contextlib.suppress(Exception):  # an engine shutting down refuses; the next call drops it
-                llm.llm_engine.abort_request(unfinished)
-
-
-def _engine_died(engine: Any) -> bool:
-    """Whether the engine's process is gone (its watchdog polls once a second: look now)."""
-    import psutil
-
-    watchdog = getattr(engine, "_watchdog", None)
-    if watchdog is None:
-        return False
-    if watchdog.dead:
-        return True
-    for process in getattr(watchdog, "_children", ()):
-        try:
-            if not process.is_running() or process.status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.Error:
-            return True
-    return False
 
 
 _REPLY_COLUMNS = ("id", "text", "reasoning", "finish_reason", "prompt_tokens", "completion_tokens")

@@ -142,7 +142,7 @@ def test_vllm_defaults_against_qbatch_on_its_own_engine(cli, tiny_qwen3, tmp_pat
     expected = report["workloads"]["varied"]["output_tokens"]
     assert rows["vllm-text"]["output_tokens"] == rows["qbatch"]["output_tokens"] == expected
     # not the defaults engine: one of qbatch's own, started after that one had gone and before the timing
-    # (here possibly an engine an earlier test left in qbatch.engines.vllm's cache)
+    # (here possibly an engine an earlier test left in qbatch.engines.factory's cache)
     assert "own_engines_start_s" in rows["qbatch"]["notes"] and rows["qbatch"]["notes"]["engine_start_s"] < 1
     assert rows["qbatch"]["vs_vllm_tokens"] is None
     assert rows["qbatch"]["vs_vllm_text"] == round(rows["qbatch"]["output_tok_s"] / rows["vllm-text"]["output_tok_s"], 3)

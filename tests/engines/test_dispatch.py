@@ -7,8 +7,9 @@ from collections import deque
 
 import pytest
 
-from qbatch.engines.dispatch import Dispatcher, Worker, pack
-from qbatch.engines.vllm import Chunk, NullEngine
+from qbatch.engines.base import Chunk, NullEngine
+from qbatch.engines.dispatch import Dispatcher, Worker
+from qbatch.engines.messages import Done, Failed, Ready, Stop, Want, pack
 from qbatch.errors import EngineError
 from qbatch.records import Request
 
@@ -20,7 +21,6 @@ class InProcessWorkers(Dispatcher):
     def __init__(self, num_workers: int, dying: int | None = None, failing: int | None = None,
                  room: dict[int, int] | None = None):
         super().__init__()
-        self.max_num_seqs = 8
         self.inbox = {rank: deque() for rank in range(num_workers)}
         self.dying, self.failing, self.dead, self.asked = dying, failing, set(), set()
         self.room = room or {}
@@ -39,20 +39,24 @@ class InProcessWorkers(Dispatcher):
         for rank, inbox in self.inbox.items():
             if rank not in self.dead | self.asked | self._starting and len(inbox) < self.room.get(rank, 2):
                 self.asked.add(rank)
-                return "want", rank
+                return Want(rank)
         reaped = [rank for rank in self.inbox if rank in self.dead and rank not in self._workers]
         for rank in reaped + [rank for rank in self.inbox if rank not in self.dead]:  # late answers first
             inbox = self.inbox[rank]
             if inbox:
                 chunk = inbox.popleft()
                 if rank == self.failing:
-                    return "failed", rank, "engine core died"
+                    return Failed(rank, "engine core died")
                 _, completions = next(NullEngine().run([chunk]))
-                return "done", rank, chunk.index, pack(completions)
+                return Done(rank, chunk.index, pack(completions))
         return None
 
     def _is_alive(self, worker):
         return worker.rank not in self.dead
+
+
+def messages(caplog) -> list[tuple[str, str]]:
+    return [(record.levelname, record.getMessage()) for record in caplog.records]
 
 
 def make_chunks(count: int, rows: int = 2) -> list[Chunk]:
@@ -60,13 +64,13 @@ def make_chunks(count: int, rows: int = 2) -> list[Chunk]:
                       for r in range(rows)]) for c in range(count)]
 
 
-def test_a_dead_workers_chunks_go_to_the_others_once(capsys):
+def test_a_dead_workers_chunks_go_to_the_others_once(engine_log):
     results = list(InProcessWorkers(3, dying=1).run(make_chunks(20)))
     assert sorted(chunk.index for chunk, _ in results) == list(range(20))  # each once, the late answer ignored
     for chunk, completions in results:
         assert [c.request.id for c in completions] == [r.id for r in chunk.requests]
         assert completions[0].request.extra == {"keep": "x"}  # the coordinator's requests, not the slim copies
-    assert "qbatch: engine worker 1 died; 2 chunks go to the others" in capsys.readouterr().out
+    assert ("WARNING", "engine worker 1 died; 2 chunks go to the others") in messages(engine_log)
 
 
 def test_an_engine_failure_or_no_worker_left_stops_the_run():
@@ -87,23 +91,23 @@ class LateWorkers(InProcessWorkers):
     def _receive(self, timeout):
         self.messages += 1
         if self.messages == 3:
-            return "failed", 2, "CUDA out of memory"
+            return Failed(2, "CUDA out of memory")
         if self.messages == 6:
-            return "ready", 1, 8
+            return Ready(1, 8)
         return super()._receive(timeout)
 
 
-def test_engines_join_when_ready_and_one_that_cannot_start_is_left_out(capsys):
+def test_engines_join_when_ready_and_one_that_cannot_start_is_left_out(engine_log):
     workers = LateWorkers()
     results = list(workers.run(make_chunks(20)))
     assert sorted(chunk.index for chunk, _ in results) == list(range(20))
     assert workers.received[0][:2] == [0, 1] and workers.received[1] and not workers.received[2]
-    out = capsys.readouterr().out
-    assert "qbatch: engine worker 1 ready, joins the run" in out
-    assert "qbatch: warning: engine worker 2 could not start, the run goes on without it: CUDA out of memory" in out
+    assert ("INFO", "engine worker 1 ready, joins the run") in messages(engine_log)
+    assert ("WARNING", "engine worker 2 could not start, the run goes on without it: CUDA out of memory") \
+        in messages(engine_log)
 
 
-def test_a_worker_that_dies_while_the_others_talk_is_noticed(monkeypatch, capsys):
+def test_a_worker_that_dies_while_the_others_talk_is_noticed(monkeypatch, engine_log):
     """Dead workers are looked for every POLL_S even when messages never stop (4 busy engines)."""
     from qbatch.engines import dispatch
 
@@ -112,7 +116,7 @@ def test_a_worker_that_dies_while_the_others_talk_is_noticed(monkeypatch, capsys
     workers._starting = {2}
     workers.dead.add(2)  # killed while its engine was starting: it never says anything
     assert sorted(chunk.index for chunk, _ in workers.run(make_chunks(10))) == list(range(10))
-    assert "qbatch: engine worker 2 died; 0 chunks go to the others" in capsys.readouterr().out
+    assert ("WARNING", "engine worker 2 died; 0 chunks go to the others") in messages(engine_log)
     assert workers._starting == set()
 
 
@@ -141,7 +145,7 @@ def test_chunks_go_only_to_workers_that_ask():
 def test_feed_asks_once_until_a_chunk_comes():
     import queue
 
-    from qbatch.engines.dispatch import STOP, feed
+    from qbatch.engines.dispatch import feed
 
     tasks, asks = queue.Queue(), []
     chunks = feed(tasks, ask=lambda: asks.append(1))
@@ -150,7 +154,7 @@ def test_feed_asks_once_until_a_chunk_comes():
     tasks.put("chunk")
     assert next(chunks) == "chunk"
     assert next(chunks) is None and len(asks) == 2  # room again: asks again
-    tasks.put(STOP)
+    tasks.put(Stop())
     assert list(chunks) == []
 
 
@@ -172,7 +176,7 @@ class SlowSecondEngine(InProcessWorkers):
 
     def _receive(self, timeout):
         self.messages += 1
-        return ("ready", 1, 4) if self.messages == 12 else super()._receive(timeout)
+        return Ready(1, 4) if self.messages == 12 else super()._receive(timeout)
 
 
 def test_while_an_engine_starts_the_others_hold_no_more_rows_than_they_run():

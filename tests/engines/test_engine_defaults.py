@@ -14,9 +14,9 @@ def platform(monkeypatch):
     """platform(hopper=True): engine_kwargs as on an H100/H200 with vLLM that knows performance_mode."""
 
     def set_platform(*, hopper: bool) -> None:
-        monkeypatch.setattr(engine, "_on_cpu", lambda: False)
-        monkeypatch.setattr(engine, "_on_hopper", lambda: hopper)
-        monkeypatch.setattr(engine, "_engine_arg_names", lambda: {"performance_mode"})
+        monkeypatch.setattr(engine, "on_cpu", lambda: False)
+        monkeypatch.setattr(engine, "on_hopper", lambda: hopper)
+        monkeypatch.setattr(engine, "engine_arg_names", lambda: {"performance_mode"})
         monkeypatch.delenv(engine.EXTRA_ARGS_ENV, raising=False)
 
     return set_platform

@@ -114,13 +114,15 @@ def test_start_log_gives_spawned_processes_vllms_logging_config_plus_its_file(mo
 
 
 def test_a_data_parallel_worker_passes_on_the_kind_and_hint():
+    from qbatch.engines.messages import Failed
     from qbatch.engines.processes import start_failure
 
-    error = pickle.loads(pickle.dumps(start_error("m", ValueError(GPU_NOT_FREE))))  # as the worker's queue does
-    failure = start_failure(("failed", 1, str(error), error))
+    error = start_error("m", ValueError(GPU_NOT_FREE))
+    message = pickle.loads(pickle.dumps(Failed(1, str(error), error)))  # as the worker's queue does
+    failure = start_failure(message)
     assert isinstance(failure, EngineError) and failure.hint == MEMORY_HINT
     assert failure.message.startswith("engine worker 1 could not start: not enough memory")
-    assert isinstance(start_failure(("failed", 0, "boom")), ModelError)
+    assert isinstance(start_failure(Failed(0, "boom")), ModelError)
 
 
 @pytest.mark.slow

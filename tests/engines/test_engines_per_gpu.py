@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from qbatch.engines import vllm as engine
-from qbatch.models import registry as models
+from qbatch.engines import placement
 from qbatch.engines import processes as parallel
+from qbatch.models import registry as models
 from qbatch.spec import EngineSpec
 
 GIB = 1 << 30
@@ -21,21 +21,21 @@ GIB = 1 << 30
 
 @pytest.fixture
 def host(monkeypatch):
-    """host(gpu_gib, weights_gib, cores): what engines_per_gpu sees, faked."""
+    """host(gpu_gib, weights_gib, cores) -> the weights' bytes: what engines_per_gpu sees, faked."""
 
-    def set_host(gpu_gib: float | None, weights_gib: float | None, cores: int = 16) -> None:
-        monkeypatch.setattr(parallel, "gpu_memory_bytes", lambda device: gpu_gib and int(gpu_gib * GIB))
-        monkeypatch.setattr(models, "weights_bytes", lambda path: weights_gib and int(weights_gib * GIB))
-        monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    def set_host(gpu_gib: float | None, weights_gib: float | None, cores: int = 16) -> int | None:
+        monkeypatch.setattr(placement, "gpu_memory_bytes", lambda device: gpu_gib and int(gpu_gib * GIB))
+        monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: set(range(cores)))
+        return weights_gib and int(weights_gib * GIB)
 
     return set_host
 
 
 def test_a_small_model_on_a_large_gpu_gets_two_engines(host):
-    host(gpu_gib=139.8, weights_gib=1.12)  # Qwen3-0.6B on an H200, the measured case
-    assert parallel.engines_per_gpu(EngineSpec(), "m") == 2
-    host(gpu_gib=79.6, weights_gib=1.12)  # ... on an 80 GB GPU: 1.4% of it
-    assert parallel.engines_per_gpu(EngineSpec(), "m") == 2
+    weights = host(gpu_gib=139.8, weights_gib=1.12)  # Qwen3-0.6B on an H200, the measured case
+    assert placement.engines_per_gpu(EngineSpec(), weights) == 2
+    weights = host(gpu_gib=79.6, weights_gib=1.12)  # ... on an 80 GB GPU: 1.4% of it
+    assert placement.engines_per_gpu(EngineSpec(), weights) == 2
 
 
 @pytest.mark.parametrize("gpu_gib, weights_gib, cores, spec", [
@@ -49,15 +49,15 @@ def test_a_small_model_on_a_large_gpu_gets_two_engines(host):
     (139.8, 1.12, 16, EngineSpec(tensor_parallel_size=2)),
 ])
 def test_otherwise_one_engine_per_gpu(host, gpu_gib, weights_gib, cores, spec):
-    host(gpu_gib, weights_gib, cores)
-    assert parallel.engines_per_gpu(spec, "m") == 1
+    weights = host(gpu_gib, weights_gib, cores)
+    assert placement.engines_per_gpu(spec, weights) == 1
 
 
 def test_the_users_choice_wins(host):
-    host(gpu_gib=None, weights_gib=None)
-    assert parallel.engines_per_gpu(EngineSpec(engines_per_gpu=3), "m") == 3
-    host(gpu_gib=139.8, weights_gib=1.12)
-    assert parallel.engines_per_gpu(EngineSpec(engines_per_gpu=1), "m") == 1
+    weights = host(gpu_gib=None, weights_gib=None)
+    assert placement.engines_per_gpu(EngineSpec(engines_per_gpu=3), weights) == 3
+    weights = host(gpu_gib=139.8, weights_gib=1.12)
+    assert placement.engines_per_gpu(EngineSpec(engines_per_gpu=1), weights) == 1
 
 
 def test_weights_are_estimated_from_the_config_when_there_are_no_weight_files(tiny_qwen3, tmp_path):
@@ -70,7 +70,7 @@ def test_weights_are_estimated_from_the_config_when_there_are_no_weight_files(ti
 
 
 def test_gpu_memory_utilization_is_the_gpus_split_among_its_engines(monkeypatch):
-    monkeypatch.setattr(engine, "_on_cpu", lambda: False)
+    monkeypatch.setattr(parallel, "on_cpu", lambda: False)
     assert parallel._memory_share(EngineSpec(gpu_memory_utilization=0.8), 2).gpu_memory_utilization == 0.4
     default = parallel._vllm_default_utilization()
     assert 0.5 < default < 1
@@ -83,11 +83,11 @@ def test_gpu_memory_utilization_is_the_gpus_split_among_its_engines(monkeypatch)
 
 def test_gpus_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert parallel.gpu_ids(EngineSpec(data_parallel_size=2)) == ["3", "5"]
-    assert parallel.gpu_ids(EngineSpec()) == ["3"]
-    assert parallel.gpu_ids(EngineSpec(gpus=["1"])) == ["1"]  # --gpus are the machine's ids
+    assert placement.gpu_ids(EngineSpec(data_parallel_size=2)) == ["3", "5"]
+    assert placement.gpu_ids(EngineSpec()) == ["3"]
+    assert placement.gpu_ids(EngineSpec(gpus=["1"])) == ["1"]  # --gpus are the machine's ids
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert parallel.gpu_ids(EngineSpec(data_parallel_size=2)) == ["0", "1"]
+    assert placement.gpu_ids(EngineSpec(data_parallel_size=2)) == ["0", "1"]
 
 
 def test_engines_on_one_gpu_start_one_after_another_even_when_one_fails(monkeypatch):
@@ -139,9 +139,9 @@ def test_gpus_are_asked_through_nvidia_smi(tmp_path, monkeypatch):
     fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf "1024, 143771\\n2048, 143771\\n"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    assert parallel.query_gpus("memory.used,memory.total", "0,1") == [[1024, 143771], [2048, 143771]]
+    assert placement.query_gpus("memory.used,memory.total", "0,1") == [[1024, 143771], [2048, 143771]]
     assert "--query-gpu=memory.used,memory.total" in (tmp_path / "args").read_text()
     assert (tmp_path / "args").read_text().split()[-2:] == ["-i", "0,1"]
-    assert parallel.gpu_memory_bytes("0") == 1024 << 20  # the first GPU's first field, MiB
+    assert placement.gpu_memory_bytes("0") == 1024 << 20  # the first GPU's first field, MiB
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
-    assert parallel.query_gpus("memory.total") is None and parallel.gpu_memory_bytes("0") is None
+    assert placement.query_gpus("memory.total") is None and placement.gpu_memory_bytes("0") is None

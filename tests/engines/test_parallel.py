@@ -29,7 +29,9 @@ def test_two_engines_one_output_and_a_dying_worker(tiny_qwen3, tmp_path):
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out), "--model", tiny_qwen3,
+    # qbatch's log on stderr as the CLI sets it up: engine events ("worker 1 ... ready") are INFO records
+    cmd = [sys.executable, "-c", "import qbatch.log, qbatch.cli; qbatch.log.setup('log'); qbatch.cli.main()",
+           "run", str(inp), "-o", str(out), "--model", tiny_qwen3,
            "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens", "32",
            "--chunk-tokens", "900", "--max-num-seqs", "8", "--data-parallel-size", "2", "--progress", "log"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -60,5 +62,5 @@ def test_two_engines_one_output_and_a_dying_worker(tiny_qwen3, tmp_path):
     assert results["id"].to_list() == [r["id"] for r in rows]  # all rows, once, in input order
     assert (results["completion_tokens"] == 32).all()
     assert killed, output  # the job is long enough for worker 1 to run before it ends
-    assert "qbatch: engine worker 1 (device 1) died" in output
+    assert "warning: engine worker 1 (device 1) died" in output
     assert "before the setup ended" in output  # the workers started beside the tokenizer's load

@@ -70,7 +70,7 @@ def test_an_actor_that_cannot_find_the_model_says_which_node():
     from qbatch.spec import EngineSpec
 
     with pytest.raises(ModelError, match=r"^model folder not found on Ray node .+ \(/nowhere/model\)$") as info:
-        EngineActor(EngineSpec(), "/nowhere/model", 512).start(0, 1)
+        EngineActor(EngineSpec(), "/nowhere/model", 512).start(0, 0, 1)
     assert info.value.hint == "every node needs the model at the same path: a shared filesystem, or a copy"
 
 

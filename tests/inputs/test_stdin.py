@@ -31,7 +31,7 @@ def null_args(bundled_model):
 @pytest.fixture
 def piped(null_args, monkeypatch):
     """piped(data, *args) -> click Result of `qbatch run ARGS` in-process, with `data` on stdin."""
-    from qbatch.engines import vllm as engine
+    from qbatch.engines import factory as engine
     from qbatch.cli import cli
 
     monkeypatch.setattr(engine, "close_all", lambda: None)

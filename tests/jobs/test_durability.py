@@ -124,7 +124,7 @@ class FailingEngine:
         self.good = good
 
     def run(self, chunks):
-        from qbatch.engines.vllm import NullEngine
+        from qbatch.engines.base import NullEngine
 
         for n, done in enumerate(NullEngine().run(chunks)):
             if n == self.good:
@@ -140,7 +140,7 @@ def small_job(write_jsonl, bundled_model, tmp_path):
 
 
 def test_engine_failure_keeps_finished_parts_and_rerun_completes(cli, small_job, monkeypatch, tmp_path):
-    from qbatch.engines import vllm as engine
+    from qbatch.engines import factory as engine
 
     out = tmp_path / "out"
     monkeypatch.setattr(engine, "create", lambda *a, **k: FailingEngine(good=2))
@@ -220,7 +220,7 @@ def test_status_json_for_schedulers(cli, small_job, tmp_path):
 def test_dedupe_killed_before_the_kept_row_is_written_still_processes_it(cli, write_jsonl, bundled_model,
                                                                           monkeypatch, tmp_path):
     """The dropped duplicate's error row carries the kept row's id; it must not mark that id done."""
-    from qbatch.engines import vllm as engine
+    from qbatch.engines import factory as engine
 
     path = write_jsonl([{"id": "a", "prompt": "1"}, {"id": "b", "prompt": "2"}, {"id": "a", "prompt": "3"}])
     out = tmp_path / "out"

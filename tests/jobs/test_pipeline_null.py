@@ -270,7 +270,7 @@ def test_order_longest_first_or_input(run_null, write_jsonl, tmp_path):
 def test_engines_in_processes_of_their_own_start_before_the_tokenizer_loads(run_null, write_jsonl, tmp_path,
                                                                              monkeypatch):
     """Their start overlaps the tokenizer's load and the id pre-scan; a finished job starts none."""
-    from qbatch.engines import vllm as engine
+    from qbatch.engines import factory as engine
     from qbatch.jobs import job
 
     events: list[str] = []

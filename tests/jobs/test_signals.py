@@ -163,7 +163,7 @@ def test_the_python_api_leaves_no_engine_at_interpreter_exit(job, tmp_path):
 
 STAND_IN = '''
 import subprocess, sys, time
-from qbatch.engines import vllm as engine
+from qbatch.engines import factory as engine
 
 class StandIn(engine.NullEngine):
     """Finishes two chunks, then hangs in a step, with a child process as its engine core."""
@@ -213,7 +213,7 @@ def sigterm_raises():
 
 def test_sigterm_in_process_marks_the_run_interrupted_and_the_rerun_completes(cli, small_run, monkeypatch,
                                                                                 tmp_path, sigterm_raises):
-    from qbatch.engines import vllm as engine
+    from qbatch.engines import factory as engine
 
     class Terminated(engine.NullEngine):
         def run(self, chunks):

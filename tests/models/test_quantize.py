@@ -221,7 +221,7 @@ def test_run_quantize_refuses_float32(cli, tiny_qwen3, write_jsonl, tmp_path, ca
 
 
 def test_run_quantize_refused_where_vllm_has_no_awq_kernel(cli, tiny_qwen3, write_jsonl, tmp_path, cache):
-    from qbatch.engines.vllm import awq_unsupported_reason
+    from qbatch.engines.platform import awq_unsupported_reason
 
     if awq_unsupported_reason() is None:
         pytest.skip("this machine's vLLM runs AWQ weights")
@@ -264,7 +264,7 @@ def test_run_quantize_builds_once_into_the_cache_then_reuses_it(cli, tiny_qwen3,
 
 @pytest.mark.slow
 def test_run_quantize_awq_on_the_real_engine(cli, tiny_qwen3, write_jsonl, tmp_path, cache, monkeypatch):
-    from qbatch.engines.vllm import awq_unsupported_reason
+    from qbatch.engines.platform import awq_unsupported_reason
 
     if reason := awq_unsupported_reason():
         pytest.skip(reason)

@@ -71,7 +71,7 @@ def test_a_merged_folder_counts_its_results(cli, job, tmp_path):
 
 def test_a_dropped_duplicate_does_not_count_its_id_as_failed(cli, write_jsonl, bundled_model, monkeypatch, tmp_path):
     """Same rule as resume: the duplicate_id error carries the kept row's id, which is still to do."""
-    from qbatch.engines import vllm as engine
+    from qbatch.engines import factory as engine
     from tests.jobs.test_durability import FailingEngine
 
     path = write_jsonl([{"id": "a", "prompt": "1"}, {"id": "b", "prompt": "2"}, {"id": "a", "prompt": "3"}])

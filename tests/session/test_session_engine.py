@@ -9,7 +9,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from qbatch.engines import vllm as engines
+from qbatch.engines import factory, vllm as engines
 from qbatch.session import Session
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def test_interrupted_call_keeps_its_rows_and_the_session_resumes(session, starte
     with pytest.raises(KeyboardInterrupt):
         session.run(data, output_dir=out, chunk_tokens=120, **QUICK)
     monkeypatch.undo()
-    engine = next(e for e in engines._ENGINES.values() if isinstance(e, engines.VllmEngine))
+    engine = next(e for e in factory.cached() if isinstance(e, engines.VllmEngine))
     assert not engine.llm.llm_engine.has_unfinished_requests()  # the call's requests were aborted
     kept = pl.read_parquet(out / "parts" / "*.parquet")["id"].to_list()
     assert 0 < len(kept) < 24
@@ -112,7 +112,7 @@ def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session,
 
     from qbatch.jobs import runner
 
-    engine = next(e for e in engines._ENGINES.values() if isinstance(e, engines.VllmEngine))
+    engine = next(e for e in factory.cached() if isinstance(e, engines.VllmEngine))
     children = list(engine._watchdog._children)
 
     def ctrl_c(*args):
@@ -146,4 +146,4 @@ def test_close_leaves_no_engine_processes(session):
     session.close()
     psutil.wait_procs(engine_processes(), timeout=30)
     assert engine_processes() == []
-    assert not any(isinstance(e, engines.VllmEngine) for e in engines._ENGINES.values())
+    assert not any(isinstance(e, engines.VllmEngine) for e in factory.cached())

@@ -1,0 +1,83 @@
+"""What a coordinator and its engine workers say to each other (dispatch.py, processes.py, ray_actors.py).
+
+Small frozen dataclasses: they travel pickled, between spawned processes or Ray actors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qbatch.errors import QbatchError
+from qbatch.records import Completion
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A completion as it travels back from a worker, without its request (the coordinator holds that)."""
+
+    text: str
+    finish_reason: str | None
+    num_completion_tokens: int
+    num_cached_tokens: int
+    error: str | None
+
+    @classmethod
+    def of(cls, completion: Completion) -> Output:
+        return cls(completion.text, completion.finish_reason, completion.num_completion_tokens,
+                   completion.num_cached_tokens, completion.error)
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """The worker's engine has room for another chunk."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker's engine has started; it runs up to max_num_seqs sequences at once."""
+
+    rank: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A chunk is finished: its outputs, in the order of its requests."""
+
+    rank: int
+    chunk_index: int
+    outputs: list[Output]
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The worker's engine could not start, or failed while running.
+
+    A qbatch error travels whole (`error`): its kind and hint (too little memory, a missing
+    model) are the answer the coordinator gives.
+    """
+
+    rank: int
+    reason: str
+    error: QbatchError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """To a worker: no more chunks, shut the engine down."""
+
+
+Message = Want | Ready | Done | Failed
+
+
+def pack(completions: list[Completion]) -> list[Output]:
+    """Completions without their requests: the coordinator still holds those."""
+    return [Output.of(c) for c in completions]
+
+
+def unpack(requests: list, outputs: list[Output]) -> list[Completion]:
+    """The completions of a chunk's requests from the outputs a worker sent back."""
+    return [Completion(request, o.text, o.finish_reason, o.num_completion_tokens, o.num_cached_tokens, o.error)
+            for request, o in zip(requests, outputs, strict=True)]

@@ -1,0 +1,117 @@
+"""The engine factory's cache as the Python Session uses it, and the vLLM engine's cleanup when a
+run stops early: fakes in place of vLLM, no engine starts."""
+
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from qbatch.engines import factory
+from qbatch.engines.base import Chunk
+from qbatch.engines.messages import Done, Failed, Output, Ready, Stop, Want
+from qbatch.engines.vllm import VllmEngine
+from qbatch.errors import EngineError
+from qbatch.records import Request
+from qbatch.spec import EngineSpec
+
+
+class FakeEngine:
+    def __init__(self, alive: bool = True):
+        self.alive, self.closed, self.aborted = alive, False, 0
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def abort_unfinished(self) -> None:
+        self.aborted += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def cache(monkeypatch):
+    engines: dict = {}
+    monkeypatch.setattr(factory, "_ENGINES", engines)
+    return engines
+
+
+def test_drop_dead_forgets_dead_engines_and_aborts_leftovers_in_the_living(cache):
+    dead, living, remote = FakeEngine(alive=False), FakeEngine(), SimpleNamespace(close=lambda: None)
+    cache.update({"dead": dead, "living": living, "remote": remote})  # remote: workers elsewhere, no is_alive
+    factory.drop_dead()
+    assert factory.cached_keys() == {"living", "remote"}
+    assert dead.closed and living.aborted == 1 and not living.closed
+
+
+def test_close_shuts_one_engine_and_forgets_it(cache):
+    first, second = FakeEngine(), FakeEngine()
+    cache.update({"a": first, "b": second})
+    factory.close("a")
+    factory.close("a")  # gone already: nothing
+    assert first.closed and not second.closed and factory.cached() == [second]
+
+
+def test_the_null_backend_is_not_cached(cache):
+    factory.create(EngineSpec(backend="null"), "m", 512)
+    assert factory.cached_keys() == set()
+
+
+def test_worker_messages_survive_pickling():
+    error = EngineError("no memory", where="gpu 0", hint="lower it")
+    for message in (Want(1), Ready(1, 256), Done(2, 7, [Output("hi", "stop", 1, 0, None)]), Failed(0, "boom"), Stop()):
+        assert pickle.loads(pickle.dumps(message)) == message
+    back = pickle.loads(pickle.dumps(Failed(0, "boom", error)))
+    assert (back.rank, back.reason, back.error.message, back.error.hint) == (0, "boom", "no memory", "lower it")
+
+
+class FakeLlmEngine:
+    """vLLM's LLMEngine as VllmEngine.run drives it: every step finishes the oldest request."""
+
+    def __init__(self):
+        self.added: list[str] = []
+        self.finished: list[str] = []
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id, prompt, params):
+        self.added.append(request_id)
+
+    def step(self):
+        request_id = next(r for r in self.added if r not in self.finished + self.aborted)
+        self.finished.append(request_id)
+        completion = SimpleNamespace(text="ok", finish_reason="stop", token_ids=[1])
+        return [SimpleNamespace(finished=True, request_id=request_id, outputs=[completion], num_cached_tokens=0)]
+
+    def abort_request(self, request_ids):
+        self.aborted.extend(request_ids)
+
+
+def fake_vllm_engine() -> VllmEngine:
+    pytest.importorskip("vllm")
+    engine = object.__new__(VllmEngine)
+    engine.llm = SimpleNamespace(llm_engine=FakeLlmEngine())
+    engine.max_num_seqs, engine._decoder, engine._next_id = 8, None, 0
+    return engine
+
+
+def chunk(index: int, rows: int) -> Chunk:
+    return Chunk(index, [Request(f"{index}-{r}", 0, r, [1, 2], {"max_tokens": 4}, None, {}) for r in range(rows)])
+
+
+def test_a_run_stopped_early_aborts_its_requests_in_flight():
+    """A consumer that stops (an error, Ctrl-C) must not leave its rows running in the cached engine."""
+    engine = fake_vllm_engine()
+    run = engine.run([chunk(0, 1), chunk(1, 2)])
+    done, completions = next(run)
+    assert done.index == 0 and [c.text for c in completions] == ["ok"]
+    run.close()
+    llm = engine.llm.llm_engine
+    assert llm.added == ["q0", "q1", "q2"] and llm.finished == ["q0"] and sorted(llm.aborted) == ["q1", "q2"]
+
+
+def test_a_run_that_ends_aborts_nothing():
+    engine = fake_vllm_engine()
+    assert [c.index for c, _ in engine.run([chunk(0, 2)])] == [0]
+    assert engine.llm.llm_engine.finished == ["q0", "q1"] and engine.llm.llm_engine.aborted == []
