@@ -162,25 +162,25 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
-    from qbatch.engines.factory import close_all as close_engines
-    from qbatch.jobs.runner import run as run_job
     from qbatch.display import print_summary
     from qbatch.jobs.shutdown import ProcessGuard
+    from qbatch.session.session import Session
 
     spec = build_spec(ctx, job, inputs)
     setup_log(spec.output.progress)
     # the reaper kills the engines if this process dies without a word (SIGKILL); the null engine has none
     with ProcessGuard(reaper=spec.engine.backend != "null" and not spec.output.dry_run) as guard:
+        session = Session.for_spec(spec)  # the Python door's code path: one run, then its engines close
         try:
-            summary = run_job(spec)
+            summary = session.run_spec(spec)
         except Interrupted as exc:
             _echo_interrupted(exc, spec.output.output_dir)
-            guard.stop(close_engines)
+            guard.stop(session.close)
             sys.exit(exc.exit_code)
         except BaseException:
-            close_engines()
+            session.close()
             raise
-        close_engines()
+        session.close()
     print_summary(summary)
     if spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed):
         sys.exit(EXIT_ROW_ERRORS)

@@ -98,6 +98,7 @@ def cli(monkeypatch):
     from qbatch.cli import cli as qbatch_cli
 
     monkeypatch.setattr(engine, "close_all", lambda: None)
+    monkeypatch.setattr(engine, "close", lambda key: None)  # what a command's Session.close() calls
     runner = CliRunner()
 
     def invoke(*args: str):

@@ -93,7 +93,20 @@ class Session:
         self.closed = False
         self._engine_keys: set[tuple] = set()
 
+    @classmethod
+    def for_spec(cls, spec: JobSpec) -> Session:
+        """A Session on a whole spec's engine settings: the door `qbatch run` goes through."""
+        settings = dataclasses.asdict(spec.engine)
+        return cls(settings.pop("model"), **settings)
+
     # -- calls -------------------------------------------------------------
+    def run_spec(self, spec: JobSpec) -> Summary:
+        """Run a complete spec, its inputs and output folder its own (`qbatch run`); its engine
+        settings must be this session's."""
+        self._check_open()
+        self._job_values({k: v for k, v in dataclasses.asdict(spec.engine).items()})  # refuses another engine
+        return self._run_spec(spec)
+
     def run(self, data: Any, *, output_dir: str | os.PathLike | None = None, **job_settings: Any) -> RunResult:
         """Generate for every row of `data`, as `qbatch run` does; see RunResult.
 

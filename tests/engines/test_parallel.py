@@ -30,7 +30,7 @@ def test_two_engines_one_output_and_a_dying_worker(tiny_qwen3, tmp_path):
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     # qbatch's log on stderr as the CLI sets it up: engine events ("worker 1 ... ready") are INFO records
-    cmd = [sys.executable, "-c", "import qbatch.log, qbatch.cli; qbatch.log.setup('log'); qbatch.cli.main()",
+    cmd = [sys.executable, "-m", "qbatch.cli",
            "run", str(inp), "-o", str(out), "--model", tiny_qwen3,
            "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens", "32",
            "--chunk-tokens", "900", "--max-num-seqs", "8", "--data-parallel-size", "2", "--progress", "log"]

@@ -35,6 +35,7 @@ def piped(null_args, monkeypatch):
     from qbatch.cli import cli
 
     monkeypatch.setattr(engine, "close_all", lambda: None)
+    monkeypatch.setattr(engine, "close", lambda key: None)  # what a command's Session.close() calls
 
     def invoke(data: bytes, *args):
         return CliRunner().invoke(cli, ["run", *map(str, args), *map(str, null_args)], input=data,
