@@ -227,9 +227,10 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 
 
 @cli.command()
-@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short"]))
+@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small"]))
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
-              help="Comma list of vllm-text, vllm-tokens, qbatch, hf.")
+              help="Comma list of vllm-text, vllm-tokens, qbatch, session (a warm qbatch.Session fed a list of "
+                   "rows), hf.")
 @click.option("--rows", type=int, help="Rows per workload.  [default: uniform 3072, varied/short 4096; null engine 100000]")
 @click.option("--hf-rows", type=int, default=64, show_default=True, help="Rows per workload in the hf mode.")
 @click.option("--repeats", type=int, default=1, show_default=True,

@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbatch.bench.settings import DEFAULT_ROWS, MODES, BenchSettings, environment, qbatch_spec, work_dir
+from qbatch.bench.settings import (
+    DEFAULT_ROWS, MODES, QBATCH_MODES, BenchSettings, environment, qbatch_spec, work_dir,
+)
 from qbatch.bench.workloads import Workload, make_workload
 
 BASELINES = ("vllm-tokens", "vllm-text")  # each mode's ratio to these, on the same workload
@@ -89,7 +91,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
     _warm_up(llm)
     sequence = _vllm_modes(settings)
     specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
-             for w in workloads for i, (mode, variant) in enumerate(sequence) if mode == "qbatch"}
+             for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
     own = {i for (_, i), spec in specs.items() if settings.vllm_defaults or _engine_processes(spec) > 1}
     runs: dict[tuple[str, int], list[Measurement]] = {(w, i): [] for w in workloads for i in range(len(sequence))}
     for workload in workloads.values():
@@ -98,8 +100,8 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
             # fixed order would favour one mode; forward then backward cancels a steady drift.
             for i in [i for i in range(len(sequence)) if i not in own][::-1 if repeat % 2 else 1]:
                 llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
-                if sequence[i][0] == "qbatch":
-                    runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i][1]))
+                if sequence[i][0] in QBATCH_MODES:
+                    runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i]))
                 else:
                     runs[workload.name, i].append(_run_vllm(llm, workload, sequence[i][0], job.preparer.base_sampling))
                 log(_line(runs[workload.name, i][-1]))
@@ -110,7 +112,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
         for workload in workloads.values():
             started = _start_engines(specs[workload.name, i])
             for _ in range(settings.repeats):
-                runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i][1], started))
+                runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i], started))
                 log(_line(runs[workload.name, i][-1]))
         _close_engines()
     measurements.extend(_mean(runs[w, i]) for w in workloads for i in range(len(sequence)))
@@ -242,24 +244,50 @@ def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, 
                        sum(len(o.outputs[0].token_ids) for o in outputs))
 
 
-def _run_qbatch(spec: Any, workload: Workload, variant: dict[str, Any], engines_start_s: float | None = None
+def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]], engines_start_s: float | None = None
                 ) -> Measurement:
-    """The full `qbatch run` path, in-process: JSONL -> tokenize -> plan -> engine -> Parquet."""
-    from qbatch.jobs.runner import run
-
+    """The full `qbatch run` path, in-process (JSONL -> tokenize -> plan -> engine -> Parquet), or a warm
+    Session's call on the workload's rows as a notebook passes them (a list of dicts)."""
+    name, variant = mode
     started = time.monotonic()
-    summary = run(spec)
+    summary = _run_session(spec, workload) if name == "session" else _run_job(spec)
     wall = time.monotonic() - started
-    name = "qbatch" + "".join(f" {k}={v}" for k, v in variant.items())
+    name += "".join(f" {k}={v}" for k, v in variant.items())
     notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
-             "chunks": summary.num_chunks, "rows_failed": summary.rows_failed,
-             "engines": spec.engine.engine_count()}
+             "overhead_s": round(wall - summary.generate_s, 3), "chunks": summary.num_chunks,
+             "rows_failed": summary.rows_failed, "engines": spec.engine.engine_count()}
     if engines_start_s is not None:  # started before the timing, after the shared engine had gone
         notes["own_engines_start_s"] = round(engines_start_s, 2)
     if summary.prompt_tokens != workload.num_prompt_tokens:
         notes["prompt_tokens_expected"] = workload.num_prompt_tokens
     return Measurement(workload.name, name, summary.rows_ok, wall, summary.prompt_tokens, summary.completion_tokens,
                        notes)
+
+
+def _run_job(spec: Any) -> Any:
+    from qbatch.jobs.runner import run
+
+    return run(spec)
+
+
+def _run_session(spec: Any, workload: Workload) -> Any:
+    """One call of a Session on the engines these settings already run (the bench's cache keeps
+    them, as a notebook's Session would): what a second call in a notebook costs."""
+    from qbatch.session.session import ENGINE_SETTINGS, Session
+
+    session = Session.for_spec(spec)
+    rows = [{"id": f"{workload.name}-{i}", "prompt": text, "max_tokens": max_tokens}
+            for i, (text, max_tokens) in enumerate(zip(workload.texts, workload.max_tokens, strict=True))]
+    flat = spec.flat()
+    job = {key: value for key, value in flat.items() if key not in ENGINE_SETTINGS
+           and key not in ("inputs", "output_dir", "restart") and value != _default(key)}
+    return session.run(rows, **job).summary  # not closed: the engines are the bench's, closed with the others
+
+
+def _default(key: str) -> Any:
+    from qbatch.spec import JobSpec
+
+    return JobSpec().flat()[key]
 
 
 def _run_hf(model_path: str, engine_spec: Any, workload: Workload, num_rows: int) -> Measurement:

@@ -17,8 +17,9 @@ from qbatch import __version__
 from qbatch.bench.workloads import WORKLOADS, sample_lengths
 from qbatch.errors import SpecError
 
-MODES = ("vllm-text", "vllm-tokens", "qbatch", "hf")
-DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096}
+MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf")
+QBATCH_MODES = ("qbatch", "session")  # the modes that run qbatch (its run, or a warm Session over it)
+DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200}
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 
 from qbatch.errors import SpecError
 
-WORKLOADS = ("uniform", "varied", "short")
+WORKLOADS = ("uniform", "varied", "short", "small")
 WORD_POOL_SIZE = 4000
 
 
@@ -24,7 +24,8 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
     """(prompt tokens, output tokens) per row; prompt lengths include the chat template.
 
     uniform: 512 / 256. varied: lognormal, means ~300 (16..2048) / ~215 (8..1024).
-    short: ~200 (150..250) / 1..8, a classification-like job. `scale` shrinks both (CPU smoke runs).
+    short: ~200 (150..250) / 1..8, a classification-like job. small: ~190 (170..210) / 256, the
+    notebook-sized job a warm Session serves (200 rows by default). `scale` shrinks both (CPU smoke runs).
     """
     if name not in WORKLOADS:
         raise SpecError(f"workload must be one of {', '.join(WORKLOADS)}; got '{name}'")
@@ -36,8 +37,10 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
         elif name == "varied":
             prompt = _lognormal(rng, 300, 16, 2048)
             output = _lognormal(rng, 215, 8, 1024)
-        else:
+        elif name == "short":
             prompt, output = rng.randint(150, 250), rng.randint(1, 8)
+        else:
+            prompt, output = rng.randint(170, 210), 256
         rows.append((max(1, round(prompt * scale)), max(1, round(output * scale))))
     return rows
 

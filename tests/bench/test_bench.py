@@ -29,6 +29,12 @@ def test_short_lengths_are_classification_like():
     assert 190 <= statistics.mean(p for p, _ in lengths) <= 210
 
 
+def test_small_is_a_notebook_job():
+    """200 rows of ~190 prompt tokens and 256 output tokens: the job a warm Session serves."""
+    rows = sample_lengths("small", 200)
+    assert all(170 <= p <= 210 and o == 256 for p, o in rows)
+
+
 def test_lengths_are_seeded_and_scaled():
     assert sample_lengths("varied", 20, seed=1) == sample_lengths("varied", 20, seed=1)
     assert sample_lengths("varied", 20, seed=1) != sample_lengths("varied", 20, seed=2)
@@ -95,7 +101,7 @@ def test_inputs_only_writes_the_workload_files(cli, bundled_model, tmp_path):
 def test_unknown_mode_names_the_valid_ones(cli, bundled_model):
     result = cli("bench", "--model", bundled_model, "--modes", "vllm-tokens,sglang")
     assert result.exit_code == EXIT_USAGE
-    assert "mode must be one of vllm-text, vllm-tokens, qbatch, hf; got 'sglang'" in result.output
+    assert "mode must be one of vllm-text, vllm-tokens, qbatch, session, hf; got 'sglang'" in result.output
 
 
 @pytest.mark.slow
@@ -104,20 +110,22 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     """The benchmark never rots: every mode runs on the tiny Qwen3 and generates exactly the forced tokens."""
     out = tmp_path / "bench.json"
     result = cli("bench", "varied", "--model", tiny_qwen3, "--rows", 6, "--length-scale", 0.05, "--hf-rows", 2,
-                 "--modes", "vllm-text,vllm-tokens,qbatch,hf", "--variant", "engines_per_gpu=2", "--repeats", 2,
+                 "--modes", "vllm-text,vllm-tokens,qbatch,session,hf", "--variant", "engines_per_gpu=2", "--repeats", 2,
                  "--json", out)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {r["mode"]: r for r in report["results"]}
-    assert set(rows) == {"hf", "vllm-text", "vllm-tokens", "qbatch", "qbatch engines_per_gpu=2"}
+    assert set(rows) == {"hf", "vllm-text", "vllm-tokens", "qbatch", "session", "qbatch engines_per_gpu=2"}
     expected = report["workloads"]["varied"]
-    for mode in ("vllm-tokens", "qbatch", "qbatch engines_per_gpu=2"):
+    for mode in ("vllm-tokens", "qbatch", "session", "qbatch engines_per_gpu=2"):
         assert rows[mode]["rows"] == 6
         assert rows[mode]["output_tokens"] == expected["output_tokens"]  # ignore_eos + per-row max_tokens
         assert rows[mode]["prompt_tokens"] == expected["prompt_tokens"]  # the same prompts
     assert rows["vllm-text"]["output_tokens"] == expected["output_tokens"]
     assert rows["vllm-tokens"]["vs_vllm_tokens"] == 1.0
     assert rows["qbatch"]["notes"]["engine_start_s"] < 1  # the engine was reused, not started again
+    assert rows["session"]["notes"]["engine_start_s"] < 1  # the Session found the same warm engine
+    assert 0 < rows["session"]["notes"]["overhead_s"] < rows["session"]["wall_s"]
     # two engines of its own, started after the shared one had gone and before the timing
     two = rows["qbatch engines_per_gpu=2"]["notes"]
     assert two["engines"] == 2 and two["engine_start_s"] < 1 and two["own_engines_start_s"] > 1
