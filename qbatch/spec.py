@@ -107,7 +107,7 @@ class EngineSpec:
     revision: str | None = affects_results(None)
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
-    kv_cache_memory_bytes: int | None = None  # default on CPU: 2 GiB (see engine.py)
+    kv_cache_memory_bytes: int | None = None  # default on CPU: 2 GiB (engines/vllm.py)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     dtype: str = affects_results("auto")
@@ -118,10 +118,10 @@ class EngineSpec:
     load_format: str | None = affects_results(None)
     performance_mode: str | None = "throughput"
     quantize: str | None = affects_results(None)  # "awq": quantize with AutoAWQ first, cached
-    data_parallel_size: int = 1  # independent engines, one process per GPU (parallel.py)
-    engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by parallel.engines_per_gpu
+    data_parallel_size: int = 1  # independent engines, one process per GPU (engines/processes.py)
+    engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by engines/placement.py
     gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
-    backend: str = affects_results("vllm")  # "ray": engines in Ray actors (cluster.py); "null": returns instantly (tests)
+    backend: str = affects_results("vllm")  # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
 
     def engine_count(self) -> int:

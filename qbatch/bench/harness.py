@@ -12,7 +12,7 @@ started before its timing begins. So does every qbatch run with --vllm-defaults,
 where the raw modes' engine has vLLM's own settings and qbatch keeps its own.
 
 vLLM and torch are imported inside functions only. The null-engine benchmark of
-qbatch's own pipeline is in bench_pipeline.py, the workloads in workloads.py.
+qbatch's own pipeline is in pipeline.py, the workloads in workloads.py, the settings in settings.py.
 """
 
 from __future__ import annotations

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qbatch.errors import ModelError, SpecError
+from qbatch.errors import ModelError, RowError, SpecError, first_line
 from qbatch.records import Failure, Request, Row
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.spec import JobSpec
-from qbatch.errors import RowError
 from qbatch.inputs.validate import (
     OPENAI_URLS, check_messages, check_text, keys, render_template, sampling_overrides, thinking_flag,
 )
@@ -57,7 +56,7 @@ def load_tokenizer(path: str, revision: str | None = None) -> Any:
         return AutoTokenizer.from_pretrained(path, revision=revision)
     except Exception as exc:  # hub/IO/format errors all mean "cannot load"
         raise ModelError(
-            f"cannot load the tokenizer of model '{path}': {str(exc).splitlines()[0][:300]}",
+            f"cannot load the tokenizer of model '{path}': {first_line(exc, 300)}",
             hint="pass a local model folder, or --model smollm2-135m (bundled, works offline)",
         ) from None
 
