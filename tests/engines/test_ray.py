@@ -122,7 +122,10 @@ def test_ray_backend_resumes_after_a_killed_driver_and_outlives_a_killed_actor(t
         while num_parts(out) <= more_than and proc.poll() is None and time.monotonic() < deadline:
             descendants(proc)
             time.sleep(0.1)
-        assert num_parts(out) > more_than and proc.poll() is None, "the run ended before it could be killed"
+        if proc.poll() is not None:  # say why it ended (the run's own log)
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before it could be killed:\n"
+                                 + proc.stdout.read()[-4000:])
+        assert num_parts(out) > more_than, "no new part within 300 s"
 
     first = second = None
     try:
