@@ -108,10 +108,10 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         except Exception as exc:  # malformed multipart, or not multipart at all
             raise ApiError(400, f"expected a multipart/form-data body with 'file' and 'purpose': {exc}") from None
         purpose, upload = form.get("purpose"), form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(400, "no file in the form's 'file' field (multipart/form-data)", param="file")
         if purpose != "batch":
             raise ApiError(400, f"purpose must be 'batch', got {purpose!r}", param="purpose")
-        if upload is None or isinstance(upload, str):
-            raise ApiError(400, "no file in the form's 'file' field", param="file")
         record = await run_in_threadpool(_store_upload, upload.file, upload.filename or "upload.jsonl")
         store.add_file(record)
         log.info(f"serve: file {record['id']} uploaded ({record['num_requests']} requests, {record['bytes']} bytes)")

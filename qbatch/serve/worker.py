@@ -47,7 +47,7 @@ class BatchWorker(threading.Thread):
         self.session = Session(**settings.engine)
         self.ready = threading.Event()  # the engines are warm
         self.failed: str | None = None  # why the engines could not start
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._wake = threading.Event()
         self._claim = threading.Lock()  # held while a batch is chosen, and while a cancel finishes a waiting one
         self._current: str | None = None
@@ -59,7 +59,7 @@ class BatchWorker(threading.Thread):
 
     def stop(self) -> None:
         """Stop at the next part boundary; the running batch stays queued and resumes on the next start."""
-        self._stop.set()
+        self._stopping.set()
         self._wake.set()
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
@@ -83,7 +83,7 @@ class BatchWorker(threading.Thread):
             log.error(f"serve: the engines did not start: {self.failed}")
             return
         self.ready.set()
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             batch = self._next()
             if batch is None:
                 self._wake.wait(IDLE_POLL_S)
@@ -139,7 +139,7 @@ class BatchWorker(threading.Thread):
             counts = dict(batch["request_counts"], completed=done_ok + rows_done - rows_failed,
                           failed=done_failed + rows_failed)
             self.store.update_batch(batch_id, {"request_counts": counts})
-            if self._stop.is_set():
+            if self._stopping.is_set():
                 raise StopBatch("shutdown")
             if batch_id in self._cancel:
                 raise StopBatch("cancel")
