@@ -186,3 +186,26 @@ def test_concurrent_clients_all_complete(make_service):
         thread.join(120)
     assert failures == [] and len(results) == 20
     assert all(status == "completed" and len(ids) == 3 for status, ids in results)
+
+
+def test_latency_benchmark_script_prints_json(make_service, capsys):
+    import json
+    import runpy
+
+    base_url, _ = make_service()
+    script = runpy.run_path(str(__import__("pathlib").Path(__file__).parents[2] / "benchmarks" / "serve_latency.py"))
+    script["main"](["--base-url", base_url, "--rows", "3", "--repeats", "2", "--throughput-rows", "5",
+                    "--max-tokens", "4", "--prompt-words", "5", "--timeout-s", "60"])
+    report = json.loads(capsys.readouterr().out)
+    assert [r["rows_ok"] for r in report["latency_runs"]] == [3, 3] and report["throughput"]["rows_ok"] == 5
+    assert report["latency_create_to_download_s"]["median"] > 0
+
+
+def test_airflow_serve_dag_is_valid_python():
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).parents[2] / "jobs" / "airflow_serve_dag.py").read_text()
+    tree = ast.parse(source)
+    names = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    assert "submit_and_wait" in names and "client.batches.create" in source
