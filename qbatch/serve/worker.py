@@ -17,6 +17,7 @@ from typing import Any
 from qbatch._fs import atomic_write
 from qbatch.errors import QbatchError, first_line
 from qbatch.log import log
+from qbatch.log import setup as setup_log
 from qbatch.output.assemble import assemble, write_openai_jsonl
 from qbatch.output.folder import OutputDir
 from qbatch.serve.config import ServeSettings
@@ -102,8 +103,16 @@ class BatchWorker(threading.Thread):
 
     def _warm_up(self) -> None:
         """Start the engines now (the first batch would wait for them otherwise) with a 1-token run."""
-        self.session.run(["warm up"], max_tokens=1, progress="none")
+        self._session_run(["warm up"], max_tokens=1, progress="none")
         log.info(f"serve: engines ready (model {self.settings.model})")
+
+    def _session_run(self, data: Any, **settings: Any) -> None:
+        """`Session.run`, then the logger back at INFO: a run sets it from its `progress` (WARNING for
+        none), and the service's state-change lines must show whatever the runs' progress."""
+        try:
+            self.session.run(data, **settings)
+        finally:
+            setup_log("log")
 
     def _next(self) -> dict[str, Any] | None:
         with self._claim:
@@ -147,8 +156,8 @@ class BatchWorker(threading.Thread):
                 raise StopBatch("expire")
 
         try:
-            self.session.run(source["path"], output_dir=folder, on_progress=on_progress,
-                             **{"progress": "log", **self.settings.job})
+            self._session_run(source["path"], output_dir=folder, on_progress=on_progress,
+                              **{"progress": "log", **self.settings.job})
         except StopBatch as stop:
             if stop.reason == "shutdown":
                 log.info(f"serve: batch {batch_id} stopped by the shutdown; it resumes on the next start")
