@@ -7,6 +7,7 @@ their traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -18,6 +19,7 @@ from qbatch import __version__
 from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
+from qbatch.spec import DEFAULT_MODEL, EngineSpec
 
 
 class QbatchGroup(click.Group):
@@ -184,6 +186,75 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
     print_summary(summary)
     if spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed):
         sys.exit(EXIT_ROW_ERRORS)
+
+
+ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
+
+
+def _option_name(option: Any) -> str:
+    def probe() -> None: ...
+
+    option(probe)
+    return probe.__click_params__[0].name  # type: ignore[attr-defined]
+
+
+# `qbatch serve` takes run's engine flags (fixed for the service) and the job flags every batch runs
+# with; a batch line's own sampling values win over them, as in `qbatch run`.
+SERVE_JOB_SETTINGS = {"max_tokens", "thinking", "system_prompt", "chunk_tokens", "sort_window", "progress"}
+SERVE_RUN_OPTIONS = [option for option in RUN_OPTIONS
+                     if _option_name(option) in ENGINE_SETTINGS | SERVE_JOB_SETTINGS]
+
+
+def serve_run_options(func: Any) -> Any:
+    for option in reversed(SERVE_RUN_OPTIONS):
+        func = option(func)
+    return func
+
+
+@cli.command()
+@click.option("--data-dir", required=True, type=click.Path(file_okay=False),
+              help="Folder of the service's state: the SQLite queue, uploaded files, each batch's parts and outputs.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; any other than loopback needs --api-key.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to bind.")
+@click.option("--api-key", envvar="QBATCH_API_KEY", help="Key clients send as 'Authorization: Bearer KEY'.  [env QBATCH_API_KEY]")
+@click.option("--max-upload-bytes", type=int, default=200 * 1024 * 1024, show_default=True,
+              help="Largest batch input file accepted (OpenAI's limit: 200 MB).")
+@click.option("--max-requests", type=int, default=50_000, show_default=True,
+              help="Most requests in one batch input file (OpenAI's limit: 50,000).")
+@click.option("--completion-window-s", type=float, default=24 * 3600.0, show_default=True,
+              help="Seconds a '24h' completion window lasts; unfinished requests then expire.")
+@serve_run_options
+@click.pass_context
+def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str | None, max_upload_bytes: int,
+          max_requests: int, completion_window_s: float, **_: Any) -> None:
+    """Serve OpenAI's Batch API (files, batches, models) over HTTP on a warm engine, batches run FIFO.
+
+    \b
+    Examples:
+      qbatch serve --model smollm2-135m --data-dir serve-data/
+      qbatch serve --model Qwen/Qwen3-0.6B --data-dir /var/lib/qbatch --port 8000 --max-tokens 1024
+      QBATCH_API_KEY=secret qbatch serve --model Qwen/Qwen3-0.6B --data-dir serve-data/ --host 0.0.0.0
+
+    Clients use the openai package with base_url=http://127.0.0.1:8000/v1. A restarted service
+    resumes the batch it was running from its parts and keeps the rest queued.
+    """
+    from pathlib import Path
+
+    from qbatch.serve.config import ServeSettings
+    from qbatch.serve.server import Service
+
+    given = {name: list(value) if isinstance(value, tuple) else value for name, value in ctx.params.items()
+             if ctx.get_parameter_source(name) in (click.core.ParameterSource.COMMANDLINE,
+                                                   click.core.ParameterSource.ENVIRONMENT)}
+    engine = {name: value for name, value in given.items() if name in ENGINE_SETTINGS}
+    engine.setdefault("model", DEFAULT_MODEL)
+    job = {name: value for name, value in given.items() if name in SERVE_JOB_SETTINGS}
+    settings = ServeSettings(Path(data_dir).resolve(), engine, job, host=host, port=port, api_key=api_key,
+                             max_upload_bytes=max_upload_bytes, max_requests=max_requests,
+                             window_s=completion_window_s)
+    JobSpec.from_flat({**engine, **job}, source="command line")  # bad values stop here, before anything starts
+    Service(settings).serve()
 
 
 @cli.command()

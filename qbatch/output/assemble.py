@@ -69,23 +69,40 @@ def _scan(paths: list[Path]) -> pl.LazyFrame | None:
     return pl.concat([pl.scan_parquet(p) for p in paths], how="diagonal_relaxed")
 
 
-def write_openai_jsonl(folder: Path, model: str | None = None) -> None:
+def write_openai_jsonl(folder: Path, model: str | None = None, *, results_path: Path | None = None,
+                       errors_path: Path | None = None) -> None:
     """results.jsonl in the OpenAI Batch API output format, results then errors.
 
     A row that came from a `/v1/completions` request (its carried `url` column) gets a
     `text_completion` object, as OpenAI's completions API returns; any other a `chat.completion`.
+    With `errors_path` the errors go to a file of their own (the Batch API's output and error
+    files, as `qbatch serve` hands them out); `results_path` replaces folder/results.jsonl.
     """
     created = int(time.time())
 
+    def write_results(handle: Any) -> None:
+        for frame in pl.read_parquet(folder / "results.parquet").iter_slices(JSONL_SLICE_ROWS):
+            for row in frame.iter_rows(named=True):
+                handle.write(json.dumps(_openai_ok(row, model, created), ensure_ascii=False) + "\n")
+
+    def write_errors(handle: Any) -> None:
+        for row in pl.read_parquet(folder / "errors.parquet").iter_rows(named=True):
+            handle.write(json.dumps(_openai_error(row), ensure_ascii=False) + "\n")
+
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
-            for frame in pl.read_parquet(folder / "results.parquet").iter_slices(JSONL_SLICE_ROWS):
-                for row in frame.iter_rows(named=True):
-                    handle.write(json.dumps(_openai_ok(row, model, created), ensure_ascii=False) + "\n")
-            for row in pl.read_parquet(folder / "errors.parquet").iter_rows(named=True):
-                handle.write(json.dumps(_openai_error(row), ensure_ascii=False) + "\n")
+            write_results(handle)
+            if errors_path is None:
+                write_errors(handle)
 
-    atomic_write(folder / "results.jsonl", write)
+    atomic_write(results_path or folder / "results.jsonl", write)
+    if errors_path is not None:
+        atomic_write(errors_path, lambda tmp: _write_with(tmp, write_errors))
+
+
+def _write_with(path: Path, write: Any) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        write(handle)
 
 
 def _openai_ok(row: dict[str, Any], model: str | None, created: int) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 from qbatch.jobs.progress import Progress
@@ -38,3 +39,15 @@ def in_notebook() -> bool:
     except ImportError:
         return False
     return IProgress is not None
+
+
+def reporting(on_progress: Callable[[int, int], None]) -> type[SessionProgress]:
+    """A SessionProgress that calls `on_progress(rows_done, rows_failed)` after each update (a part
+    written); what it raises stops the run there, at a part boundary."""
+
+    class Reporting(SessionProgress):
+        def update(self, rows: int, failed: int = 0, completion_tokens: int = 0) -> None:
+            super().update(rows, failed, completion_tokens)
+            on_progress(self.done, self.failed)
+
+    return Reporting

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,7 @@ from qbatch.jobs import runner
 from qbatch.log import setup as setup_log
 from qbatch.jobs.summary import Summary
 from qbatch.session.data import input_paths
-from qbatch.session.progress import SessionProgress
+from qbatch.session.progress import SessionProgress, reporting
 from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec
 
 if TYPE_CHECKING:
@@ -107,19 +107,23 @@ class Session:
         self._job_values({k: v for k, v in dataclasses.asdict(spec.engine).items()})  # refuses another engine
         return self._run_spec(spec)
 
-    def run(self, data: Any, *, output_dir: str | os.PathLike | None = None, **job_settings: Any) -> RunResult:
+    def run(self, data: Any, *, output_dir: str | os.PathLike | None = None,
+            on_progress: Callable[[int, int], None] | None = None, **job_settings: Any) -> RunResult:
         """Generate for every row of `data`, as `qbatch run` does; see RunResult.
 
         `data`: a path or glob (str or Path), a list of Paths, a polars or pandas DataFrame, a list
         of dicts (rows, as JSONL lines) or a list of prompt strings (ids "0", "1", ...). With
         `output_dir` the run checkpoints there and a rerun resumes, as the CLI's `-o`.
+        `on_progress(rows_done, rows_failed)` (this call's counts) runs after every part written;
+        an exception it raises stops the run there (a KeyboardInterrupt subclass leaves the run
+        `interrupted`, its parts kept for a resume, the engines warm).
         """
         self._check_open()
         values = self._job_values(job_settings)
         with _output_folder(output_dir) as folder:
             values.update(inputs=input_paths(data, folder), output_dir=str(folder))
             spec = JobSpec.from_flat(values, source="session.run(...)")
-            summary = self._run_spec(spec)
+            summary = self._run_spec(spec, on_progress)
             return _read_result(summary, None if output_dir is None else str(folder))
 
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
@@ -185,14 +189,14 @@ class Session:
             values[name] = value
         return values
 
-    def _run_spec(self, spec: JobSpec) -> Summary:
+    def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None) -> Summary:
         """One job on the cached engines; engines it started become this session's to close."""
         with _CALLS:
             setup_log(spec.output.progress)  # events on stderr (the notebook shows them under the cell)
             engines.drop_dead()
             before = engines.cached_keys()
             try:
-                return runner.run(spec, progress_class=SessionProgress)
+                return runner.run(spec, progress_class=SessionProgress if on_progress is None else reporting(on_progress))
             except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
                 engines.drop_dead()
                 raise

@@ -1,0 +1,63 @@
+"""Ids and the OpenAI objects (`openai.types.FileObject`, `Batch`, `BatchRequestCounts`, `BatchError`).
+
+Ids are random (`file-<hex>`, `batch_<hex>`) and checked against their pattern before any lookup:
+an id is a key in the store, never a path.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from typing import Any
+
+FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
+BATCH_ID = re.compile(r"^batch_[0-9a-f]{24}$")
+# Statuses after which a batch never changes again.
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+# Statuses the worker still has to act on, after a restart too.
+PENDING = ("in_progress", "cancelling", "finalizing")
+
+
+def new_file_id() -> str:
+    return f"file-{secrets.token_hex(12)}"
+
+
+def new_batch_id() -> str:
+    return f"batch_{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def file_object(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored file as `openai.types.FileObject`."""
+    return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
+            "filename": row["filename"], "purpose": row["purpose"], "status": "processed",
+            "expires_at": None, "status_details": None}
+
+
+def new_batch(input_file_id: str, endpoint: str, completion_window: str, window_s: float,
+              metadata: dict[str, str] | None, model: str) -> dict[str, Any]:
+    """A new `openai.types.Batch`, status `validating`."""
+    created = now()
+    return {"id": new_batch_id(), "object": "batch", "endpoint": endpoint, "model": model, "errors": None,
+            "input_file_id": input_file_id, "completion_window": completion_window, "status": "validating",
+            "output_file_id": None, "error_file_id": None, "created_at": created,
+            "in_progress_at": None, "expires_at": created + int(window_s), "finalizing_at": None,
+            "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
+            "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": metadata, "usage": None}
+
+
+def batch_errors(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """`Batch.errors`: a list of `BatchError` (code, message, param, line)."""
+    return {"object": "list", "data": [{"code": e.get("code"), "message": e.get("message"), "param": e.get("param"),
+                                        "line": e.get("line")} for e in errors]}
+
+
+def page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A cursor page, as the SDK's `SyncCursorPage` reads it (`after` = the last id)."""
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}

@@ -1,0 +1,95 @@
+"""Starting and stopping the service: the data folder, the store, the worker, uvicorn, signals.
+
+SIGTERM or SIGINT: uvicorn stops taking requests, the worker finishes the chunk it is on (the
+running batch stays `in_progress` with its parts, and resumes on the next start), the engines
+close. A second signal exits at once; the reaper (as for `qbatch run`) takes the engines along,
+as it does when the service is killed outright.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+from qbatch.errors import MissingDependency
+from qbatch.log import log
+from qbatch.serve.config import SERVE_EXTRA_HINT, ServeSettings
+from qbatch.serve.store import Store
+
+SHUTDOWN_WAIT_S = 600.0  # the longest the worker is waited for to finish its chunk (a second signal ends it)
+
+
+def require_web_stack() -> None:
+    """FastAPI and uvicorn (vLLM installs both); the `serve` extra names them."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependency(f"qbatch serve needs FastAPI and uvicorn ({exc.name} is missing)",
+                                hint=SERVE_EXTRA_HINT) from None
+
+
+class Service:
+    """The store, the worker and the app of one data folder; `serve()` runs them until a signal."""
+
+    def __init__(self, settings: ServeSettings):
+        require_web_stack()
+        from qbatch.serve.app import create_app
+        from qbatch.serve.worker import BatchWorker
+
+        self.settings = settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(settings.data_dir / "qbatch-serve.sqlite3")
+        self.worker = BatchWorker(self.store, settings)
+        self.app = create_app(settings, self.store, self.worker)
+
+    def serve(self, *, on_ready: Any = None) -> None:
+        import uvicorn
+
+        if self.settings.engine.get("backend") != "null":
+            from qbatch.jobs.shutdown import reaper_of_this_process
+
+            reaper_of_this_process()  # kills the engines if this process dies without a word (kill -9)
+        worker = self.worker
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                if self.should_exit:  # the second signal: no more waiting
+                    log.warning("serve: second signal, exiting now")
+                    os._exit(128 + sig)
+                log.info(f"serve: {signal.Signals(sig).name}: finishing the current chunk, the rest stays queued")
+                worker.stop()
+                super().handle_exit(sig, frame)
+
+        config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port, log_level="warning",
+                                access_log=False, timeout_graceful_shutdown=5)
+        server = Server(config)
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+        worker.start()
+        log.info(f"serve: listening on http://{self.settings.host}:{self.settings.port} "
+                 f"(data {self.settings.data_dir}, model {self.settings.model})")
+        try:
+            server.run()
+        finally:
+            worker.stop()
+            worker.join(SHUTDOWN_WAIT_S)
+            self.store.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            log.info("serve: stopped")
+
+
+def serve_in_thread(settings: ServeSettings) -> tuple[Service, Any, threading.Thread]:
+    """The service on a uvicorn thread (for tests and notebooks): (service, uvicorn server, thread)."""
+    import uvicorn
+
+    service = Service(settings)
+    config = uvicorn.Config(service.app, host=settings.host, port=settings.port, log_level="warning",
+                            access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="qbatch-serve-http", daemon=True)
+    service.worker.start()
+    thread.start()
+    return service, server, thread

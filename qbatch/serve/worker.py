@@ -1,0 +1,257 @@
+"""The queue's runner: one thread taking batches oldest first and running each through `Session.run`.
+
+Each batch runs in its own folder (DATA_DIR/batches/<id>/out) with qbatch's parts, so a batch
+the service was killed in resumes by row id on the next start, as `qbatch run` does. A cancel,
+the end of the completion window and a shutdown stop the run at the next part boundary (the
+Session's `on_progress` raises `StopBatch`); the engines stay warm. Whatever one batch does,
+the thread goes on with the next.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from qbatch._fs import atomic_write
+from qbatch.errors import QbatchError, first_line
+from qbatch.log import log
+from qbatch.log import setup as setup_log
+from qbatch.output.assemble import assemble, write_openai_jsonl
+from qbatch.output.folder import OutputDir
+from qbatch.serve.config import ServeSettings
+from qbatch.serve.objects import new_file_id, now
+from qbatch.serve.store import Store
+from qbatch.session import Session
+
+IDLE_POLL_S = 1.0  # how often an idle worker looks at the queue's completion windows
+
+
+class StopBatch(KeyboardInterrupt):
+    """Stops a batch's run at a part boundary: `reason` is cancel, expire or shutdown.
+
+    A KeyboardInterrupt, as a signal is to `qbatch run`: the run records itself `interrupted`,
+    keeps its parts, and no `except Exception` on the way up swallows it.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BatchWorker(threading.Thread):
+    def __init__(self, store: Store, settings: ServeSettings):
+        super().__init__(name="qbatch-serve-worker", daemon=True)
+        self.store = store
+        self.settings = settings
+        self.session = Session(**settings.engine)
+        self.ready = threading.Event()  # the engines are warm
+        self.failed: str | None = None  # why the engines could not start
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._claim = threading.Lock()  # held while a batch is chosen, and while a cancel finishes a waiting one
+        self._current: str | None = None
+        self._cancel: set[str] = set()
+
+    # -- called from the HTTP threads ---------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop at the next part boundary; the running batch stays queued and resumes on the next start."""
+        self._stopping.set()
+        self._wake.set()
+
+    def cancel(self, batch_id: str) -> dict[str, Any]:
+        """`cancelling`, then `cancelled` at once for a waiting batch, at the next part boundary for the running one."""
+        with self._claim:
+            batch = self.store.batch(batch_id)
+            if batch["status"] not in ("validating", "in_progress"):
+                return batch
+            batch = self._change(batch_id, "cancelling")
+            if self._current == batch_id:
+                self._cancel.add(batch_id)
+                return batch
+            return self._finalize(batch, "cancelled")
+
+    # -- the thread -----------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._warm_up()
+        except BaseException as exc:  # noqa: BLE001 - the service reports it on /health and keeps answering
+            self.failed = first_line(exc)
+            log.error(f"serve: the engines did not start: {self.failed}")
+            return
+        self.ready.set()
+        while not self._stopping.is_set():
+            batch = self._next()
+            if batch is None:
+                self._wake.wait(IDLE_POLL_S)
+                self._wake.clear()
+                continue
+            try:
+                self._process(batch)
+            except StopBatch:
+                pass  # shutdown: the batch stays in_progress and resumes on the next start
+            except BaseException as exc:  # noqa: BLE001 - one batch never stops the queue
+                log.exception(f"serve: batch {batch['id']} failed: {first_line(exc)}")
+                self._fail(batch["id"], "internal_error", first_line(exc))
+            finally:
+                self._current = None
+        self.session.close()
+
+    def _warm_up(self) -> None:
+        """Start the engines now (the first batch would wait for them otherwise) with a 1-token run."""
+        self._session_run(["warm up"], max_tokens=1, progress="none")
+        log.info(f"serve: engines ready (model {self.settings.model})")
+
+    def _session_run(self, data: Any, **settings: Any) -> None:
+        """`Session.run`, then the logger back at INFO: a run sets it from its `progress` (WARNING for
+        none), and the service's state-change lines must show whatever the runs' progress."""
+        try:
+            self.session.run(data, **settings)
+        finally:
+            setup_log("log")
+
+    def _next(self) -> dict[str, Any] | None:
+        with self._claim:
+            for batch in self.store.pending():
+                if batch["status"] == "in_progress" and now() >= batch["expires_at"]:
+                    self._finalize(batch, "expired")
+                    continue
+                self._current = batch["id"]
+                return batch
+        return None
+
+    def _process(self, batch: dict[str, Any]) -> None:
+        if batch["status"] == "cancelling":
+            self._finalize(batch, "cancelled")
+        elif batch["status"] == "finalizing":
+            self._finalize(batch, "completed")
+        else:
+            self._run(batch)
+
+    def _run(self, batch: dict[str, Any]) -> None:
+        batch_id = batch["id"]
+        source = self.store.file(batch["input_file_id"])
+        if source is None:
+            self._fail(batch_id, "input_file_missing", f"input file {batch['input_file_id']} was deleted")
+            return
+        folder = self._folder(batch_id) / "out"
+        before = OutputDir(folder)
+        done_ok, done_failed = len(before.result_ids()), len(before.error_ids())
+        log.info(f"serve: batch {batch_id} running ({batch['request_counts']['total']} requests, "
+                 f"{done_ok + done_failed} done before)")
+
+        def on_progress(rows_done: int, rows_failed: int) -> None:
+            counts = dict(batch["request_counts"], completed=done_ok + rows_done - rows_failed,
+                          failed=done_failed + rows_failed)
+            self.store.update_batch(batch_id, {"request_counts": counts})
+            if self._stopping.is_set():
+                raise StopBatch("shutdown")
+            if batch_id in self._cancel:
+                raise StopBatch("cancel")
+            if now() >= batch["expires_at"]:
+                raise StopBatch("expire")
+
+        try:
+            self._session_run(source["path"], output_dir=folder, on_progress=on_progress,
+                              **{"progress": "log", **self.settings.job})
+        except StopBatch as stop:
+            if stop.reason == "shutdown":
+                log.info(f"serve: batch {batch_id} stopped by the shutdown; it resumes on the next start")
+                raise
+            self._cancel.discard(batch_id)
+            if stop.reason == "cancel":
+                self._finalize(self.store.batch(batch_id), "cancelled")
+            else:
+                self._finalize(self.store.batch(batch_id), "expired")
+            return
+        except QbatchError as exc:
+            self._fail(batch_id, "run_failed", str(exc) + (f"; {exc.hint}" if exc.hint else ""))
+            return
+        if batch_id in self._cancel:  # cancelled after the last part: what is done is done
+            self._cancel.discard(batch_id)
+        self._finalize(self._change(batch_id, "finalizing"), "completed")
+
+    # -- state changes -------------------------------------------------------
+    def _folder(self, batch_id: str) -> Path:
+        return self.settings.data_dir / "batches" / batch_id
+
+    def _change(self, batch_id: str, status: str, **changes: Any) -> dict[str, Any]:
+        batch = self.store.update_batch(batch_id, {"status": status, f"{status}_at": now(), **changes})
+        log.info(f"serve: batch {batch_id} {status}")
+        return batch
+
+    def _fail(self, batch_id: str, code: str, message: str) -> None:
+        errors = {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
+        self._change(batch_id, "failed", errors=errors)
+
+    def _finalize(self, batch: dict[str, Any], status: str) -> dict[str, Any]:
+        """Write the output and error files from the batch's folder, hand them out with the final status
+        (one transaction). Requests left undone by an expired batch get `batch_expired` errors."""
+        batch_id = batch["id"]
+        folder = self._folder(batch_id)
+        out = folder / "out"
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (out / "manifest.json").exists() or json.loads((out / "manifest.json").read_text()).get(
+                "status") != "completed":
+            od = OutputDir(out).open()
+            try:
+                assemble(od)
+            finally:
+                od.close()
+        output_path, errors_path = folder / "output.jsonl", folder / "errors.jsonl"
+        write_openai_jsonl(out, self.settings.model, results_path=output_path, errors_path=errors_path)
+        if status == "expired":
+            self._add_expired(batch, output_path, errors_path)
+        files, changes = [], {}
+        counts = dict(batch["request_counts"])
+        for key, path, purpose, count_key in (("output_file_id", output_path, "batch_output", "completed"),
+                                              ("error_file_id", errors_path, "batch_output", "failed")):
+            lines = _count_lines(path)
+            counts[count_key] = lines
+            if lines:
+                record = {"id": new_file_id(), "purpose": purpose, "filename": f"{batch_id}_{path.name}",
+                          "bytes": path.stat().st_size, "created_at": now(), "path": str(path), "num_requests": lines}
+                files.append(record)
+                changes[key] = record["id"]
+        changes.update(status=status, request_counts=counts, **{f"{status}_at": now()})
+        batch = self.store.update_batch(batch_id, changes, new_files=files)
+        log.info(f"serve: batch {batch_id} {status} ({counts['completed']} completed, {counts['failed']} failed)")
+        return batch
+
+    def _add_expired(self, batch: dict[str, Any], output_path: Path, errors_path: Path) -> None:
+        source = self.store.file(batch["input_file_id"])
+        if source is None:
+            return
+        done = _custom_ids(output_path) | _custom_ids(errors_path)
+        undone = [cid for cid in _custom_ids(Path(source["path"]), ordered=True) if cid not in done]
+        old = errors_path.read_bytes()
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as handle:
+                handle.write(old)
+                for cid in undone:
+                    line = {"id": f"batch_req_{cid}", "custom_id": cid, "response": None,
+                            "error": {"code": "batch_expired",
+                                      "message": "This request could not be executed before the completion "
+                                                 "window expired."}}
+                    handle.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
+
+        atomic_write(errors_path, write)
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def _custom_ids(path: Path, *, ordered: bool = False) -> Any:
+    ids = []
+    with open(path, "rb") as handle:
+        for line in handle:
+            if line.strip():
+                ids.append(json.loads(line).get("custom_id"))
+    return ids if ordered else set(ids)

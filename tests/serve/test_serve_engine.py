@@ -1,0 +1,78 @@
+"""`qbatch serve` in a subprocess on the real engine (bundled model): the SDK end to end, cancel mid-run,
+and kill -9 mid-batch then a restart: every custom_id exactly once in the output or error file."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+
+import httpx
+import pytest
+
+from tests.serve.conftest import client_for, lines_of, requests_jsonl, wait_until
+
+pytestmark = pytest.mark.slow
+START_S = 600.0
+# Small chunks: many parts per batch, so a kill or a cancel lands mid-batch.
+FLAGS = ("--max-tokens", "24", "--chunk-tokens", "400", "--progress", "none")
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(base + "/health", timeout=5).json().get("status") == "ok"
+    except httpx.HTTPError:
+        return False
+
+
+def _mid_batch(client, batch_id: str):
+    batch = client.batches.retrieve(batch_id)
+    done = batch.request_counts.completed + batch.request_counts.failed
+    return batch if 0 < done < batch.request_counts.total else None
+
+
+def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, bundled_model, tmp_path):
+    data_dir = tmp_path / "data"
+    base, proc = serve_process("--model", bundled_model, *FLAGS, data_dir=data_dir)
+    wait_until(lambda: _healthy(base), START_S, 1.0)
+    client = client_for(base + "/v1")
+
+    # end to end, thinking switch and per-request sampling in the lines
+    data = requests_jsonl(4, max_tokens=8)
+    file = client.files.create(file=("e2e.jsonl", data), purpose="batch")
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    done = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b, 300, 0.5)
+    output = lines_of(client, done.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == [f"req-{i}" for i in range(4)]
+    assert all(line["response"]["body"]["usage"]["completion_tokens"] <= 8 for line in output)
+    assert all(isinstance(line["response"]["body"]["choices"][0]["message"]["content"], str) for line in output)
+
+    # cancel mid-run: the requests done so far are in the output file
+    file = client.files.create(file=("cancel.jsonl", requests_jsonl(120, prefix="c", max_tokens=24)), purpose="batch")
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_until(lambda: _mid_batch(client, batch.id), 300, 0.05)
+    assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+    cancelled = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status == "cancelled" and b, 300, 0.5)
+    kept = lines_of(client, cancelled.output_file_id)
+    assert 0 < len(kept) < 120 and cancelled.request_counts.completed == len(kept)
+
+    # kill -9 mid-batch, a second batch queued behind it; restart: both finish, each request once
+    big = client.files.create(file=("big.jsonl", requests_jsonl(120, prefix="k", max_tokens=24)), purpose="batch")
+    running = client.batches.create(input_file_id=big.id, endpoint="/v1/chat/completions", completion_window="24h")
+    small = client.files.create(file=("q.jsonl", requests_jsonl(5, prefix="q")), purpose="batch")
+    queued = client.batches.create(input_file_id=small.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_until(lambda: _mid_batch(client, running.id), 300, 0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+    base, proc = serve_process("--model", bundled_model, *FLAGS, data_dir=data_dir)
+    wait_until(lambda: _healthy(base), START_S, 1.0)
+    client = client_for(base + "/v1")
+    assert client.batches.retrieve(queued.id).status == "in_progress"  # still queued
+    for batch_id, prefix, total in ((running.id, "k", 120), (queued.id, "q", 5)):
+        final = wait_until(lambda: (b := client.batches.retrieve(batch_id)).status == "completed" and b, 600, 0.5)
+        ids = [line["custom_id"] for line in lines_of(client, final.output_file_id) + lines_of(client, final.error_file_id)]
+        assert collections.Counter(ids) == collections.Counter(f"{prefix}-{i}" for i in range(total))
+        assert final.request_counts.completed + final.request_counts.failed == total
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(120) == 0
