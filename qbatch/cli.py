@@ -112,6 +112,7 @@ RUN_OPTIONS = [
     click.option("--performance-mode", help="vLLM performance_mode.  [default: throughput]"),
     click.option("--quantize", type=click.Choice(["awq"]), help="Quantize the model with AutoAWQ first (cached)."),
     click.option("--backend", type=click.Choice(BACKENDS), help="Engine: vllm, ray (engines on a Ray cluster), or null (returns instantly; for pipeline tests)."),
+    click.option("--disable-log-stats/--enable-log-stats", default=None, help="vLLM disable_log_stats: --enable-log-stats adds running/waiting requests and KV-cache usage to the telemetry (vLLM then works out its stats every step).  [default: disabled]"),
     click.option("--ray-address", help="Ray cluster to join with --backend ray: auto (on a cluster node) or HOST:6379.  [default: $RAY_ADDRESS, else a local cluster]"),
     click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), help="Also write results.jsonl in OpenAI Batch format (jsonl-openai)."),
     click.option("--include-prompt", is_flag=True, default=None, help="Add the rendered prompt to the results."),
@@ -120,6 +121,8 @@ RUN_OPTIONS = [
     click.option("--fail-on-empty", is_flag=True, default=None, help=f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning)."),
     click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
+    click.option("--telemetry/--no-telemetry", default=None, help="Record GPU (or CPU) and engine counters once a second into OUT_DIR/telemetry.parquet.  [default: on]"),
+    click.option("--report", is_flag=True, default=None, help="Write OUT_DIR/report.html (qbatch report) when the run ends."),
     click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; load no model."),
 ]
 
