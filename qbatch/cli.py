@@ -210,6 +210,27 @@ def status(output_dir: str, as_json: bool) -> None:
         print_status(info)
 
 
+@cli.command()
+@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", "path", type=click.Path(dir_okay=False),
+              help="Where to write the page.  [default: OUTPUT_DIR/report.html]")
+def report(output_dir: str, path: str | None) -> None:
+    """Write one self-contained HTML page about a run (charts and data inline; opens offline).
+
+    Throughput, GPU (or CPU) use and engine state over time (from telemetry.parquet), the phase
+    split, prompt/output length histograms, finish reasons, errors, per-chunk timings, settings
+    and versions. Works on a running job too.
+
+    \b
+    Examples:
+      qbatch report out/
+      qbatch report out/ -o /tmp/run.html
+    """
+    from qbatch.report.page import write_report
+
+    click.echo(str(write_report(output_dir, path)))
+
+
 def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[dict[str, Any]]:
     """'KEY=VALUE KEY=VALUE' strings -> dicts; values are read as TOML (numbers, true/false), else text."""
     import tomllib
