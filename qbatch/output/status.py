@@ -80,25 +80,24 @@ def _telemetry_rates(folder: OutputDir) -> dict[str, Any] | None:
             out["rows_s"] = round((run["rows_done"][-1] - run["rows_done"][0]) / span, 2)
     engine = recent.filter(pl.col("source") == "engine").sort("time")
     if engine.height >= 2:
-        ends = engine.group_by("device").agg(pl.col("generation_tokens").first().alias("a"),
-                                             pl.col("generation_tokens").last().alias("b"),
-                                             pl.col("time").first().alias("t0"), pl.col("time").last().alias("t1"))
-        rate = sum((b - a) / (t1 - t0).total_seconds() for a, b, t0, t1 in ends.iter_rows()
-                   if (t1 - t0).total_seconds() > 0 and b is not None and a is not None and b >= a)
-        out["output_tok_s"] = round(rate, 1)
+        out["output_tok_s"] = round(_engine_rate(engine, "generation_tokens"), 1)
         if out.get("rows_s") in (None, 0):  # rows reach parts a chunk at a time: the engines' count is smoother
-            first_last = engine.group_by("device").agg(pl.col("finished_requests").first().alias("a"),
-                                                       pl.col("finished_requests").last().alias("b"),
-                                                       pl.col("time").first().alias("t0"),
-                                                       pl.col("time").last().alias("t1"))
-            rows = sum((b - a) / (t1 - t0).total_seconds() for a, b, t0, t1 in first_last.iter_rows()
-                       if (t1 - t0).total_seconds() > 0 and b is not None and a is not None and b >= a)
-            out["rows_s"] = round(rows, 2) if rows else out.get("rows_s")
+            out["rows_s"] = round(_engine_rate(engine, "finished_requests"), 2) or out.get("rows_s")
     gpus = frame.filter(pl.col("source") == "gpu")
     if gpus.height:
         latest = gpus.filter(pl.col("time") == gpus["time"].max())
         out["gpu_util_pct"] = {str(d): u for d, u in latest.select("device", "gpu_util_pct").iter_rows()}
     return out
+
+
+def _engine_rate(engine: Any, column: str) -> float:
+    """A cumulative engine counter's rate, summed over the engines (a restarted counter counts 0)."""
+    import polars as pl
+
+    ends = engine.group_by("device").agg(pl.col(column).first().alias("a"), pl.col(column).last().alias("b"),
+                                         pl.col("time").first().alias("t0"), pl.col("time").last().alias("t1"))
+    return sum((b - a) / (t1 - t0).total_seconds() for _, a, b, t0, t1 in ends.iter_rows()
+               if (t1 - t0).total_seconds() > 0 and a is not None and b is not None and b >= a)
 
 
 def _part_rates(folder: OutputDir) -> dict[str, Any]:
