@@ -66,6 +66,11 @@ class OpenChunk:
 class VllmEngine:
     """vLLM's offline engine, driven request by request so it never drains between chunks."""
 
+    # telemetry: counted as requests finish, read by another thread once a second (sample())
+    _log_stats = False
+    _in_flight: dict[str, tuple[int, int]] = {}  # the running run's requests (replaced, never changed, here)
+    _num_finished = _num_prompt_tokens = _num_cached_tokens = _num_generated_tokens = 0
+
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
         try:
@@ -91,17 +96,14 @@ class VllmEngine:
             raise
         self._next_id = 0
         self._log_stats = not kwargs.get("disable_log_stats", True)
-        self._in_flight: dict[str, tuple[int, int]] = {}
-        # counted as requests finish (telemetry reads them once a second): finished, prompt, cached, generated
-        self._counts = [0, 0, 0, 0]
 
     def sample(self) -> EngineSample:
         """This engine's counters now (telemetry): cheap, read from another thread once a second."""
-        finished, prompt, cached, generated = self._counts
         running = waiting = usage = None
         if self._log_stats:
             running, waiting, usage = _scheduler_gauges()
-        return EngineSample(len(self._in_flight), finished, prompt, cached, generated, running, waiting, usage)
+        return EngineSample(len(self._in_flight), self._num_finished, self._num_prompt_tokens, self._num_cached_tokens,
+                            self._num_generated_tokens, running, waiting, usage)
 
     def telemetry(self) -> list[tuple[str, EngineSample]]:
         return [("engine 0", self.sample())]
@@ -214,11 +216,10 @@ class VllmEngine:
             len(completion.token_ids),
             output.num_cached_tokens or 0,
         )
-        counts = self._counts
-        counts[0] += 1
-        counts[1] += state.chunk.requests[pos].num_prompt_tokens
-        counts[2] += output.num_cached_tokens or 0
-        counts[3] += len(completion.token_ids)
+        self._num_finished += 1
+        self._num_prompt_tokens += state.chunk.requests[pos].num_prompt_tokens
+        self._num_cached_tokens += output.num_cached_tokens or 0
+        self._num_generated_tokens += len(completion.token_ids)
         if not self._vllm_detokenizes(state.chunk.requests[pos]):
             ids = array("I", completion.token_ids)
             state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token

@@ -46,11 +46,12 @@ class Telemetry:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(compact_parts=exc_type is None)
 
-    def close(self) -> None:
-        """Take a last sample, write what is left and compact the parts into telemetry.parquet."""
+    def close(self, *, compact_parts: bool = True) -> None:
+        """Take a last sample, write what is left and compact the parts into telemetry.parquet (not on the
+        way out of an interrupted run, which must stop within its grace: the next run compacts them)."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -58,7 +59,8 @@ class Telemetry:
         try:
             self._sample()
             self._flush()
-            compact(self.folder)
+            if compact_parts:
+                compact(self.folder)
         except Exception as exc:  # telemetry never fails a run: its results are what matters
             log.warning("telemetry not written: %s", exc)
         self._probes.close()
