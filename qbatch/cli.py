@@ -114,6 +114,7 @@ RUN_OPTIONS = [
     click.option("--performance-mode", help="vLLM performance_mode.  [default: throughput]"),
     click.option("--quantize", type=click.Choice(["awq"]), help="Quantize the model with AutoAWQ first (cached)."),
     click.option("--backend", type=click.Choice(BACKENDS), help="Engine: vllm, ray (engines on a Ray cluster), or null (returns instantly; for pipeline tests)."),
+    click.option("--disable-log-stats/--enable-log-stats", default=None, help="vLLM disable_log_stats: --enable-log-stats adds running/waiting requests and KV-cache usage to the telemetry (vLLM then works out its stats every step).  [default: disabled]"),
     click.option("--ray-address", help="Ray cluster to join with --backend ray: auto (on a cluster node) or HOST:6379.  [default: $RAY_ADDRESS, else a local cluster]"),
     click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), help="Also write results.jsonl in OpenAI Batch format (jsonl-openai)."),
     click.option("--include-prompt", is_flag=True, default=None, help="Add the rendered prompt to the results."),
@@ -122,6 +123,8 @@ RUN_OPTIONS = [
     click.option("--fail-on-empty", is_flag=True, default=None, help=f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning)."),
     click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
+    click.option("--telemetry/--no-telemetry", default=None, help="Record GPU (or CPU) and engine counters once a second into OUT_DIR/telemetry.parquet.  [default: on]"),
+    click.option("--report", is_flag=True, default=None, help="Write OUT_DIR/report.html (qbatch report) when the run ends."),
     click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; load no model."),
 ]
 
@@ -276,6 +279,27 @@ def status(output_dir: str, as_json: bool) -> None:
         click.echo(json.dumps(info, indent=2))
     else:
         print_status(info)
+
+
+@cli.command()
+@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", "path", type=click.Path(dir_okay=False),
+              help="Where to write the page.  [default: OUTPUT_DIR/report.html]")
+def report(output_dir: str, path: str | None) -> None:
+    """Write one self-contained HTML page about a run (charts and data inline; opens offline).
+
+    Throughput, GPU (or CPU) use and engine state over time (from telemetry.parquet), the phase
+    split, prompt/output length histograms, finish reasons, errors, per-chunk timings, settings
+    and versions. Works on a running job too.
+
+    \b
+    Examples:
+      qbatch report out/
+      qbatch report out/ -o /tmp/run.html
+    """
+    from qbatch.report.page import write_report
+
+    click.echo(str(write_report(output_dir, path)))
 
 
 def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -51,6 +51,20 @@ def _chunk_range(chunks: list[dict[str, Any]]) -> str:
     return f" ({min(rows)}-{max(rows)} rows each)"
 
 
+def _rate(value: float | None, unit: str) -> str:
+    return f"? {unit}" if value is None else f"{value:,.1f} {unit}"
+
+
+def _duration(seconds: float) -> str:
+    """12s, 4m 05s, 3h 02m."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
 def print_status(info: dict[str, Any]) -> None:
     remaining = "unknown" if info["rows_remaining"] is None else f"{info['rows_remaining']:,}"
     last = info["last_run"]
@@ -62,6 +76,14 @@ def print_status(info: dict[str, Any]) -> None:
         ("rows remaining", remaining),
         ("parts", str(info["parts"])),
     ]
+    live = info.get("live")
+    if live:
+        rows.append(("now", f"{_rate(live['rows_s'], 'rows/s')}, {_rate(live['output_tok_s'], 'output tok/s')}"
+                            f" (from {live['rates_from']})"))
+        rows.append(("eta", "unknown" if live["eta_s"] is None else _duration(live["eta_s"])))
+        if live["gpu_util_pct"]:
+            rows.append(("gpu utilization", ", ".join(f"GPU {d}: {u:.0f}%" for d, u in live["gpu_util_pct"].items()
+                                                      if u is not None)))
     if info["merged_from"]:
         rows.append(("merged from", f"{len(info['merged_from'])} shards"))
     if last.get("output_tok_s") is not None:

@@ -123,6 +123,9 @@ class EngineSpec:
     gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
     backend: str = affects_results("vllm")  # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
+    # False: vLLM computes its scheduler stats every step (running/waiting requests, KV-cache usage: telemetry
+    # records them); vLLM's LLM() default is True, as it costs per-step work in its engine loop
+    disable_log_stats: bool = True
 
     def engine_count(self) -> int:
         """Engine processes in all (engines_per_gpu None counts as one: not chosen yet)."""
@@ -146,6 +149,8 @@ class OutputSpec:
     restart: bool = False
     retry_errors: bool = False
     dry_run: bool = False
+    telemetry: bool = True  # GPU/CPU and engine counters once a second into OUT_DIR/telemetry.parquet
+    report: bool = False  # write OUT_DIR/report.html when the run ends
 
 
 SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec}

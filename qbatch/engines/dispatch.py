@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qbatch.engines.base import END, Chunk
-from qbatch.engines.messages import Done, Failed, Message, Ready, Stop, Want, unpack
+from qbatch.engines.messages import Done, EngineSample, Failed, Message, Ready, Stats, Stop, Want, unpack
 from qbatch.engines.platform import bind_cpu_cores, on_cpu
 from qbatch.engines.vllm import VllmEngine
 from qbatch.errors import EngineError
@@ -34,6 +34,7 @@ from qbatch.records import Completion
 from qbatch.spec import EngineSpec
 
 POLL_S = 1.0
+STATS_S = 1.0  # a worker sends its engine's counters this often (telemetry)
 RESUME_HINT = "finished parts are kept; rerun the same command to resume"
 
 
@@ -54,6 +55,11 @@ class Dispatcher:
         self._workers: dict[int, Worker] = {}
         self._wanting: deque[int] = deque()  # workers that asked for a chunk, in order of asking
         self._starting: set[int] = set()  # workers whose engine is not ready yet (they join the run when it is)
+        self._samples: dict[int, EngineSample] = {}  # each worker's latest counters (telemetry)
+
+    def telemetry(self) -> list[tuple[str, EngineSample]]:
+        """Each live worker's latest engine counters, by its label (sent about once a second)."""
+        return [(w.label, self._samples[rank]) for rank, w in list(self._workers.items()) if rank in self._samples]
 
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         source = iter(chunks)
@@ -97,6 +103,8 @@ class Dispatcher:
             case Want():
                 if rank not in self._wanting:
                     self._wanting.append(rank)
+            case Stats(sample=sample):
+                self._samples[rank] = sample
             case Ready():
                 self._starting.discard(rank)
                 log.info("engine %s ready, joins the run", label)
@@ -172,6 +180,21 @@ def start_engine(spec: EngineSpec, model_path: str, max_model_len: int, local_ra
     if on_cpu():
         bind_cpu_cores(local_rank, local_world)
     return VllmEngine(spec, model_path, max_model_len)
+
+
+def send_stats(engine: Any, rank: int, put: Callable[[Message], None], stopped: Any) -> None:
+    """Start a thread that sends the engine's counters every STATS_S seconds until `stopped` is set:
+    read from the engine's own counters, so the engine loop does no work for it."""
+    import threading
+
+    def send() -> None:
+        while not stopped.wait(STATS_S):
+            try:
+                put(Stats(rank, engine.sample()))
+            except Exception:  # a queue closed at shutdown: telemetry is never worth a failed run
+                return
+
+    threading.Thread(target=send, name="qbatch-engine-stats", daemon=True).start()
 
 
 def feed(tasks: Any, ask: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> Iterator[Chunk | None]:

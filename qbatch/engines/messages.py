@@ -65,11 +65,38 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineSample:
+    """An engine's counters at one moment, for telemetry (read once a second, never per step).
+
+    Counts since the engine started: finished requests and their prompt, prefix-cached and generated
+    tokens (qbatch counts them as requests finish). Running / waiting requests and KV-cache usage are
+    vLLM's scheduler stats: None unless the engine runs with disable_log_stats=False.
+    """
+
+    requests_in_engine: int
+    finished_requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    generation_tokens: int
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    kv_cache_usage: float | None = None  # 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A worker's engine counters, sent about once a second (telemetry)."""
+
+    rank: int
+    sample: EngineSample
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """To a worker: no more chunks, shut the engine down."""
 
 
-Message = Want | Ready | Done | Failed
+Message = Want | Ready | Done | Failed | Stats
 
 
 def pack(completions: list[Completion]) -> list[Output]:

@@ -24,12 +24,13 @@ import atexit
 import multiprocessing as mp
 import os
 import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
-from qbatch.engines.dispatch import POLL_S, Dispatcher, Worker, feed, start_engine
+from qbatch.engines.dispatch import POLL_S, Dispatcher, Worker, feed, send_stats, start_engine
 from qbatch.engines.messages import Done, Failed, Message, Ready, Stop, Want, pack
 from qbatch.engines.placement import gpu_ids
 from qbatch.engines.platform import on_cpu
@@ -175,6 +176,8 @@ def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path
         return
     results.put(Ready(rank, engine.max_num_seqs))
     parent = os.getppid()
+    stats_stopped = threading.Event()
+    send_stats(engine, rank, results.put, stats_stopped)
     try:
         chunks = feed(tasks, ask=lambda: results.put(Want(rank)), orphaned=lambda: os.getppid() != parent)
         for chunk, completions in engine.run(chunks):
@@ -182,6 +185,7 @@ def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path
     except BaseException as exc:
         results.put(Failed(rank, first_line(exc)))
     finally:
+        stats_stopped.set()
         engine.close()  # a multiprocessing child skips atexit: vLLM's engine process would outlive it
 
 

@@ -17,13 +17,14 @@ import os
 import platform
 import queue
 import threading
+import time
 from collections import Counter, deque
 from dataclasses import replace
 from typing import Any
 
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
-from qbatch.engines.dispatch import Dispatcher, Worker, feed, start_engine
-from qbatch.engines.messages import Done, Failed, Message, Stop, Want, pack
+from qbatch.engines.dispatch import STATS_S, Dispatcher, Worker, feed, start_engine
+from qbatch.engines.messages import Done, Failed, Message, Stats, Stop, Want, pack
 from qbatch.engines.start_errors import MEMORY_HINT, memory_reason
 from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError, first_line
 from qbatch.log import log
@@ -144,6 +145,7 @@ class EngineActor:
         self._engine: Any = None
         self._thread: threading.Thread | None = None
         self._rank = 0  # the driver's name for this actor, given at start()
+        self._stats_at = 0.0  # when events() last added the engine's counters (telemetry)
 
     def where(self) -> tuple[str, str, int]:
         """(Ray node id, host name, pid): engines sharing a node split its cores."""
@@ -169,13 +171,17 @@ class EngineActor:
         self._tasks.put(chunk)
 
     def events(self) -> list[Message]:
-        """What happened since the last call; waits up to EVENT_WAIT_S for something."""
+        """What happened since the last call; waits up to EVENT_WAIT_S for something. About once a
+        second the engine's counters come along (telemetry): the driver polls anyway."""
         try:
             events = [self._events.get(timeout=self.EVENT_WAIT_S)]
         except queue.Empty:
-            return []
+            events = []
         while not self._events.empty():
             events.append(self._events.get_nowait())
+        if self._engine is not None and time.monotonic() - self._stats_at >= STATS_S:
+            self._stats_at = time.monotonic()
+            events.append(Stats(self._rank, self._engine.sample()))
         return events
 
     def _generate(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from qbatch.engines.base import END, Chunk
 from qbatch.engines.detokenize import FinalDecoder
+from qbatch.engines.messages import EngineSample
 from qbatch.engines.platform import bind_cpu_cores, cpu_has_bf16, engine_arg_names, on_cpu, on_hopper
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.errors import EngineError, MissingDependency, SpecError, first_line
@@ -65,6 +66,11 @@ class OpenChunk:
 class VllmEngine:
     """vLLM's offline engine, driven request by request so it never drains between chunks."""
 
+    # telemetry: counted as requests finish, read by another thread once a second (sample())
+    _log_stats = False
+    _in_flight: dict[str, tuple[int, int]] = {}  # the running run's requests (replaced, never changed, here)
+    _num_finished = _num_prompt_tokens = _num_cached_tokens = _num_generated_tokens = 0
+
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
         try:
@@ -89,6 +95,18 @@ class VllmEngine:
             self._shutdown()  # the engine processes would outlive a worker that fails here
             raise
         self._next_id = 0
+        self._log_stats = not kwargs.get("disable_log_stats", True)
+
+    def sample(self) -> EngineSample:
+        """This engine's counters now (telemetry): cheap, read from another thread once a second."""
+        running = waiting = usage = None
+        if self._log_stats:
+            running, waiting, usage = _scheduler_gauges()
+        return EngineSample(len(self._in_flight), self._num_finished, self._num_prompt_tokens, self._num_cached_tokens,
+                            self._num_generated_tokens, running, waiting, usage)
+
+    def telemetry(self) -> list[tuple[str, EngineSample]]:
+        return [("engine 0", self.sample())]
 
     def close(self) -> None:
         """Shut the engine processes down now, not at interpreter exit (a run on vLLM 0.26 hung there)."""
@@ -122,6 +140,7 @@ class VllmEngine:
         chunk_iter = iter(chunks)
         open_chunks: dict[int, OpenChunk] = {}
         in_flight: dict[str, tuple[int, int]] = {}  # request id -> (chunk index, position)
+        self._in_flight = in_flight
         exhausted = False
         try:
             while True:
@@ -197,6 +216,10 @@ class VllmEngine:
             len(completion.token_ids),
             output.num_cached_tokens or 0,
         )
+        self._num_finished += 1
+        self._num_prompt_tokens += state.chunk.requests[pos].num_prompt_tokens
+        self._num_cached_tokens += output.num_cached_tokens or 0
+        self._num_generated_tokens += len(completion.token_ids)
         if not self._vllm_detokenizes(state.chunk.requests[pos]):
             ids = array("I", completion.token_ids)
             state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token
@@ -255,6 +278,25 @@ class EngineWatchdog:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
+# vLLM's Prometheus names for its scheduler stats (kv_cache_usage_perc was gpu_cache_usage_perc before 0.10)
+RUNNING_GAUGE, WAITING_GAUGE = "vllm:num_requests_running", "vllm:num_requests_waiting"
+KV_USAGE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def _scheduler_gauges() -> tuple[int | None, int | None, float | None]:
+    """Running and waiting requests and KV-cache usage (0..1), from vLLM's in-process Prometheus gauges."""
+    try:
+        from vllm.v1.metrics.reader import Gauge, get_metrics_snapshot
+
+        gauges = {m.name: m.value for m in get_metrics_snapshot() if isinstance(m, Gauge)}
+    except Exception:  # a vLLM without the reader, or a registry being changed: this second goes unrecorded
+        return None, None, None
+    usage = next((gauges[name] for name in KV_USAGE_GAUGES if name in gauges), None)
+    running, waiting = gauges.get(RUNNING_GAUGE), gauges.get(WAITING_GAUGE)
+    return (None if running is None else int(running), None if waiting is None else int(waiting),
+            None if usage is None else float(usage))
+
+
 def _running(process: Any) -> bool:
     import psutil
 
@@ -295,6 +337,8 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -
         "tensor_parallel_size": spec.tensor_parallel_size,
         "max_model_len": max_model_len,
     }
+    if not spec.disable_log_stats:
+        kwargs["disable_log_stats"] = False
     for name in ("enforce_eager", "tokenizer", "revision", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
                  "max_num_batched_tokens", "quantization", "load_format"):
         if getattr(spec, name) is not None:

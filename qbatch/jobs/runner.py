@@ -11,6 +11,7 @@ while the engine generates and this thread writes the results.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -26,6 +27,7 @@ from qbatch.jobs.memory import rare_collections, release_freed_memory
 from qbatch.jobs.progress import Progress
 from qbatch.jobs.stages import Stages
 from qbatch.jobs.summary import Summary, stats_dict
+from qbatch.jobs.telemetry import Telemetry
 from qbatch.log import log
 from qbatch.output.assemble import assemble
 from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_manifest
@@ -110,6 +112,10 @@ def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any]
     manifest.update(status="completed", updated_at=now(), counts=counts, covered_inputs=covered)
     manifest["runs"][-1].update(finished_at=now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
     out.write_manifest(manifest)
+    if spec.output.report:
+        from qbatch.report.page import write_report
+
+        write_report(out.path)
     return summary
 
 
@@ -125,8 +131,17 @@ def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progr
               started_early: float | None, column_types: ColumnTypes) -> None:
     """Start the engine (or wait for the one started early), feed it the windows' chunks, write each
     chunk as it finishes."""
+    telemetry = Telemetry(out.path, summary, progress.total) if job.spec.output.telemetry else None
+    with telemetry or contextlib.nullcontext():
+        _generate_with(job, windows, out, summary, progress, started_early, column_types, telemetry)
+
+
+def _generate_with(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress,
+                   started_early: float | None, column_types: ColumnTypes, telemetry: Telemetry | None) -> None:
     t0 = time.monotonic()
     engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
+    if telemetry is not None:
+        telemetry.engine = engine
     summary.engine_start_s = time.monotonic() - (started_early or t0)
     early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
     progress.log(f"engine ready in {summary.engine_start_s:.1f}s{early}")

@@ -42,7 +42,74 @@ def read_status(output_dir: str) -> dict[str, Any]:
         "last_run": {key: stats.get(key) for key in ("rows_ok", "rows_failed", "prompt_tokens", "completion_tokens",
                                                     "generate_s", "wall_s", "output_tok_s", "total_tok_s")},
         "updated_at": manifest.get("updated_at"),
+        "live": _live(folder, total, done, failed) if holder is not None else None,
     }
+
+
+RATE_WINDOW_S = 60.0  # current rates are over the last minute of telemetry
+RATE_PARTS = 10  # without telemetry: over the last parts written
+
+
+def _live(folder: OutputDir, total: int | None, done: int, failed: int) -> dict[str, Any]:
+    """A running job's current rows/s and output tok/s, its ETA and its GPUs' utilization now: from
+    telemetry.parquet's last minute, else from the times its last parts were written."""
+    rates = _telemetry_rates(folder) or _part_rates(folder)
+    rows_s = rates.get("rows_s")
+    remaining = None if total is None else max(total - done - failed, 0)
+    eta_s = round(remaining / rows_s, 1) if rows_s and remaining is not None else None
+    return {"rows_s": rows_s, "output_tok_s": rates.get("output_tok_s"), "eta_s": eta_s,
+            "gpu_util_pct": rates.get("gpu_util_pct"), "rates_from": rates.get("from")}
+
+
+def _telemetry_rates(folder: OutputDir) -> dict[str, Any] | None:
+    from datetime import timedelta
+
+    import polars as pl
+
+    from qbatch.output.telemetry import read
+
+    frame = read(folder.path)
+    if frame is None:
+        return None
+    recent = frame.filter(pl.col("time") >= frame["time"].max() - timedelta(seconds=RATE_WINDOW_S))
+    out: dict[str, Any] = {"from": "telemetry"}
+    run = recent.filter(pl.col("source") == "run").sort("time")
+    if run.height >= 2:
+        span = (run["time"][-1] - run["time"][0]).total_seconds()
+        if span > 0:
+            out["rows_s"] = round((run["rows_done"][-1] - run["rows_done"][0]) / span, 2)
+    engine = recent.filter(pl.col("source") == "engine").sort("time")
+    if engine.height >= 2:
+        out["output_tok_s"] = round(_engine_rate(engine, "generation_tokens"), 1)
+        if out.get("rows_s") in (None, 0):  # rows reach parts a chunk at a time: the engines' count is smoother
+            out["rows_s"] = round(_engine_rate(engine, "finished_requests"), 2) or out.get("rows_s")
+    gpus = frame.filter(pl.col("source") == "gpu")
+    if gpus.height:
+        latest = gpus.filter(pl.col("time") == gpus["time"].max())
+        out["gpu_util_pct"] = {str(d): u for d, u in latest.select("device", "gpu_util_pct").iter_rows()}
+    return out
+
+
+def _engine_rate(engine: Any, column: str) -> float:
+    """A cumulative engine counter's rate, summed over the engines (a restarted counter counts 0)."""
+    import polars as pl
+
+    ends = engine.group_by("device").agg(pl.col(column).first().alias("a"), pl.col(column).last().alias("b"),
+                                         pl.col("time").first().alias("t0"), pl.col("time").last().alias("t1"))
+    return sum((b - a) / (t1 - t0).total_seconds() for _, a, b, t0, t1 in ends.iter_rows()
+               if (t1 - t0).total_seconds() > 0 and a is not None and b is not None and b >= a)
+
+
+def _part_rates(folder: OutputDir) -> dict[str, Any]:
+    """Rows/s over the last RATE_PARTS result parts, from their row counts and write times."""
+    import pyarrow.parquet as pq
+
+    parts = sorted(folder.part_files(RESULT_PREFIX), key=lambda p: p.stat().st_mtime)[-RATE_PARTS:]
+    if len(parts) < 2:
+        return {"from": "parts"}
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in parts[1:])
+    span = parts[-1].stat().st_mtime - parts[0].stat().st_mtime
+    return {"from": "parts", "rows_s": round(rows / span, 2) if span > 0 else None}
 
 
 def _run_state(status: str | None, holder: str | None) -> tuple[str, str | None]:

@@ -121,3 +121,27 @@ def test_texts_decoded_by_qbatch_equal_vllms_own(run_tiny, write_jsonl, monkeypa
     assert ours["completion_tokens"].to_list() == theirs["completion_tokens"].to_list()
     assert ours["text"].to_list() == theirs["text"].to_list()
     assert ours["text"].str.len_chars().min() > 0 and "e" not in ours["text"][-1]
+
+
+def test_real_run_writes_telemetry_and_its_report(run_tiny, write_jsonl, tmp_path):
+    """Telemetry from the real engine: the documented columns, the engine's counters adding up to the
+    results' tokens; the report builds from it."""
+    from qbatch.output.telemetry import COLUMNS
+
+    rows = [{"id": str(i), "prompt": f"Count to {i} please."} for i in range(24)]
+    out = tmp_path / "out"
+    result = run_tiny(write_jsonl(rows), "-o", out, "--max-tokens", "48", "--ignore-eos", "--report",
+                      "--enable-log-stats")
+    assert result.exit_code == 0, result.output
+    telemetry = pl.read_parquet(out / "telemetry.parquet")
+    assert telemetry.columns == list(COLUMNS)
+    engine = telemetry.filter(pl.col("source") == "engine").sort("time")
+    results = pl.read_parquet(out / "results.parquet")
+    last = engine.row(-1, named=True)
+    # the last sample is taken after the last chunk: the counters cover every row of this run
+    assert last["finished_requests"] >= 24 and last["generation_tokens"] >= results["completion_tokens"].sum()
+    assert last["requests_in_engine"] == 0
+    assert engine["kv_cache_usage"].drop_nulls().len() > 0  # vLLM's scheduler stats, with --enable-log-stats
+    assert telemetry.filter(pl.col("source") == "host")["rss_bytes"].min() > 0
+    page = (out / "report.html").read_text()
+    assert 'id="chart-throughput"' in page and 'id="chart-engines"' in page
