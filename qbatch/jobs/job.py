@@ -115,7 +115,7 @@ class Job:
         tokenizer = load_tokenizer(spec.engine.tokenizer or self.model_path, spec.engine.revision)
         base = {**generation_defaults(self.model_path), "max_tokens": spec.sampling.max_tokens}
         base.update({k: v for k, v in asdict(spec.sampling).items()
-                     if v is not None and v is not False and k in SAMPLING_KEY_SET})
+                     if v is not None and v is not False and k in SAMPLING_KEY_SET and (k, v) != ("n", 1)})
         structured = spec.sampling.structured_outputs()
         if structured is not None:
             base["structured_outputs"] = structured
