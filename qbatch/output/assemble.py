@@ -40,8 +40,9 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
         # the key. Parts hold whole rows (every sample of an id, written together), so a redone chunk
         # repeats all of an id's samples and the first copy of each is kept.
         if "sample_index" in results.collect_schema().names():
-            key = pl.struct("id", pl.col("sample_index").fill_null(0))
-            results_frame = results.filter(key.is_first_distinct()).sort([*ORDER, "sample_index"])
+            results = results.with_columns(pl.col("sample_index").fill_null(0))  # parts of one-sample rows only
+            results_frame = results.filter(pl.struct("id", "sample_index").is_first_distinct()).sort(
+                [*ORDER, "sample_index"])
         else:
             results_frame = results.filter(pl.col("id").is_first_distinct()).sort(ORDER)
     atomic_write(out.path / "results.parquet",
