@@ -236,7 +236,7 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 
 
 @cli.command()
-@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short"]))
+@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "classify", "classify-choice", "classify-json"]))
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
               help="Comma list of vllm-text, vllm-tokens, qbatch, hf.")
 @click.option("--rows", type=int, help="Rows per workload.  [default: uniform 3072, varied/short 4096; null engine 100000]")
@@ -278,12 +278,12 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     import shlex
 
     from qbatch.bench import harness as benchmarks
-    from qbatch.bench.workloads import WORKLOADS
+    from qbatch.bench.workloads import DEFAULT_WORKLOADS
 
     run_settings = {k: v for k, v in (("model", model), ("load_format", load_format)) if v}
     for pairs in settings:
         run_settings.update(pairs)
-    spec = benchmarks.BenchSettings(list(workloads or WORKLOADS), modes or [], run_settings, rows=rows,
+    spec = benchmarks.BenchSettings(list(workloads or DEFAULT_WORKLOADS), modes or [], run_settings, rows=rows,
                                     hf_rows=hf_rows, repeats=repeats, length_scale=length_scale,
                                     seed=workload_seed if legacy_seed is None else legacy_seed,
                                     vllm_defaults=vllm_defaults, variants=variant, work_dir=work_dir)
