@@ -202,7 +202,7 @@ class VllmEngine:
             output.num_cached_tokens or 0,
             logprobs=_token_logprobs(completion, top),
             more_samples=[Sample(o.text, o.finish_reason, len(o.token_ids), _token_logprobs(o, top))
-                          for o in sorted(output.outputs, key=lambda o: o.index)[1:]],
+                          for o in output.outputs[1:]],  # vLLM lists them by sample index
         )
         if not self._vllm_detokenizes(state.chunk.requests[pos]):
             ids = array("I", completion.token_ids)
