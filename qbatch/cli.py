@@ -89,6 +89,13 @@ RUN_OPTIONS = [
     click.option("--repetition-penalty", type=float, help="Repetition penalty."),
     click.option("--stop", multiple=True, default=None, help="Stop string (repeatable)."),
     click.option("--ignore-eos", is_flag=True, default=None, help="Generate max_tokens regardless of EOS (benchmarks)."),
+    click.option("--json-schema", help="Constrain answers to a JSON schema (a file, or the JSON itself); see `parsed`."),
+    click.option("--choice", callback=_csv, help="Constrain answers to one of these labels (comma list), e.g. pos,neg."),
+    click.option("--regex", help="Constrain answers to full-match this regular expression."),
+    click.option("--grammar", help="Constrain answers to a grammar (EBNF/Lark as vLLM takes it; a file or the text)."),
+    click.option("--n", type=int, help="Samples per row: one result row each, with sample_index.  [default: 1]"),
+    click.option("--logprobs", is_flag=True, default=None, help="Add each output token's logprob (a logprobs column)."),
+    click.option("--top-logprobs", type=int, help="With logprobs, the N most likely alternatives of each token (0-20)."),
     click.option("--sort-window", type=int, help="Rows sorted by length together (the last window also takes the rows left at the end).  [default: 8192]"),
     click.option("--order", type=click.Choice(ORDERS), help="Rows go to the engine longest first in each window (max_tokens, then prompt), or in input order.  [default: longest-first]"),
     click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk/part.  [default: 4194304; with N engines, 4194304/(16N)]"),
@@ -112,6 +119,7 @@ RUN_OPTIONS = [
     click.option("--seed", type=int, help="vLLM engine seed.  [default: 0]"),
     click.option("--load-format", help="vLLM load_format (e.g. dummy for random weights)."),
     click.option("--performance-mode", help="vLLM performance_mode.  [default: throughput]"),
+    click.option("--reasoning-parser", help="vLLM reasoning_parser: constraints apply after the reasoning.  [default: qwen3 for Qwen3 models with a job-level constraint]"),
     click.option("--quantize", type=click.Choice(["awq"]), help="Quantize the model with AutoAWQ first (cached)."),
     click.option("--backend", type=click.Choice(BACKENDS), help="Engine: vllm, ray (engines on a Ray cluster), or null (returns instantly; for pipeline tests)."),
     click.option("--disable-log-stats/--enable-log-stats", default=None, help="vLLM disable_log_stats: --enable-log-stats adds running/waiting requests and KV-cache usage to the telemetry (vLLM then works out its stats every step).  [default: disabled]"),
@@ -164,6 +172,7 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
       qbatch run --job jobs/quickstart.toml
       qbatch run data/*.parquet -o out/ --template 'Summarize: {text}' --no-thinking
       qbatch run batch.jsonl -o out/ --output-format jsonl-openai --dry-run
+      qbatch run sample_data/prompts.jsonl -o out/labels --model smollm2-135m --choice yes,no --logprobs --top-logprobs 5
 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
@@ -322,7 +331,7 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 
 
 @cli.command()
-@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small"]))
+@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json"]))
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
               help="Comma list of vllm-text, vllm-tokens, qbatch, session (a warm qbatch.Session fed a list of "
                    "rows), hf.")
@@ -365,12 +374,12 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     import shlex
 
     from qbatch.bench import harness as benchmarks
-    from qbatch.bench.workloads import WORKLOADS
+    from qbatch.bench.workloads import DEFAULT_WORKLOADS
 
     run_settings = {k: v for k, v in (("model", model), ("load_format", load_format)) if v}
     for pairs in settings:
         run_settings.update(pairs)
-    spec = benchmarks.BenchSettings(list(workloads or WORKLOADS), modes or [], run_settings, rows=rows,
+    spec = benchmarks.BenchSettings(list(workloads or DEFAULT_WORKLOADS), modes or [], run_settings, rows=rows,
                                     hf_rows=hf_rows, repeats=repeats, length_scale=length_scale,
                                     seed=workload_seed if legacy_seed is None else legacy_seed,
                                     vllm_defaults=vllm_defaults, variants=variant, work_dir=work_dir)

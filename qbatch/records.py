@@ -42,7 +42,7 @@ class Request:
     @property
     def cost(self) -> int:
         """The most tokens this row can occupy: what chunk budgets count."""
-        return len(self.prompt_token_ids) + self.sampling["max_tokens"]
+        return len(self.prompt_token_ids) + self.sampling["max_tokens"] * self.sampling.get("n", 1)
 
 
 @dataclass(slots=True)
@@ -67,3 +67,20 @@ class Completion:
     num_completion_tokens: int
     num_cached_tokens: int = 0
     error: str | None = None  # set when the engine refused the row
+    # With logprobs asked: one {"token", "logprob", "top_logprobs": [{"token", "logprob"}]} per output token.
+    logprobs: list[dict[str, Any]] | None = None
+    more_samples: list[Sample] = field(default_factory=list)  # with n > 1: samples 1..n-1 (this one is 0)
+
+    def samples(self) -> list[Sample]:
+        """Every sample of the request, this completion's own first."""
+        return [Sample(self.text, self.finish_reason, self.num_completion_tokens, self.logprobs), *self.more_samples]
+
+
+@dataclass(slots=True)
+class Sample:
+    """One of a request's n samples (vLLM's CompletionOutput)."""
+
+    text: str
+    finish_reason: str | None
+    num_completion_tokens: int
+    logprobs: list[dict[str, Any]] | None = None

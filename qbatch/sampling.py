@@ -7,15 +7,18 @@ anything loads.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 from qbatch.errors import RowError
 
 FLOAT_PARAMS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-INT_PARAMS = ("max_tokens", "top_k", "seed", "n", "min_tokens")
-SAMPLING_KEYS = (*FLOAT_PARAMS, *INT_PARAMS, "stop", "ignore_eos")
+INT_PARAMS = ("max_tokens", "top_k", "seed", "n", "min_tokens", "top_logprobs")
+SAMPLING_KEYS = (*FLOAT_PARAMS, *INT_PARAMS, "stop", "ignore_eos", "logprobs", "structured_outputs")
 SAMPLING_KEY_SET = frozenset(SAMPLING_KEYS)
+MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs: a larger value is refused by the engine
 
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -33,9 +36,11 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
             value = [value] if isinstance(value, str) else value
             if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
                 raise RowError("bad_param", f"stop must be a string or a list of strings, got {value!r}")
-        elif key == "ignore_eos":
+        elif key in ("ignore_eos", "logprobs"):
             if not isinstance(value, bool):
-                raise RowError("bad_param", f"ignore_eos must be true or false, got {value!r}")
+                raise RowError("bad_param", f"{key} must be true or false, got {value!r}")
+        elif key == "structured_outputs":
+            value = check_structured(value)
         else:
             raise RowError("bad_param", f"unknown sampling parameter '{key}'")
         out[key] = value
@@ -55,7 +60,8 @@ RANGE_RULES = (  # built once: most rows have no sampling overrides, and this ru
     ("frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
     ("repetition_penalty", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
     ("min_tokens", lambda v: v >= 0, ">= 0"),
-    ("n", lambda v: v == 1, "1 (qbatch returns one completion per row)"),
+    ("n", lambda v: v >= 1, ">= 1"),
+    ("top_logprobs", lambda v: 0 <= v <= MAX_TOP_LOGPROBS, f"in [0, {MAX_TOP_LOGPROBS}] (vLLM's max_logprobs)"),
 )
 
 
@@ -65,3 +71,91 @@ def check_ranges(p: dict[str, Any]) -> None:
             raise RowError("bad_param", f"{key} must be {rule}, got {p[key]!r}")
     if p.get("min_tokens", 0) > p.get("max_tokens", math.inf):
         raise RowError("bad_param", f"min_tokens must be <= max_tokens, got {p['min_tokens']} > {p['max_tokens']}")
+
+
+# -- structured outputs: vLLM's StructuredOutputsParams, one constraint a request -------------------
+CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's names
+# Plain rows may use the names of vLLM's older guided decoding API (guided_json, ...): same constraints.
+GUIDED_COLUMNS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                  "guided_grammar": "grammar"}
+
+
+def check_structured(value: Any) -> dict[str, Any]:
+    """One structured-output constraint as vLLM's StructuredOutputsParams kwargs, checked here so that
+    a bad schema or regex fails its row (or the job, spec.py) with the reason, never inside the engine."""
+    if not isinstance(value, dict):
+        raise RowError("bad_constraint", f"structured_outputs must be an object, got {type(value).__name__}")
+    given = {k: v for k, v in value.items() if v is not None and v is not False}
+    unknown = sorted(set(given) - set(CONSTRAINT_KEYS))
+    if unknown:
+        raise RowError("bad_constraint", f"unknown structured_outputs key '{unknown[0]}' "
+                                         f"(one of {', '.join(CONSTRAINT_KEYS)})")
+    if len(given) != 1:
+        raise RowError("bad_constraint", f"structured_outputs needs exactly one of {', '.join(CONSTRAINT_KEYS)}, "
+                                         f"got {len(given)}")
+    (key, constraint), = given.items()
+    if key == "json":
+        return {"json": check_json_schema(constraint)}
+    if key == "regex":
+        return {"regex": check_regex(constraint)}
+    if key == "choice":
+        return {"choice": check_choice(constraint)}
+    if key == "grammar":
+        if not isinstance(constraint, str) or not constraint.strip():
+            raise RowError("bad_constraint", "grammar must be a non-empty EBNF/Lark text")
+        return {"grammar": constraint}
+    if constraint is not True:
+        raise RowError("bad_constraint", f"json_object must be true, got {constraint!r}")
+    return {"json_object": True}
+
+
+def check_json_schema(schema: Any) -> dict[str, Any]:
+    """A JSON schema (object, or its JSON text) that is itself valid (Draft 2020-12's meta-schema)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise RowError("bad_constraint", f"JSON schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise RowError("bad_constraint", f"JSON schema must be an object, got {type(schema).__name__}")
+    try:
+        import jsonschema
+    except ImportError:  # vLLM's engine checks it (its error becomes the row's)
+        return schema
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(map(str, exc.path)) or "(top)"
+        raise RowError("bad_constraint", f"invalid JSON schema at {where}: {exc.message}") from None
+    return schema
+
+
+def check_regex(pattern: Any) -> str:
+    if not isinstance(pattern, str) or not pattern:
+        raise RowError("bad_constraint", f"regex must be a non-empty string, got {pattern!r}")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise RowError("bad_constraint", f"invalid regex {pattern!r}: {exc}") from None
+    return pattern
+
+
+def check_choice(choices: Any) -> list[str]:
+    if (not isinstance(choices, list) or not choices
+            or not all(isinstance(c, str) and c for c in choices)):
+        raise RowError("bad_constraint", f"choice must be a non-empty list of non-empty strings, got {choices!r}")
+    if len(set(choices)) != len(choices):
+        raise RowError("bad_constraint", f"choice lists a value twice: {choices!r}")
+    return choices
+
+
+def to_vllm(params: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams kwargs from qbatch's (OpenAI's) names: `logprobs` (bool) and `top_logprobs` (int)
+    become vLLM's `logprobs` (the number of alternatives a token; 0: the sampled token's only)."""
+    if "logprobs" not in params and "top_logprobs" not in params:
+        return params
+    out = dict(params)
+    wanted, top = out.pop("logprobs", False), out.pop("top_logprobs", None)
+    if wanted or top is not None:
+        out["logprobs"] = top or 0
+    return out

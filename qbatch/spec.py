@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.errors import RowError, SpecError
-from qbatch.sampling import check_params
+from qbatch.sampling import SAMPLING_KEY_SET, check_params, check_structured
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 SHAPES = ("auto", "prompt", "chat", "openai")
@@ -79,6 +79,33 @@ class SamplingSpec:
     repetition_penalty: float | None = affects_results(None)
     stop: list[str] | None = affects_results(None)
     ignore_eos: bool = affects_results(False)
+    # Structured output (at most one; a row's own constraint replaces it): json_schema and grammar are
+    # a file or the text itself (the fingerprint holds the content: Job.fingerprint).
+    json_schema: str | None = affects_results(None)
+    choice: list[str] | None = affects_results(None)
+    regex: str | None = affects_results(None)
+    grammar: str | None = affects_results(None)
+    n: int = affects_results(1)  # samples a row: one result row each (sample_index)
+    logprobs: bool = affects_results(False)  # each output token's logprob (OpenAI's names)
+    top_logprobs: int | None = affects_results(None)  # and its N most likely alternatives (implies logprobs)
+
+    def structured_outputs(self) -> dict[str, Any] | None:
+        """The job's constraint as vLLM's StructuredOutputsParams kwargs (files read), checked; None: none."""
+        given = [name for name in ("json_schema", "choice", "regex", "grammar") if getattr(self, name) is not None]
+        if not given:
+            return None
+        if len(given) > 1:
+            raise SpecError(f"--{given[0].replace('_', '-')} and --{given[1].replace('_', '-')} are two "
+                            "constraints; a job takes one", hint="keep one of them")
+        name = given[0]
+        value: Any = getattr(self, name)
+        if name in ("json_schema", "grammar"):
+            value = _file_or_text(value, name)
+        try:
+            return check_structured({"json" if name == "json_schema" else name: value})
+        except RowError as exc:
+            raise SpecError(exc.message, where=f"--{name.replace('_', '-')}",
+                            hint=f"fix the {name.replace('_', ' ')} (rows may carry their own constraint)") from None
 
 
 # ~2,000 rows a part at the default max_tokens (2048): each part costs a table, a Parquet file and
@@ -121,6 +148,9 @@ class EngineSpec:
     data_parallel_size: int = 1  # independent engines, one process per GPU (engines/processes.py)
     engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by engines/placement.py
     gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
+    # vLLM's reasoning parser: a constraint then applies after the reasoning. None: "qwen3" for Qwen3
+    # models when the job has a constraint (Job.setup), else none (rows with their own need the flag).
+    reasoning_parser: str | None = affects_results(None)
     backend: str = affects_results("vllm")  # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
     # False: vLLM computes its scheduler stats every step (running/waiting requests, KV-cache usage: telemetry
@@ -199,6 +229,7 @@ class JobSpec:
         _check_choice("on_bad_line", self.input.on_bad_line, ON_BAD_LINE)
         _check_min("max_tokens", self.sampling.max_tokens, 1)
         self._check_sampling()
+        self.sampling.structured_outputs()
         _check_min("sort_window", self.plan.sort_window, 1)
         _check_choice("order", self.plan.order, ORDERS)
         _check_min("tensor_parallel_size", self.engine.tensor_parallel_size, 1)
@@ -251,7 +282,8 @@ class JobSpec:
     def _check_sampling(self) -> None:
         """Job-level sampling values follow the per-row rules (validate.py): refused here, before
         the model loads, instead of by vLLM once it has (a traceback, or every row an error)."""
-        values = {k: v for k, v in dataclasses.asdict(self.sampling).items() if v is not None}
+        values = {k: v for k, v in dataclasses.asdict(self.sampling).items()
+                  if v is not None and k in SAMPLING_KEY_SET}
         try:
             check_params(values)
         except RowError as exc:
@@ -375,6 +407,17 @@ def _show(value: Any) -> str:
         return json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def _file_or_text(value: str, name: str) -> str:
+    """A setting given as a file or as the text itself: an existing file's content, else the text."""
+    path = Path(value)
+    try:
+        if len(value) < 4096 and "\n" not in value and path.is_file():
+            return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read the {name.replace('_', ' ')} file: {exc}", where=value) from None
+    return value
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

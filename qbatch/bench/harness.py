@@ -232,7 +232,13 @@ def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, 
     """One LLM.generate call with every prompt, as text or as token ids."""
     from vllm import SamplingParams
 
-    params = [SamplingParams(**{**base_sampling, "max_tokens": n, "ignore_eos": True}) for n in workload.max_tokens]
+    constraint: dict[str, Any] = {}
+    if workload.structured_outputs is not None:  # the grammar ends a constrained row (as in qbatch's rows)
+        from vllm.sampling_params import StructuredOutputsParams
+
+        constraint = {"structured_outputs": StructuredOutputsParams(**workload.structured_outputs), "ignore_eos": False}
+    params = [SamplingParams(**{**base_sampling, "max_tokens": n, "ignore_eos": True, **constraint})
+              for n in workload.max_tokens]
     if mode == "vllm-text":
         prompts: list[Any] = workload.prompts
     else:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch import __version__
-from qbatch.bench.workloads import WORKLOADS, sample_lengths
+from qbatch.bench.workloads import DEFAULT_WORKLOADS, sample_lengths
 from qbatch.errors import SpecError
 
 MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf")
@@ -26,7 +26,7 @@ DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200}
 class BenchSettings:
     """What `qbatch bench` runs; `run_settings` are `qbatch run` settings (flag names) for every mode."""
 
-    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
     modes: list[str] = field(default_factory=lambda: ["vllm-text", "vllm-tokens", "qbatch"])
     run_settings: dict[str, Any] = field(default_factory=dict)
     rows: int | None = None  # None: DEFAULT_ROWS

@@ -16,7 +16,20 @@ from typing import Any
 
 from qbatch.errors import SpecError
 
-WORKLOADS = ("uniform", "varied", "short", "small")
+WORKLOADS = ("uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json")
+# The classification workloads (issue #20): the same rows free, under a 5-label choice, and under a
+# small JSON schema; constrained rows stop when their answer is complete (no ignore_eos: the grammar
+# ends them), up to max_tokens.
+LABELS = ["billing", "bug", "feature", "praise", "other"]
+CONSTRAINTS: dict[str, dict[str, Any] | None] = {
+    "classify": None,
+    "classify-choice": {"choice": LABELS},
+    "classify-json": {"json": {"type": "object", "properties": {"label": {"type": "string", "enum": LABELS},
+                                                                 "urgent": {"type": "boolean"}},
+                               "required": ["label", "urgent"], "additionalProperties": False}},
+}
+CLASSIFY_MAX_TOKENS = 32
+DEFAULT_WORKLOADS = ("uniform", "varied", "short")  # what `qbatch bench` runs unless --workloads says
 WORD_POOL_SIZE = 4000
 
 
@@ -29,7 +42,7 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
     """
     if name not in WORKLOADS:
         raise SpecError(f"workload must be one of {', '.join(WORKLOADS)}; got '{name}'")
-    rng = random.Random(f"{name}:{seed}")
+    rng = random.Random(f"{name.split('-')[0]}:{seed}")
     rows = []
     for _ in range(num_rows):
         if name == "uniform":
@@ -39,7 +52,9 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
             output = _lognormal(rng, 215, 8, 1024)
         elif name == "short":
             prompt, output = rng.randint(150, 250), rng.randint(1, 8)
-        else:
+        elif name.startswith("classify"):  # the same lengths for its three variants
+            prompt, output = rng.randint(150, 250), CLASSIFY_MAX_TOKENS
+        else:  # small
             prompt, output = rng.randint(170, 210), 256
         rows.append((max(1, round(prompt * scale)), max(1, round(output * scale))))
     return rows
@@ -58,6 +73,7 @@ class Workload:
     prompts: list[str]  # rendered through the chat template, exactly as qbatch renders it
     prompt_token_ids: list[list[int]]
     max_tokens: list[int]
+    structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams kwargs, every row
 
     @property
     def num_rows(self) -> int:
@@ -74,7 +90,10 @@ class Workload:
     def write_jsonl(self, path: Path) -> Path:
         with open(path, "w", encoding="utf-8") as handle:
             for i, (text, max_tokens) in enumerate(zip(self.texts, self.max_tokens, strict=True)):
-                handle.write(json.dumps({"id": f"{self.name}-{i}", "prompt": text, "max_tokens": max_tokens}) + "\n")
+                row = {"id": f"{self.name}-{i}", "prompt": text, "max_tokens": max_tokens}
+                if self.structured_outputs is not None:  # the grammar ends the row: no ignore_eos
+                    row.update(structured_outputs=self.structured_outputs, ignore_eos=False)
+                handle.write(json.dumps(row) + "\n")
         return path
 
     def describe(self) -> dict[str, Any]:
@@ -89,10 +108,11 @@ def make_workload(name: str, tokenizer: Any, num_rows: int, *, seed: int = 0, sc
     lengths = sample_lengths(name, num_rows, seed=seed, scale=scale)
     pool = word_pool(tokenizer)
     overhead = len(encode_ids(tokenizer, [render_chat(tokenizer, [pool[0]])[0]])[0]) - 1
-    rng = random.Random(f"{name}:{seed}:words")
+    rng = random.Random(f"{name.split('-')[0]}:{seed}:words")  # classify's variants: the same prompts
     texts = [" ".join(rng.choices(pool, k=max(1, prompt - overhead))) for prompt, _ in lengths]
     prompts = render_chat(tokenizer, texts)
-    return Workload(name, texts, prompts, encode_ids(tokenizer, prompts), [output for _, output in lengths])
+    return Workload(name, texts, prompts, encode_ids(tokenizer, prompts), [output for _, output in lengths],
+                    CONSTRAINTS.get(name))
 
 
 def word_pool(tokenizer: Any, size: int = WORD_POOL_SIZE) -> list[str]:

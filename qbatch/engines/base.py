@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from qbatch.records import Completion, Request
+from qbatch.records import Completion, Request, Sample
 
 END = object()  # end of a chunk stream
 STARTUP_TIMEOUT_S = 1800.0  # an engine worker or actor that has not started by then is given up
@@ -37,5 +37,10 @@ class NullEngine:
         for chunk in chunks:
             if chunk is None:
                 continue
-            yield chunk, [Completion(r, f"[null engine: {r.num_prompt_tokens} prompt tokens]", "length",
-                                     r.sampling["max_tokens"]) for r in chunk.requests]
+            yield chunk, [self._complete(r) for r in chunk.requests]
+
+    @staticmethod
+    def _complete(r: Request) -> Completion:
+        text = f"[null engine: {r.num_prompt_tokens} prompt tokens]"
+        more = [Sample(f"{text} #{i}", "length", r.sampling["max_tokens"]) for i in range(1, r.sampling.get("n", 1))]
+        return Completion(r, text, "length", r.sampling["max_tokens"], more_samples=more)

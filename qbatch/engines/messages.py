@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qbatch.errors import QbatchError
-from qbatch.records import Completion
+from qbatch.records import Completion, Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,11 +20,14 @@ class Output:
     num_completion_tokens: int
     num_cached_tokens: int
     error: str | None
+    logprobs: list[dict] | None = None
+    more_samples: tuple[Sample, ...] = ()  # with n > 1: samples 1..n-1
 
     @classmethod
     def of(cls, completion: Completion) -> Output:
         return cls(completion.text, completion.finish_reason, completion.num_completion_tokens,
-                   completion.num_cached_tokens, completion.error)
+                   completion.num_cached_tokens, completion.error, completion.logprobs,
+                   tuple(completion.more_samples))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,5 +109,6 @@ def pack(completions: list[Completion]) -> list[Output]:
 
 def unpack(requests: list, outputs: list[Output]) -> list[Completion]:
     """The completions of a chunk's requests from the outputs a worker sent back."""
-    return [Completion(request, o.text, o.finish_reason, o.num_completion_tokens, o.num_cached_tokens, o.error)
+    return [Completion(request, o.text, o.finish_reason, o.num_completion_tokens, o.num_cached_tokens, o.error,
+                       o.logprobs, list(o.more_samples))
             for request, o in zip(requests, outputs, strict=True)]

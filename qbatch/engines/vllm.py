@@ -26,7 +26,7 @@ from qbatch.engines.messages import EngineSample
 from qbatch.engines.platform import bind_cpu_cores, cpu_has_bf16, engine_arg_names, on_cpu, on_hopper
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.errors import EngineError, MissingDependency, SpecError, first_line
-from qbatch.records import Completion, Request
+from qbatch.records import Completion, Request, Sample
 from qbatch.spec import EngineSpec
 
 # Requests kept in the engine, as a multiple of max_num_seqs: enough that the scheduler
@@ -184,7 +184,7 @@ class VllmEngine:
         slots = state.slots
         for pos, request in enumerate(chunk.requests):
             try:
-                params = SamplingParams(**request.sampling, output_kind=RequestOutputKind.FINAL_ONLY,
+                params = SamplingParams(**_vllm_sampling(request.sampling), output_kind=RequestOutputKind.FINAL_ONLY,
                                         detokenize=self._vllm_detokenizes(request))
                 request_id = f"q{self._next_id}"
                 self._next_id += 1
@@ -202,19 +202,26 @@ class VllmEngine:
     def _vllm_detokenizes(self, request: Request) -> bool:
         """Whether vLLM decodes this row's text (else qbatch does, once the chunk is done; see detokenize.py).
 
-        Stop strings are matched on the text as it grows: only vLLM's own detokenizer can do that.
+        Stop strings are matched on the text as it grows: only vLLM's own detokenizer can do that;
+        logprobs carry each token's text, and n samples several texts: vLLM decodes those too.
         """
-        return self._decoder is None or bool(request.sampling.get("stop"))
+        sampling = request.sampling
+        return (self._decoder is None or bool(sampling.get("stop")) or sampling.get("logprobs") is not None
+                or sampling.get("n", 1) > 1)
 
     def _finish(self, open_chunks, index, pos, output):
         state = open_chunks[index]
         completion = output.outputs[0]
+        top = state.chunk.requests[pos].sampling.get("logprobs")
         state.slots[pos] = Completion(
             state.chunk.requests[pos],
             completion.text,
             completion.finish_reason,
             len(completion.token_ids),
             output.num_cached_tokens or 0,
+            logprobs=_token_logprobs(completion, top),
+            more_samples=[Sample(o.text, o.finish_reason, len(o.token_ids), _token_logprobs(o, top))
+                          for o in output.outputs[1:]],  # vLLM lists them by sample index
         )
         self._num_finished += 1
         self._num_prompt_tokens += state.chunk.requests[pos].num_prompt_tokens
@@ -343,6 +350,10 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -
                  "max_num_batched_tokens", "quantization", "load_format"):
         if getattr(spec, name) is not None:
             kwargs[name] = getattr(spec, name)
+    if spec.reasoning_parser:
+        # The structured-output constraint of a request then starts after the reasoning's end
+        # (vLLM's StructuredOutputsConfig, offline too: vLLM 0.26 and 0.32 both take it this way).
+        kwargs["structured_outputs_config"] = {"reasoning_parser": spec.reasoning_parser}
     if on_cpu():
         kwargs.update(_cpu_defaults(spec))
     if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():
@@ -391,6 +402,34 @@ def _cpu_defaults(spec: EngineSpec) -> dict[str, Any]:
         # Without AVX-512 BF16/AMX, bf16 is emulated and float32 is several times faster (docs/benchmarks.md).
         # Quantized weights keep "auto": vLLM refuses float32 for AWQ (float16/bfloat16 only).
         out["dtype"] = "float32"
+    return out
+
+
+def _vllm_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams kwargs: a constraint (a dict of StructuredOutputsParams kwargs, checked by
+    qbatch.sampling) becomes vLLM's object."""
+    constraint = sampling.get("structured_outputs")
+    if constraint is None:
+        return sampling
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return {**sampling, "structured_outputs": StructuredOutputsParams(**constraint)}
+
+
+def _token_logprobs(completion: Any, top: int | None) -> list[dict[str, Any]] | None:
+    """vLLM's logprobs of a sample as qbatch's records: per output token its text, logprob and the
+    `top` most likely alternatives (by rank; vLLM also lists the sampled token when it is not among them)."""
+    if top is None or completion.logprobs is None:
+        return None
+    out = []
+    for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
+        chosen = position.get(token_id)
+        ranked = sorted((lp for lp in position.values() if lp.rank is not None and lp.rank <= top),
+                        key=lambda lp: lp.rank)
+        out.append({"token": (chosen.decoded_token or "") if chosen else "",
+                    "logprob": float(chosen.logprob) if chosen else None,
+                    "top_logprobs": [{"token": lp.decoded_token or "", "logprob": float(lp.logprob)}
+                                     for lp in ranked]})
     return out
 
 

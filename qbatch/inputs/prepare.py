@@ -22,9 +22,10 @@ from qbatch.records import Failure, Request, Row
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.spec import JobSpec
 from qbatch.inputs.validate import (
-    OPENAI_URLS, check_messages, check_text, keys, render_template, sampling_overrides, thinking_flag,
+    OPENAI_URLS, check_messages, check_text, keys, render_template, response_format, sampling_overrides,
+    thinking_flag,
 )
-from qbatch.sampling import FLOAT_PARAMS, INT_PARAMS, check_params
+from qbatch.sampling import FLOAT_PARAMS, INT_PARAMS, check_params, to_vllm
 
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (its `.ids`)
@@ -218,9 +219,13 @@ class Preparer:
             raise RowError("unsupported_url", f"url must be one of {', '.join(OPENAI_URLS)}; got {url!r}")
         if not isinstance(body, dict):
             raise RowError("bad_body", f"'body' must be an object, got {type(body).__name__}")
-        params = {k: body[k] for k in (*FLOAT_PARAMS, *INT_PARAMS, "stop") if k in body and body[k] is not None}
+        params = {k: body[k] for k in (*FLOAT_PARAMS, *INT_PARAMS, "stop", "logprobs")
+                  if k in body and body[k] is not None}
         if body.get("max_completion_tokens") is not None:
             params["max_tokens"] = body["max_completion_tokens"]
+        constraint = response_format(body.get("response_format"))
+        if constraint is not None:
+            params["structured_outputs"] = constraint
         overrides = check_params(params)
         kwargs = body.get("chat_template_kwargs") or {}
         thinking = thinking_flag(kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, self.input.thinking)
@@ -384,7 +389,7 @@ class Preparer:
                 f"prompt has {num} tokens but max_model_len is {self.max_model_len}, leaving no room for output; "
                 "raise --max-model-len or shorten the prompt",
             )
-        sampling = {**self.base_sampling, **draft.overrides}
+        sampling = to_vllm({**self.base_sampling, **draft.overrides})
         sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - num)
         thinking = None
         if self.model_thinks:

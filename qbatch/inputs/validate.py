@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from qbatch.errors import RowError
-from qbatch.sampling import SAMPLING_KEY_SET, SAMPLING_KEYS, check_params
+from qbatch.sampling import GUIDED_COLUMNS, SAMPLING_KEY_SET, SAMPLING_KEYS, check_params
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-OVERRIDE_KEY_SET = SAMPLING_KEY_SET | {"sampling_params"}
+OVERRIDE_KEY_SET = SAMPLING_KEY_SET | {"sampling_params"} | GUIDED_COLUMNS.keys()
 
 
 def keys(data: dict[str, Any]) -> str:
@@ -85,4 +85,27 @@ def sampling_overrides(data: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(nested, dict):
             raise RowError("bad_param", f"sampling_params must be an object, got {type(nested).__name__}")
         params.update({k: v for k, v in nested.items() if v is not None})
+    guided = {GUIDED_COLUMNS[k]: data[k] for k in GUIDED_COLUMNS if data.get(k) is not None}
+    if guided:
+        if "structured_outputs" in params:
+            raise RowError("bad_constraint", f"row has both structured_outputs and {', '.join(sorted(guided))}")
+        params["structured_outputs"] = guided
     return check_params(params)
+
+
+def response_format(value: Any) -> dict[str, Any] | None:
+    """OpenAI's `response_format` as a structured_outputs constraint (None: free text)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None:
+            raise RowError("bad_constraint", "response_format json_schema needs json_schema.schema")
+        return {"json": schema}
+    raise RowError("bad_constraint", f"response_format.type must be text, json_object or json_schema, got {kind!r}")

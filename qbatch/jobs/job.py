@@ -10,7 +10,7 @@ the engine gets).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from itertools import islice
 from pathlib import Path
@@ -26,6 +26,7 @@ from qbatch.models import registry as models
 from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.folder import DUPLICATE_ID, input_identity
 from qbatch.records import Failure, Request, Row
+from qbatch.sampling import SAMPLING_KEY_SET
 from qbatch.spec import JobSpec, parse_shard
 
 MAX_LISTED_DUPLICATES = 10
@@ -98,6 +99,11 @@ class Job:
 
             model_path = ensure_quantized(model_path, spec)
         spec = spec.with_engines(engines_per_gpu(spec.engine, models.weights_bytes(model_path)))
+        if spec.engine.reasoning_parser is None and spec.sampling.structured_outputs() is not None:
+            # Only jobs with a constraint get the parser (an engine setting: a key of its own in the cache).
+            parser = models.reasoning_parser(model_path)
+            if parser is not None:
+                spec = replace(spec, engine=replace(spec.engine, reasoning_parser=parser))
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
         return cls(spec, files, model_path, max_model_len)
 
@@ -108,7 +114,11 @@ class Job:
         spec = self.spec
         tokenizer = load_tokenizer(spec.engine.tokenizer or self.model_path, spec.engine.revision)
         base = {**generation_defaults(self.model_path), "max_tokens": spec.sampling.max_tokens}
-        base.update({k: v for k, v in asdict(spec.sampling).items() if v is not None and v is not False})
+        base.update({k: v for k, v in asdict(spec.sampling).items()
+                     if v is not None and v is not False and k in SAMPLING_KEY_SET and (k, v) != ("n", 1)})
+        structured = spec.sampling.structured_outputs()
+        if structured is not None:
+            base["structured_outputs"] = structured
         return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
                         positional_prefix=len(self.files) > 1)
 
@@ -116,6 +126,9 @@ class Job:
         """What the results depend on; hashes every input once (with the prefix the `previous`
         manifest's fingerprint saw of each input, so that appended rows can resume)."""
         settings = self.spec.result_settings()
+        structured = self.spec.sampling.structured_outputs()
+        if structured is not None:  # the schema or grammar files' content, not their names
+            settings["structured_outputs"] = structured
         if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
             settings["backend"] = "vllm"
         seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}

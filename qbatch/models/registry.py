@@ -156,3 +156,16 @@ def model_identity(name: str, path: str) -> dict[str, Any]:
             if file.suffix == ".json":
                 digest.update(file.read_bytes())
     return {"name": name, "sha256": digest.hexdigest()}  # not the path: the cache may move
+
+
+# Model families whose thinking vLLM's reasoning parser of that name finds (the constraint of a
+# structured-output request then applies after `</think>`): vLLM's parser names.
+REASONING_PARSERS = {"qwen3": "qwen3", "qwen3_moe": "qwen3"}
+
+
+def reasoning_parser(model_path: str) -> str | None:
+    """vLLM's reasoning parser for a model (its config's model_type, else a hub name), or None."""
+    config = _text_config(model_path)
+    if config is not None:
+        return REASONING_PARSERS.get(str(config.get("model_type", "")))
+    return "qwen3" if "qwen3" in model_path.lower() else None

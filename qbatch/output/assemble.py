@@ -36,7 +36,15 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     else:
         # is_first_distinct looks at the id column alone: unique(subset="id") holds every column
         # in its hash table (twice the peak memory, same output).
-        results_frame = results.filter(pl.col("id").is_first_distinct()).sort(ORDER)
+        # With n > 1 samples an id has several rows, one per sample_index: (id, sample_index) is then
+        # the key. Parts hold whole rows (every sample of an id, written together), so a redone chunk
+        # repeats all of an id's samples and the first copy of each is kept.
+        if "sample_index" in results.collect_schema().names():
+            results = results.with_columns(pl.col("sample_index").fill_null(0))  # parts of one-sample rows only
+            results_frame = results.filter(pl.struct("id", "sample_index").is_first_distinct()).sort(
+                [*ORDER, "sample_index"])
+        else:
+            results_frame = results.filter(pl.col("id").is_first_distinct()).sort(ORDER)
     atomic_write(out.path / "results.parquet",
                  lambda tmp: results_frame.drop("source_index").sink_parquet(tmp, compression="zstd"))
 
@@ -81,9 +89,8 @@ def write_openai_jsonl(folder: Path, model: str | None = None, *, results_path: 
     created = int(time.time())
 
     def write_results(handle: Any) -> None:
-        for frame in pl.read_parquet(folder / "results.parquet").iter_slices(JSONL_SLICE_ROWS):
-            for row in frame.iter_rows(named=True):
-                handle.write(json.dumps(_openai_ok(row, model, created), ensure_ascii=False) + "\n")
+        for rows in _by_id(pl.read_parquet(folder / "results.parquet")):
+            handle.write(json.dumps(_openai_ok(rows, model, created), ensure_ascii=False) + "\n")
 
     def write_errors(handle: Any) -> None:
         for row in pl.read_parquet(folder / "errors.parquet").iter_rows(named=True):
@@ -105,20 +112,46 @@ def _write_with(path: Path, write: Any) -> None:
         write(handle)
 
 
-def _openai_ok(row: dict[str, Any], model: str | None, created: int) -> dict[str, Any]:
-    usage = {"prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"],
-             "total_tokens": row["prompt_tokens"] + row["completion_tokens"]}
+def _by_id(frame: pl.DataFrame) -> Any:
+    """The result rows of each id together (its samples: assembly keeps them adjacent, in order)."""
+    group: list[dict[str, Any]] = []
+    for slice_ in frame.iter_slices(JSONL_SLICE_ROWS):
+        for row in slice_.iter_rows(named=True):
+            if group and row["id"] != group[0]["id"]:
+                yield group
+                group = []
+            group.append(row)
+    if group:
+        yield group
+
+
+def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> dict[str, Any]:
+    """One response for an id: a choice a sample. The content is `parsed` when the answer parsed
+    (the JSON re-serialized, or the choice), else the text."""
+    row = rows[0]
+    completion_tokens = sum(r["completion_tokens"] for r in rows)
+    usage = {"prompt_tokens": row["prompt_tokens"], "completion_tokens": completion_tokens,
+             "total_tokens": row["prompt_tokens"] + completion_tokens}
     if row.get("url") == COMPLETIONS_URL:
-        choice: dict[str, Any] = {"index": 0, "text": row["text"], "logprobs": None,
-                                  "finish_reason": row["finish_reason"]}
+        choices: list[dict[str, Any]] = [
+            {"index": r.get("sample_index") or 0, "text": r["text"], "finish_reason": r["finish_reason"],
+             "logprobs": _completion_logprobs(r.get("logprobs"))} for r in rows]
         body = {"id": f"cmpl-{row['id']}", "object": "text_completion", "created": created, "model": model,
-                "choices": [choice], "usage": usage}
+                "choices": choices, "usage": usage}
     else:
-        message: dict[str, Any] = {"role": "assistant", "content": row["text"]}
-        if row.get("reasoning") is not None:
-            message["reasoning"] = row["reasoning"]
+        choices = []
+        for r in rows:
+            parsed = r.get("parsed")
+            message: dict[str, Any] = {"role": "assistant", "content": r["text"] if parsed is None else parsed}
+            if r.get("reasoning") is not None:
+                message["reasoning"] = r["reasoning"]
+            logprobs = r.get("logprobs")
+            choices.append({"index": r.get("sample_index") or 0, "message": message,
+                            "finish_reason": r["finish_reason"],
+                            "logprobs": None if logprobs is None else {"content": [_chat_token(t) for t in logprobs],
+                                                                       "refusal": None}})
         body = {"id": f"chatcmpl-{row['id']}", "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": row["finish_reason"]}], "usage": usage}
+                "choices": choices, "usage": usage}
     return {"id": f"batch_req_{row['id']}", "custom_id": row["id"],
             "response": {"status_code": 200, "request_id": row["id"], "body": body}, "error": None}
 
@@ -128,3 +161,23 @@ def _openai_error(row: dict[str, Any]) -> dict[str, Any]:
     custom_id = None if row["error"] == MISSING_ID else row["id"]
     return {"id": f"batch_req_{row['id']}", "custom_id": custom_id, "response": None,
             "error": {"code": row["error"], "message": row["message"]}}
+
+
+def _chat_token(token: dict[str, Any]) -> dict[str, Any]:
+    """A token's logprobs as OpenAI's chat completions give them (with the UTF-8 bytes of each token)."""
+    return {"token": token["token"], "logprob": token["logprob"], "bytes": list(token["token"].encode()),
+            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": list(t["token"].encode())}
+                             for t in token["top_logprobs"] or []]}
+
+
+def _completion_logprobs(tokens: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Logprobs as OpenAI's (legacy) completions API gives them: parallel lists."""
+    if tokens is None:
+        return None
+    offsets, offset = [], 0
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t["token"])
+    return {"tokens": [t["token"] for t in tokens], "token_logprobs": [t["logprob"] for t in tokens],
+            "top_logprobs": [{a["token"]: a["logprob"] for a in t["top_logprobs"] or []} for t in tokens],
+            "text_offset": offsets}

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from qbatch.output.reasoning import split_reasoning
+from qbatch.output.samples import COLUMN_TYPES, per_sample, sample_columns
 from qbatch.records import Completion, Failure
 
 ERROR_SCHEMA = pa.schema(
@@ -50,6 +51,7 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
     same carried columns, in the same order and types (None: JSON text); without it, the
     types are inferred from this chunk alone.
     """
+    completions, sample_indexes = per_sample(completions)  # n > 1: one result row a sample
     requests = [c.request for c in completions]
     columns: dict[str, Any] = {
         "id": [r.id for r in requests],
@@ -81,10 +83,14 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
     columns["prompt_tokens"] = [len(r.prompt_token_ids) for r in requests]
     columns["completion_tokens"] = [c.num_completion_tokens for c in completions]
     columns["cached_tokens"] = [c.num_cached_tokens for c in completions]
+    if sample_indexes is not None:
+        columns["sample_index"] = pa.array(sample_indexes, type=pa.int32())
+    columns.update(sample_columns(completions, columns["text"]))
     return pa.table({name: _array(name, values) for name, values in columns.items()})
 
 
-RESULT_COLUMNS = {"id", "source", "source_index", "row_index", "prompt", *(name for name, _ in RESULT_TAIL)}
+RESULT_COLUMNS = {"id", "source", "source_index", "row_index", "prompt", *(name for name, _ in RESULT_TAIL),
+                  *COLUMN_TYPES}
 _TYPES = dict([*RESULT_HEAD, *RESULT_TAIL, ("source", pa.string()), ("prompt", pa.string())])
 
 

@@ -33,7 +33,7 @@ ROW_CASES = {
                            "bad_role": "bad_messages", "dict_content": "bad_messages",
                            "empty_content": "empty_prompt", "image_part": "bad_messages"},
     "missing_prompt.jsonl": {"a": "missing_prompt", "b": "empty_prompt", "c": "empty_prompt"},
-    "openai_bad.jsonl": {"bad_url": "unsupported_url", "no_body": "bad_body", "n2": "bad_param"},
+    "openai_bad.jsonl": {"bad_url": "unsupported_url", "no_body": "bad_body", "n2": "bad_param", "bad_schema": "bad_constraint"},
     "over_context.jsonl": {"long": "prompt_too_long"},
 }
 
