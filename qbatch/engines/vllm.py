@@ -164,9 +164,7 @@ class VllmEngine:
                 except (Exception, KeyboardInterrupt) as exc:
                     if isinstance(exc, KeyboardInterrupt) and not self._watchdog.dead:
                         raise
-                    cause = "the engine process died" if self._watchdog.dead else first_line(exc)
-                    raise EngineError(f"the engine failed: {cause}",
-                                      hint="finished parts are kept; rerun the same command to resume") from exc
+                    raise self._failed(exc) from exc
                 for output in outputs:
                     if output.finished and output.request_id in in_flight:
                         index, pos = in_flight.pop(output.request_id)
@@ -179,6 +177,12 @@ class VllmEngine:
             if in_flight:
                 self._abort(list(in_flight))
 
+    def _failed(self, exc: BaseException) -> EngineError:
+        """The run's error when the engine fails mid-run: finished parts are kept and a rerun resumes."""
+        cause = "the engine process died" if self._watchdog.dead or isinstance(exc, _engine_dead_errors()) \
+            else first_line(exc)
+        return EngineError(f"the engine failed: {cause}", hint="finished parts are kept; rerun the same command to resume")
+
     def _add_chunk(self, engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind):
         state = open_chunks[chunk.index] = OpenChunk(chunk, [None] * len(chunk.requests), len(chunk.requests))
         slots = state.slots
@@ -189,6 +193,8 @@ class VllmEngine:
                 request_id = f"q{self._next_id}"
                 self._next_id += 1
                 engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params)
+            except _engine_dead_errors() as exc:  # the engine died between steps: no row's fault
+                raise self._failed(exc) from exc
             except (ValueError, TypeError, *_request_errors()) as exc:  # a row vLLM rejects fails alone
                 slots[pos] = Completion(request, "", None, 0, error=f"vLLM rejected the request: {first_line(exc)}")
                 state.remaining -= 1
@@ -431,6 +437,15 @@ def _token_logprobs(completion: Any, top: int | None) -> list[dict[str, Any]] | 
                     "top_logprobs": [{"token": lp.decoded_token or "", "logprob": float(lp.logprob)}
                                      for lp in ranked]})
     return out
+
+
+def _engine_dead_errors() -> tuple[type[BaseException], ...]:
+    """vLLM's error for a request sent to an engine whose process died (checked before each send)."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:
+        return ()
+    return (EngineDeadError,)
 
 
 def _request_errors() -> tuple[type[BaseException], ...]:

@@ -115,3 +115,22 @@ def test_a_run_that_ends_aborts_nothing():
     engine = fake_vllm_engine()
     assert [c.index for c, _ in engine.run([chunk(0, 2)])] == [0]
     assert engine.llm.llm_engine.finished == ["q0", "q1"] and engine.llm.llm_engine.aborted == []
+
+
+def test_an_engine_that_died_between_steps_stops_the_run_with_the_resume_hint(monkeypatch):
+    """vLLM checks its engine before each send: a dead one raises EngineDeadError from add_request, which
+    is no row's fault (exit 6, resume), not a traceback."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from qbatch.errors import EngineError
+
+    engine = fake_vllm_engine()
+    engine._watchdog = SimpleNamespace(dead=False, stop=lambda: None)
+
+    def dead(*args, **kwargs):
+        raise EngineDeadError()
+
+    monkeypatch.setattr(engine.llm.llm_engine, "add_request", dead)
+    with pytest.raises(EngineError, match="the engine failed: the engine process died") as info:
+        list(engine.run([chunk(0, 2)]))
+    assert info.value.hint == "finished parts are kept; rerun the same command to resume"

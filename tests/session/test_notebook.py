@@ -13,6 +13,9 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "session.ipynb"
 
 
 def test_session_notebook_runs_headless(bundled_model):
+    from qbatch.engines import factory
+
+    factory.close_all()  # the kernel starts an engine of its own: the memory of this process's goes back first
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
