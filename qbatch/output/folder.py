@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from qbatch._fs import TMP_MARK, atomic_write, atomic_write_json, output_error, output_os_errors, read_json
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
+from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
 from qbatch.spec import COMPRESSED_SUFFIXES
 
 LOCK_NAME = ".qbatch.lock"
@@ -145,7 +146,10 @@ class OutputDir:
         with output_os_errors("remove the previous results", self.path):
             shutil.rmtree(self.parts, ignore_errors=True)
             self.parts.mkdir(parents=True, exist_ok=True)
-            for name in ("manifest.json", "stats.json", "results.parquet", "errors.parquet", "results.jsonl"):
+            shutil.rmtree(self.path / TELEMETRY_PARTS, ignore_errors=True)
+            # report.html: the page `qbatch report` / `run --report` writes, of the results wiped here
+            for name in ("manifest.json", "stats.json", "results.parquet", "errors.parquet", "results.jsonl",
+                         TELEMETRY_FILE, "report.html"):
                 (self.path / name).unlink(missing_ok=True)
 
     # -- parts -------------------------------------------------------------

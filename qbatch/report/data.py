@@ -14,6 +14,8 @@ from typing import Any
 from qbatch._fs import read_json
 from qbatch.output.telemetry import read as read_telemetry
 
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+GAP_BUCKETS = 5  # no sample for this many buckets: two runs, not one (the line breaks)
 MAX_POINTS = 600  # per time series: a day-long run is drawn from 600 buckets, not 86,400 samples
 NUM_BINS = 40  # per length histogram
 NUM_ERROR_EXAMPLES = 3
@@ -74,8 +76,9 @@ def throughput(frame: Any) -> dict[str, Any] | None:
               .sort("time"))
     hit = [None if p == 0 else round(100 * c / p, 1)
            for p, c in zip(series["prompt_tokens"], series["cached_tokens"], strict=True)]
-    return {"time": _times(series), "output_tok_s": [round(v / every, 1) for v in series["generation_tokens"]],
-            "rows_s": [round(v / every, 2) for v in series["finished_requests"]], "prefix_cache_hit_pct": hit}
+    return _break_gaps({"time": _times(series), "output_tok_s": [round(v / every, 1) for v in series["generation_tokens"]],
+                        "rows_s": [round(v / every, 2) for v in series["finished_requests"]],
+                        "prefix_cache_hit_pct": hit}, every)
 
 
 def devices(frame: Any) -> dict[str, Any] | None:
@@ -121,11 +124,35 @@ def _series(rows: Any, columns: dict[str, float]) -> dict[str, Any]:
         values = series.get_column(column)
         out[column] = None if values.null_count() == len(values) else [
             None if v is None else round(v * scale, 3) for v in values]
+    return _break_gaps(out, every)
+
+
+def _break_gaps(series: dict[str, Any], every: int) -> dict[str, Any]:
+    """A point of nulls where no sample came for GAP_BUCKETS buckets (between two runs of a resumed
+    job): the chart breaks its line there instead of drawing one across the gap."""
+    from datetime import datetime, timedelta
+
+    times = [datetime.strptime(t, TIME_FORMAT) for t in series["time"]]
+    gaps = [i for i in range(1, len(times)) if (times[i] - times[i - 1]).total_seconds() > GAP_BUCKETS * every]
+    if not gaps:
+        return series
+    out: dict[str, Any] = {key: None if values is None else [] for key, values in series.items()}
+    previous = 0
+    for i in [*gaps, len(times)]:
+        for key, values in series.items():
+            if values is not None:
+                out[key].extend(values[previous:i])
+        if i < len(times):
+            for key, values in series.items():
+                if values is not None:
+                    out[key].append((times[i - 1] + timedelta(seconds=every)).strftime(TIME_FORMAT)
+                                    if key == "time" else None)
+        previous = i
     return out
 
 
 def _times(series: Any) -> list[str]:
-    return [t.strftime("%Y-%m-%d %H:%M:%S") for t in series.get_column("time")]
+    return [t.strftime(TIME_FORMAT) for t in series.get_column("time")]
 
 
 def phases(stats: dict[str, Any]) -> dict[str, float] | None:

@@ -81,3 +81,19 @@ def test_a_dropped_duplicate_does_not_count_its_id_as_failed(cli, write_jsonl, b
     lines, info = status(cli, tmp_path / "out")
     assert (info["status"], info["rows_done"], info["rows_failed"]) == ("failed", 0, 0)
     assert "  rows failed     0" in lines
+
+
+def test_restart_wipes_the_telemetry_and_the_report_of_the_old_results(tmp_path):
+    """--restart starts the output over: telemetry and report.html of the wiped results go with them."""
+    from qbatch.output.folder import OutputDir
+
+    out = OutputDir(tmp_path).open()
+    try:
+        (tmp_path / "telemetry").mkdir()
+        (tmp_path / "telemetry" / "part-000001.parquet").write_bytes(b"x")
+        for name in ("telemetry.parquet", "report.html", "manifest.json"):
+            (tmp_path / name).write_text("x")
+        out.wipe()
+    finally:
+        out.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".qbatch.lock", "parts"]

@@ -116,3 +116,15 @@ def test_report_renders_in_headless_chromium(null_run, tmp_path):
     image = Image.open(shot).convert("RGB")
     colors = image.resize((130, 240)).getcolors(maxcolors=100_000)
     assert colors is not None and len(colors) > 20, "the screenshot is blank"
+
+
+def test_a_gap_between_two_runs_breaks_the_line():
+    """A resumed job's telemetry holds two runs: the charts must not draw a line across the gap."""
+    from qbatch.report.data import _break_gaps
+
+    series = {"time": ["2026-12-01 00:00:00", "2026-12-01 00:00:01", "2026-12-01 00:01:00", "2026-12-01 00:01:01"],
+              "tok_s": [1, 2, 3, 4], "absent": None}
+    broken = _break_gaps(series, 1)
+    assert broken["tok_s"] == [1, 2, None, 3, 4] and broken["absent"] is None
+    assert broken["time"][2] == "2026-12-01 00:00:02"
+    assert _break_gaps({"time": series["time"][:2], "tok_s": [1, 2]}, 1) == {"time": series["time"][:2], "tok_s": [1, 2]}
