@@ -77,6 +77,43 @@ def write_jsonl(tmp_path: Path):
     return write
 
 
+# Each CPU engine holds a 2 GiB KV cache and two processes of its own (~3.5 GB): more than this many
+# at once, beside a service or a notebook kernel some tests start, do not fit a 24 GB machine.
+MAX_CACHED_ENGINES = 2
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _few_engines_at_once():
+    """Tests share engines (one start per model and settings), but the least recently used one is shut
+    down before a new one would make MAX_CACHED_ENGINES + 1."""
+    from qbatch.engines import factory
+
+    create, prestart, close = factory.create, factory.prestart, factory.close  # before tests patch close
+    recent: list = []  # engine keys, least recently used first
+
+    def make_room(key) -> None:
+        if key in recent:
+            recent.remove(key)
+        cached = factory.cached_keys()
+        for old in [k for k in recent if k in cached]:
+            if len(factory.cached_keys() - {key}) < MAX_CACHED_ENGINES:
+                break
+            close(old)
+            recent.remove(old)
+        recent.append(key)
+
+    def tracked(start):
+        def start_with_room(spec, model_path, max_model_len):
+            if spec.backend != "null":
+                make_room(factory._key(spec, model_path, max_model_len))
+            return start(spec, model_path, max_model_len)
+        return start_with_room
+
+    factory.create, factory.prestart = tracked(create), tracked(prestart)
+    yield
+    factory.create, factory.prestart = create, prestart
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_engines_at_end():
     yield

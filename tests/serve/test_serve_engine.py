@@ -18,11 +18,16 @@ START_S = 600.0
 FLAGS = ("--max-tokens", "24", "--chunk-tokens", "400", "--progress", "none")
 
 
-def _healthy(base: str) -> bool:
+def _healthy(base: str, proc) -> bool:
+    """The service answers ok; a service that exited or whose engines failed to start fails the test
+    at once (its log is in the test's folder) instead of after START_S."""
+    assert proc.poll() is None, f"qbatch serve exited with {proc.returncode} while starting"
     try:
-        return httpx.get(base + "/health", timeout=5).json().get("status") == "ok"
+        status = httpx.get(base + "/health", timeout=5).json().get("status")
     except httpx.HTTPError:
         return False
+    assert status != "error", "qbatch serve's engines did not start"
+    return status == "ok"
 
 
 def _mid_batch(client, batch_id: str):
@@ -32,9 +37,12 @@ def _mid_batch(client, batch_id: str):
 
 
 def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, bundled_model, tmp_path):
+    from qbatch.engines import factory
+
+    factory.close_all()  # the service starts an engine of its own: this process's go first (memory)
     data_dir = tmp_path / "data"
     base, proc = serve_process("--model", bundled_model, *FLAGS, data_dir=data_dir)
-    wait_until(lambda: _healthy(base), START_S, 1.0)
+    wait_until(lambda: _healthy(base, proc), START_S, 1.0)
     client = client_for(base + "/v1")
 
     # end to end, thinking switch and per-request sampling in the lines
@@ -66,7 +74,7 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, bundle
     proc.wait(30)
 
     base, proc = serve_process("--model", bundled_model, *FLAGS, data_dir=data_dir)
-    wait_until(lambda: _healthy(base), START_S, 1.0)
+    wait_until(lambda: _healthy(base, proc), START_S, 1.0)
     client = client_for(base + "/v1")
     assert client.batches.retrieve(queued.id).status == "in_progress"  # still queued
     for batch_id, prefix, total in ((running.id, "k", 120), (queued.id, "q", 5)):
