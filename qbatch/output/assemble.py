@@ -90,11 +90,11 @@ def write_openai_jsonl(folder: Path, model: str | None = None, *, results_path: 
 
     def write_results(handle: Any) -> None:
         for rows in _by_id(pl.read_parquet(folder / "results.parquet")):
-            handle.write(json.dumps(_openai_ok(rows, model, created), ensure_ascii=False) + "\n")
+            handle.write(json_line(_openai_ok(rows, model, created)))
 
     def write_errors(handle: Any) -> None:
         for row in pl.read_parquet(folder / "errors.parquet").iter_rows(named=True):
-            handle.write(json.dumps(_openai_error(row), ensure_ascii=False) + "\n")
+            handle.write(json_line(_openai_error(row)))
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -105,6 +105,12 @@ def write_openai_jsonl(folder: Path, model: str | None = None, *, results_path: 
     atomic_write(results_path or folder / "results.jsonl", write)
     if errors_path is not None:
         atomic_write(errors_path, lambda tmp: _write_with(tmp, write_errors))
+
+
+def json_line(obj: dict[str, Any]) -> str:
+    """One JSONL line, non-ASCII escaped: a model's text may hold U+2028, U+0085 and other characters
+    that str.splitlines() (how many clients split a downloaded file) takes for line ends."""
+    return json.dumps(obj) + "\n"
 
 
 def _write_with(path: Path, write: Any) -> None:

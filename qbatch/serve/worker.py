@@ -18,7 +18,7 @@ from qbatch._fs import atomic_write
 from qbatch.errors import QbatchError, first_line
 from qbatch.log import log
 from qbatch.log import setup as setup_log
-from qbatch.output.assemble import assemble, write_openai_jsonl
+from qbatch.output.assemble import assemble, json_line, write_openai_jsonl
 from qbatch.output.folder import OutputDir
 from qbatch.serve.config import ServeSettings
 from qbatch.serve.objects import new_file_id, now
@@ -238,7 +238,7 @@ class BatchWorker(threading.Thread):
                             "error": {"code": "batch_expired",
                                       "message": "This request could not be executed before the completion "
                                                  "window expired."}}
-                    handle.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
+                    handle.write(json_line(line).encode())
 
         atomic_write(errors_path, write)
 
