@@ -97,7 +97,7 @@ RUN_OPTIONS = [
     click.option("--logprobs", is_flag=True, default=None, help="Add each output token's logprob (a logprobs column)."),
     click.option("--top-logprobs", type=int, help="With logprobs, the N most likely alternatives of each token (0-20)."),
     click.option("--sort-window", type=int, help="Rows sorted by length together (the last window also takes the rows left at the end).  [default: 8192]"),
-    click.option("--order", type=click.Choice(ORDERS), help="Rows go to the engine longest first in each window (max_tokens, then prompt), or in input order.  [default: longest-first]"),
+    click.option("--order", type=click.Choice(ORDERS), help="Rows go to the engine longest first in each window (max_tokens, then prompt), rows sharing a long prompt prefix together; longest-first-flat: without the groups; input: in input order.  [default: longest-first]"),
     click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk/part.  [default: 4194304; with N engines, 4194304/(16N)]"),
     click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model: hub name, folder, or smollm2-135m (bundled).  [default: Qwen/Qwen3-0.6B; env QBATCH_MODEL]"),
     click.option("--tokenizer", help="Tokenizer folder or name (default: the model's)."),

@@ -27,7 +27,7 @@ COMPRESSED_SUFFIXES = (".gz", ".zst")  # read compressed, whatever the format
 OUTPUT_FORMATS = ("parquet", "jsonl-openai")
 PROGRESS = ("auto", "bar", "log", "none")
 ON_BAD_LINE = ("error", "skip")
-ORDERS = ("longest-first", "input")
+ORDERS = ("longest-first", "longest-first-flat", "input")
 BACKENDS = ("vllm", "ray", "null")
 # Conveniences the type check allows besides each field's annotation (the README's "Job files" says so):
 ONE_ITEM_LISTS = frozenset({"inputs", "stop"})  # one string is a one-item list
@@ -118,7 +118,8 @@ class PlanSpec:
     """How rows are grouped: sorted inside a window, cut into token-budgeted chunks."""
 
     sort_window: int = 8192
-    order: str = "longest-first"  # or "input": rows reach the engine (and the parts) in input order
+    # or "longest-first-flat" (no prefix groups), or "input": rows reach the engine (and the parts) in input order
+    order: str = "longest-first"
     # None: DEFAULT_CHUNK_TOKENS, split among the engines (see resolve_engines). One engine is fed
     # across chunk boundaries, so the size changes what a crash redoes (the chunks in flight) and the
     # number of parts, not the feed.

@@ -20,7 +20,7 @@ from qbatch.engines.placement import engines_per_gpu
 from qbatch.errors import InputError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
-from qbatch.jobs.planning import FIRST_WINDOW, cut_chunks, order_window
+from qbatch.jobs.planning import FIRST_WINDOW, cut_group_chunks, order_groups
 from qbatch.jobs.stages import Stages
 from qbatch.models import registry as models
 from qbatch.output.columns import ColumnScan, ColumnTypes
@@ -210,7 +210,7 @@ class Job:
 
     def _plan(self, window: EncodedWindow) -> PlannedWindow:
         requests, refused = self.preparer.requests(window.drafts, window.encoded)
-        chunks = cut_chunks(order_window(requests, self.spec.plan.order), self.spec.plan.chunk_tokens)
+        chunks = cut_group_chunks(order_groups(requests, self.spec.plan.order), self.spec.plan.chunk_tokens)
         return PlannedWindow(window.failures + refused, list(chunks))
 
     def count_todo(self, done: set[str]) -> int:
