@@ -98,6 +98,10 @@ class Job:
             from qbatch.models.quantize import ensure_quantized
 
             model_path = ensure_quantized(model_path, spec)
+        else:
+            from qbatch.models.quantize import refuse_unrunnable
+
+            refuse_unrunnable(model_path, spec)
         spec = spec.with_engines(engines_per_gpu(spec.engine, models.weights_bytes(model_path)))
         if spec.engine.reasoning_parser is None and spec.sampling.structured_outputs() is not None:
             # Only jobs with a constraint get the parser (an engine setting: a key of its own in the cache).
