@@ -116,6 +116,7 @@ RUN_OPTIONS = [
                  "memory on hosts with 8+ cores per GPU, else 1]"),
     click.option("--tensor-parallel-size", type=int, help="vLLM tensor_parallel_size.  [default: 1]"),
     click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM enforce_eager: no torch.compile/CUDA graphs.  [default: on for CPU]"),
+    click.option("--compilation-mode", type=click.IntRange(0, 3), help="vLLM compilation_config mode: 0 no torch.compile, 3 torch.compile.  [default: chosen from the job's shape on a GPU (3 for prefill-bound jobs when compiling pays), else 0 on Hopper]"),
     click.option("--seed", type=int, help="vLLM engine seed.  [default: 0]"),
     click.option("--load-format", help="vLLM load_format (e.g. dummy for random weights)."),
     click.option("--performance-mode", help="vLLM performance_mode.  [default: throughput]"),

@@ -142,6 +142,9 @@ class EngineSpec:
     quantization: str | None = affects_results(None)
     tensor_parallel_size: int = 1
     enforce_eager: bool | None = None  # None: True on CPU (compiling takes minutes there), else False
+    # vLLM's compilation_config mode: 0 no torch.compile, 3 torch.compile. None: chosen from the job's
+    # shape (jobs/shape.py), else 0 on Hopper GPUs (engines/vllm.py) and vLLM's own default elsewhere.
+    compilation_mode: int | None = None
     seed: int = affects_results(0)
     load_format: str | None = affects_results(None)
     performance_mode: str | None = "throughput"
@@ -253,6 +256,9 @@ class JobSpec:
             raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")
         _check_choice("backend", self.engine.backend, BACKENDS)
         self._check_ray()
+        if self.engine.compilation_mode not in (None, 0, 1, 2, 3):
+            raise SpecError(f"compilation_mode must be 0, 1, 2 or 3 (vLLM's CompilationMode), "
+                            f"got {self.engine.compilation_mode}")
         if self.engine.quantize not in (None, "awq"):
             raise SpecError(f"quantize must be 'awq', got '{self.engine.quantize}'")
         if self.input.raw and self.input.system_prompt:
