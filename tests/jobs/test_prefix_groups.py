@@ -108,3 +108,37 @@ def test_grouping_a_large_window_is_fast():
     groups = order_groups(rows, "longest-first")
     elapsed = time.perf_counter() - started
     assert len(groups) == 2048 and elapsed < 5  # ~0.3 s measured on a loaded 2-core CI machine
+
+
+def test_a_runs_plan_keeps_each_documents_questions_together(bundled_model, tmp_path):
+    """Through the run's own planning (chat template, tokenizer, windows, chunks): documents asked three
+    questions each, scattered through the file, come out adjacent, in one chunk each."""
+    import json
+
+    from qbatch.jobs.job import Job
+    from qbatch.spec import JobSpec
+
+    rng = random.Random(5)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "lambda"]
+    docs = [" ".join(rng.choice(words) for _ in range(300)) for _ in range(60)]  # one length: the sort mixes them
+    rows = [{"id": f"d{d}q{q}", "prompt": f"{docs[d]}\n\nQuestion {q}: what is word {rng.randrange(99)}?"}
+            for d in range(60) for q in range(3)]
+    rng.shuffle(rows)
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings = {"inputs": [str(path)], "model": bundled_model, "max_tokens": 8, "chunk_tokens": 3000}
+    chunks = list(Job.setup(JobSpec.from_flat(settings)).work(set()))
+    ids = [r.id for chunk in chunks for r in chunk]
+    assert sorted(ids) == sorted(r["id"] for r in rows)
+    for d in range(60):
+        where = [i for i, rid in enumerate(ids) if doc_of(rid) == f"d{d}"]
+        assert where == list(range(where[0], where[0] + 3))  # adjacent
+        assert len({next(c for c, chunk in enumerate(chunks) if ids[i] in {r.id for r in chunk}) for i in where}) == 1
+    flat = list(Job.setup(JobSpec.from_flat({**settings, "order": "longest-first-flat"})).work(set()))
+    flat_ids = [r.id for chunk in flat for r in chunk]
+    # without groups, fewer than half the 120 neighbours a grouped plan has are of one document (36 here)
+    assert sum(doc_of(a) == doc_of(b) for a, b in zip(flat_ids, flat_ids[1:])) < 60
+
+
+def doc_of(rid: str) -> str:
+    return rid.split("q")[0]
