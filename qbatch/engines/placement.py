@@ -24,9 +24,11 @@ SHARED_GPU_CORES = 4
 # this share of its tokens: torch.compile's fused kernels then gain most (a prefill-heavy job ran
 # 0.87x raw vLLM without it, 0.97x with it, issue #19) and one engine holds the GPU busy.
 PREFILL_BOUND_OUTPUT_SHARE = 0.10
-# A cold compile (no cached one on this machine) costs about a minute per engine; a job of this
-# many tokens (prompt + output) or more repays it. To be set from H200 runs (docs/benchmarks.md).
+# Starting with torch.compile costs ~85 s more per engine with a cold compile cache, ~25 s with a
+# warm one (docs/benchmarks.md, Hopper compilation); a prefill-bound job of at least this many
+# tokens (prompt + output) repays it, at ~10% faster prefill. Estimates until H200 runs set them.
 COMPILE_REPAID_TOKENS = 200_000_000
+WARM_COMPILE_REPAID_TOKENS = 60_000_000
 # vLLM's CompilationMode.VLLM_COMPILE.
 TORCH_COMPILE = 3
 
@@ -46,8 +48,8 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
     and output tokens (output: max_tokens, its bound), its rows, whether it runs on a GPU and
     whether this machine compiled these settings before.
 
-    Prefill-bound jobs get one engine per GPU with torch.compile when the compile is cached or
-    the job repays it; the rest keep the defaults (`default_engines`, no compile on Hopper).
+    Prefill-bound jobs long enough to repay the compile (a cached one costs less) get one engine
+    per GPU with torch.compile; the rest keep the defaults (`default_engines`, no compile on Hopper).
     """
     total = prompt_tokens + output_tokens
     share = output_tokens / total if total else 1.0
@@ -56,10 +58,10 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
         return EngineChoice(default_engines, None, f"{shape}: no GPU, the defaults")
     if share >= PREFILL_BOUND_OUTPUT_SHARE:
         return EngineChoice(default_engines, None, f"{shape}: decode-bound, the defaults")
-    if not compile_cache_warm and total < COMPILE_REPAID_TOKENS:
-        return EngineChoice(default_engines, None,
-                            f"{shape}: prefill-bound, but too short to repay a first torch.compile here")
-    why = "compiled before on this machine" if compile_cache_warm else "long enough to repay torch.compile"
+    if total < (WARM_COMPILE_REPAID_TOKENS if compile_cache_warm else COMPILE_REPAID_TOKENS):
+        cache = "a cached" if compile_cache_warm else "a first"
+        return EngineChoice(default_engines, None, f"{shape}: prefill-bound, but too short to repay {cache} torch.compile")
+    why = "compiled before on this machine" if compile_cache_warm else "long enough to repay a first torch.compile"
     return EngineChoice(1, TORCH_COMPILE, f"{shape}: prefill-bound, {why}: one engine per GPU with torch.compile")
 
 

@@ -8,17 +8,18 @@ import json
 import pytest
 
 from qbatch.engines import compile_cache, placement
-from qbatch.engines.placement import COMPILE_REPAID_TOKENS, TORCH_COMPILE, choose_engines
+from qbatch.engines.placement import COMPILE_REPAID_TOKENS, TORCH_COMPILE, WARM_COMPILE_REPAID_TOKENS, choose_engines
 from qbatch.jobs import shape
 from qbatch.jobs.job import Job
 from qbatch.spec import JobSpec
 
 
 @pytest.mark.parametrize(("prompt", "output", "warm", "expected"), [
-    (1_000_000, 8_000, True, (1, TORCH_COMPILE)),  # prefill-bound, compiled before
-    (1_000_000, 8_000, False, (2, None)),  # prefill-bound, a first compile would not pay
+    (WARM_COMPILE_REPAID_TOKENS, 8_000, True, (1, TORCH_COMPILE)),  # prefill-bound, compiled before
+    (1_000_000, 8_000, True, (2, None)),  # prefill-bound, too short even for a cached compile
+    (WARM_COMPILE_REPAID_TOKENS, 8_000, False, (2, None)),  # a first compile would not pay
     (COMPILE_REPAID_TOKENS, 8_000, False, (1, TORCH_COMPILE)),  # long enough to repay it
-    (1_000_000, 1_000_000, True, (2, None)),  # decode-bound: the defaults
+    (COMPILE_REPAID_TOKENS, COMPILE_REPAID_TOKENS, True, (2, None)),  # decode-bound: the defaults
 ])
 def test_choose_engines(prompt, output, warm, expected):
     choice = choose_engines(prompt, output, 1000, gpu=True, compile_cache_warm=warm, default_engines=2)
@@ -50,7 +51,8 @@ def job_for(bundled_model, tmp_path, rows, **settings) -> Job:
 DOCS = [{"id": str(i), "prompt": "Read this and answer. " + "lorem ipsum dolor " * 200} for i in range(40)]
 
 
-def test_prefill_bound_job_with_a_warm_compile_gets_one_compiled_engine(gpu, bundled_model, tmp_path):
+def test_prefill_bound_job_with_a_warm_compile_gets_one_compiled_engine(gpu, bundled_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)  # 40 rows of ~600 tokens repay it
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
     assert job.spec.engine.engines_per_gpu == 2  # the default for a small model on a big GPU
     compiled = job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE)
@@ -62,10 +64,11 @@ def test_prefill_bound_job_with_a_warm_compile_gets_one_compiled_engine(gpu, bun
     assert job.spec.engine.engines_per_gpu == 2  # the job given is left as it is
 
 
-def test_cold_compile_and_decode_bound_jobs_keep_the_defaults(gpu, bundled_model, tmp_path):
+def test_cold_compile_and_decode_bound_jobs_keep_the_defaults(gpu, bundled_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
     chosen, choice = shape.choose_for_shape(job, set())
-    assert chosen.spec == job.spec and "too short to repay" in choice.reason
+    assert chosen.spec == job.spec and "too short to repay a first torch.compile" in choice.reason
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=2048)
     chosen, choice = shape.choose_for_shape(job, set())
     assert chosen.spec == job.spec and "decode-bound" in choice.reason
