@@ -27,7 +27,7 @@ COMPRESSED_SUFFIXES = (".gz", ".zst")  # read compressed, whatever the format
 OUTPUT_FORMATS = ("parquet", "jsonl-openai")
 PROGRESS = ("auto", "bar", "log", "none")
 ON_BAD_LINE = ("error", "skip")
-ORDERS = ("longest-first", "input")
+ORDERS = ("longest-first", "longest-first-flat", "input")
 BACKENDS = ("vllm", "ray", "null")
 # Conveniences the type check allows besides each field's annotation (the README's "Job files" says so):
 ONE_ITEM_LISTS = frozenset({"inputs", "stop"})  # one string is a one-item list
@@ -118,7 +118,8 @@ class PlanSpec:
     """How rows are grouped: sorted inside a window, cut into token-budgeted chunks."""
 
     sort_window: int = 8192
-    order: str = "longest-first"  # or "input": rows reach the engine (and the parts) in input order
+    # or "longest-first-flat" (no prefix groups), or "input": rows reach the engine (and the parts) in input order
+    order: str = "longest-first"
     # None: DEFAULT_CHUNK_TOKENS, split among the engines (see resolve_engines). One engine is fed
     # across chunk boundaries, so the size changes what a crash redoes (the chunks in flight) and the
     # number of parts, not the feed.
@@ -141,6 +142,9 @@ class EngineSpec:
     quantization: str | None = affects_results(None)
     tensor_parallel_size: int = 1
     enforce_eager: bool | None = None  # None: True on CPU (compiling takes minutes there), else False
+    # vLLM's compilation_config mode: 0 no torch.compile, 3 torch.compile. None: chosen from the job's
+    # shape (jobs/shape.py), else 0 on Hopper GPUs (engines/vllm.py) and vLLM's own default elsewhere.
+    compilation_mode: int | None = None
     seed: int = affects_results(0)
     load_format: str | None = affects_results(None)
     performance_mode: str | None = "throughput"
@@ -252,6 +256,9 @@ class JobSpec:
             raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")
         _check_choice("backend", self.engine.backend, BACKENDS)
         self._check_ray()
+        if self.engine.compilation_mode not in (None, 0, 1, 2, 3):
+            raise SpecError(f"compilation_mode must be 0, 1, 2 or 3 (vLLM's CompilationMode), "
+                            f"got {self.engine.compilation_mode}")
         if self.engine.quantize not in (None, "awq"):
             raise SpecError(f"quantize must be 'awq', got '{self.engine.quantize}'")
         if self.input.raw and self.input.system_prompt:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from qbatch.engines import compile_cache
 from qbatch.engines.base import END, Chunk
 from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.messages import EngineSample
@@ -47,6 +48,8 @@ FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "FULL"}
 # vLLM captures graphs for batches of up to 512 tokens; a decode step of more sequences (up to
 # throughput mode's 2,048) then ran without one, each of its kernels launched from Python with
 # no torch.compile to fuse them. qbatch adds sizes every 128 up to max_num_seqs (~1 s of capture).
+# vLLM's CompilationMode.VLLM_COMPILE: torch.compile, whose result vLLM caches (compile_cache.py).
+COMPILED_MODE = 3
 VLLM_MAX_GRAPH_SIZE = 512
 THROUGHPUT_MAX_NUM_SEQS = 2048
 LARGE_GRAPH_STEP = 128
@@ -73,6 +76,7 @@ class VllmEngine:
 
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
+        compile_cache.use_cache_root()  # before vLLM reads it: compiles survive runs (compile_cache.py)
         try:
             from vllm import LLM
         except ImportError:
@@ -96,6 +100,8 @@ class VllmEngine:
             raise
         self._next_id = 0
         self._log_stats = not kwargs.get("disable_log_stats", True)
+        if kwargs.get("compilation_config", {}).get("mode") == COMPILED_MODE:
+            compile_cache.mark_warm(spec, model_path, max_model_len)
 
     def sample(self) -> EngineSample:
         """This engine's counters now (telemetry): cheap, read from another thread once a second."""
@@ -364,9 +370,11 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -
         kwargs.update(_cpu_defaults(spec))
     if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():
         kwargs["performance_mode"] = spec.performance_mode
-    if tuned and not kwargs.get("enforce_eager") and on_hopper():
+    if tuned and not kwargs.get("enforce_eager") and not spec.compilation_mode and on_hopper():
         kwargs["compilation_config"] = {**FAST_START_COMPILATION,
                                         "cudagraph_capture_sizes": cuda_graph_sizes(spec.max_num_seqs)}
+    elif spec.compilation_mode is not None:  # set, or chosen for a prefill-bound job (jobs/shape.py)
+        kwargs["compilation_config"] = {"mode": spec.compilation_mode}
     kwargs.update(_extra_engine_args())
     return kwargs
 

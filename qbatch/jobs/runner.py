@@ -25,6 +25,7 @@ from qbatch.jobs.job import InputScan, Job, PlannedWindow
 from qbatch.jobs.manifest import covered_inputs, input_rows, new_manifest, now, recording_stop
 from qbatch.jobs.memory import rare_collections, release_freed_memory
 from qbatch.jobs.progress import Progress
+from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
 from qbatch.jobs.summary import Summary, stats_dict
 from qbatch.jobs.telemetry import Telemetry
@@ -64,6 +65,8 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
     fingerprint = job.fingerprint(None if spec.output.restart else out.manifest())
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
     done = out.done_ids(include_errors=not spec.output.retry_errors)
+    job, choice = choose_for_shape(job, done)  # engines per GPU, torch.compile: before any engine starts
+    spec = job.spec
     started_early = _start_engines_early(job, previous)
     job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
@@ -74,8 +77,10 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
         todo = scan.num_todo
         recorded = from_manifest(previous)
         column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
-        summary = Summary(str(out.path), "running", rows_skipped=len(done))
+        summary = Summary(str(out.path), "running", rows_skipped=len(done),
+                          engine_choice=choice.reason if choice else None)
         manifest = new_manifest(spec, job.model_path, previous, fingerprint, status="running")
+        manifest.update(engine_choice=summary.engine_choice)
         manifest.update(rows_total=todo + len(done), input_rows=input_rows(job.files, scan.rows_read),
                         covered_inputs=False)
         manifest.update(to_manifest(column_types))

@@ -29,6 +29,7 @@ class Summary:
     total_failed: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     chunks: list[dict[str, Any]] = field(default_factory=list)
+    engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (jobs/shape.py)
 
     def count_failures(self, failures: list[Failure]) -> None:
         self.rows_failed += len(failures)
