@@ -24,11 +24,11 @@ SHARED_GPU_CORES = 4
 # this share of its tokens: torch.compile's fused kernels then gain most (a prefill-heavy job ran
 # 0.87x raw vLLM without it, 0.97x with it, issue #19) and one engine holds the GPU busy.
 PREFILL_BOUND_OUTPUT_SHARE = 0.10
-# Starting with torch.compile costs ~85 s more per engine with a cold compile cache, ~25 s with a
-# warm one (docs/benchmarks.md, Hopper compilation); a prefill-bound job of at least this many
-# tokens (prompt + output) repays it, at ~10% faster prefill. Estimates until H200 runs set them.
-COMPILE_REPAID_TOKENS = 200_000_000
-WARM_COMPILE_REPAID_TOKENS = 60_000_000
+# Starting with torch.compile costs ~55 s more per engine with a cold compile cache, ~4 s with a
+# warm one, for ~9% faster prefill (H200, docs/benchmarks.md "compile cache"): a prefill-bound job
+# of at least this many tokens (prompt + output) repays it.
+COMPILE_REPAID_TOKENS = 275_000_000
+WARM_COMPILE_REPAID_TOKENS = 20_000_000
 # vLLM's CompilationMode.VLLM_COMPILE.
 TORCH_COMPILE = 3
 
