@@ -19,7 +19,8 @@ from qbatch.errors import SpecError
 
 MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf")
 QBATCH_MODES = ("qbatch", "session")  # the modes that run qbatch (its run, or a warm Session over it)
-DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200}
+DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200,
+                "prefill": 8192, "longgen": 1024, "docqa": 8000, "docqa-large": 16000}
 
 
 @dataclass

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from qbatch.bench.workloads import WORKLOADS, make_workload, sample_lengths
+from qbatch.bench.workloads import WORKLOADS, make_workload, sample_lengths, sample_rows
 from qbatch.errors import EXIT_USAGE
 
 
@@ -42,6 +42,40 @@ def test_lengths_are_seeded_and_scaled():
     assert all(o >= 1 for _, o in sample_lengths("short", 100, scale=0.01))
 
 
+def test_issue_19_shapes_have_their_lengths_and_row_counts():
+    prefill = sample_rows("prefill", 8192)
+    assert len(prefill) == 8192 and {o for _, o in prefill} == {8}
+    assert {segments[0] for segments, _ in prefill} == {("instruction", 370)}  # one instruction, first
+    assert 440 <= statistics.mean(segments[1][1] for segments, _ in prefill) <= 460
+    longgen = sample_lengths("longgen", 1024)
+    assert all(130 <= p <= 180 and 64 <= o <= 2048 for p, o in longgen)
+    assert 650 <= statistics.mean(o for _, o in longgen) <= 780 and len({o for _, o in longgen}) > 300
+    for name, rows, doc_tokens, questions in (("docqa", 8000, 800, 8), ("docqa-large", 16000, 1500, 4)):
+        docqa = sample_rows(name, rows)
+        assert len(docqa) == rows and {o for _, o in docqa} == {16}
+        docs = [segments[0] for segments, _ in docqa]
+        assert len({key for key, _ in docs}) == rows // questions
+        assert 0.95 * doc_tokens <= statistics.mean(length for _, length in set(docs)) <= 1.05 * doc_tokens
+        assert all(15 <= segments[1][1] <= 25 for segments, _ in docqa)
+
+
+def test_docqa_counts_are_exact_and_its_order_scattered_and_seeded():
+    rows = sample_rows("docqa", 21)
+    assert len(rows) == 21  # 3 documents: 8, 8 and 5 questions
+    docs = [segments[0][0] for segments, _ in rows]
+    assert sorted(docs.count(d) for d in set(docs)) == [5, 8, 8]
+    runs = sum(a != b for a, b in zip(docs, docs[1:]))
+    assert runs > 5  # scattered, not grouped by document
+    assert sample_rows("docqa", 21, seed=3) == sample_rows("docqa", 21, seed=3) != rows
+
+
+def test_scaling_keeps_the_shared_prefixes():
+    rows = sample_rows("docqa", 40, scale=0.01)
+    assert all(length >= 1 for segments, _ in rows for _, length in segments)
+    assert len({segments[0] for segments, _ in rows}) == 5  # still 5 documents of 8 rows
+    assert {segments[0] for segments, _ in sample_rows("prefill", 10, scale=0.01)} == {("instruction", 4)}
+
+
 @pytest.fixture(scope="module")
 def tokenizer(bundled_model):
     from qbatch.inputs.prepare import load_tokenizer
@@ -58,6 +92,34 @@ def test_workload_prompts_have_the_sampled_token_counts(tokenizer, name):
     assert lengths == [max(p, floor) for p, _ in expected]
     assert workload.max_tokens == [o for _, o in expected]
     assert all(p.startswith("<|im_start|>") for p in workload.prompts)  # chat-templated, as qbatch sends them
+
+
+def _common_prefix(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.02])
+def test_shared_segments_are_shared_token_prefixes(tokenizer, scale):
+    """prefill's rows share the instruction's tokens, docqa's rows of one document the document's (after the
+    chat template's head), in token ids: what vLLM's prefix cache can reuse."""
+    prefill = make_workload("prefill", tokenizer, 6, scale=scale)
+    document_tokens = sample_rows("prefill", 1, scale=scale)[0][0][1][1]
+    instruction = prefill.texts[0].split(" ")[:-document_tokens]  # the template's tokens came off it
+    assert all(text.startswith(" ".join(instruction) + " ") for text in prefill.texts)
+    ids = prefill.prompt_token_ids
+    shared = min(_common_prefix(ids[0], other) for other in ids[1:])
+    assert shared >= len(instruction) and shared < min(map(len, ids))  # and the documents differ
+    docqa = make_workload("docqa", tokenizer, 24, scale=scale)
+    rows = sample_rows("docqa", 24, scale=scale)
+    assert docqa.groups == [segments[0][0] for segments, _ in rows]
+    for i, j in [(i, j) for i in range(24) for j in range(i + 1, 24)]:
+        prefix = _common_prefix(docqa.prompt_token_ids[i], docqa.prompt_token_ids[j])
+        if docqa.groups[i] == docqa.groups[j]:
+            document_words = len(docqa.texts[i].split(" ")) - rows[i][0][1][1]
+            assert prefix >= document_words + 1  # the template's head, then the whole document
+        else:
+            assert prefix < 40  # the template's head only
+    assert make_workload("docqa", tokenizer, 24, scale=scale).prompt_token_ids == docqa.prompt_token_ids
 
 
 def test_qbatch_tokenizes_the_jsonl_exactly_like_the_raw_modes(tokenizer, bundled_model, tmp_path):
