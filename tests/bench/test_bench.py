@@ -163,7 +163,53 @@ def test_inputs_only_writes_the_workload_files(cli, bundled_model, tmp_path):
 def test_unknown_mode_names_the_valid_ones(cli, bundled_model):
     result = cli("bench", "--model", bundled_model, "--modes", "vllm-tokens,sglang")
     assert result.exit_code == EXIT_USAGE
-    assert "mode must be one of vllm-text, vllm-tokens, qbatch, session, hf; got 'sglang'" in result.output
+    assert ("mode must be one of vllm-text, vllm-tokens, qbatch, session, hf, vllm-best, vllm-grouped, first-run; "
+            "got 'sglang'") in result.output
+
+
+def test_bench_settings_are_checked_before_the_model_loads():
+    from qbatch.bench.settings import BenchSettings
+    from qbatch.errors import SpecError
+
+    BenchSettings(["docqa", "prefill"], ["vllm-best", "vllm-grouped", "qbatch", "first-run"]).validate()
+    with pytest.raises(SpecError, match="the vllm-grouped mode sorts rows by document: it needs a workload with "
+                                        "documents \\(docqa, docqa-large\\); got prefill, longgen"):
+        BenchSettings(["prefill", "longgen"], ["vllm-best", "vllm-grouped"]).validate()
+    with pytest.raises(SpecError, match="workload must be one of"):
+        BenchSettings(["docqa-huge"]).validate()
+    for bad in ({"repeats": 0}, {"rows": 0}, {"length_scale": 0}):
+        with pytest.raises(SpecError, match="--rows, --hf-rows and --repeats must be >= 1"):
+            BenchSettings(["docqa"], **bad).validate()
+
+
+def test_first_run_times_the_engine_start_and_keeps_every_run(cli, bundled_model, tmp_path):
+    """first-run starts its engines inside the timing (here the null engine: the plumbing, fast); --json keeps
+    each repeat, the table says both throughputs."""
+    out = tmp_path / "bench.json"
+    result = cli("bench", "docqa", "--model", bundled_model, "-s", "backend=null", "--modes", "first-run",
+                 "--rows", 12, "--length-scale", 0.02, "--repeats", 2, "--json", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    [row] = report["results"]
+    assert row["mode"] == "first-run" and row["rows"] == 12 and len(row["notes"]["wall_s_runs"]) == 2
+    assert {"engine_start_s", "generate_s", "generate_output_tok_s"} <= set(row["notes"])
+    assert [(r["mode"], r["notes"]["repeat"]) for r in report["runs"]] == [("first-run", 0), ("first-run", 1)]
+    assert report["engines"] == {} and "repeat" not in row["notes"]
+    assert "docqa first-run: engines started in" in result.output and "over generation" in result.output
+
+
+def test_table_compares_with_vllm_best_when_it_ran():
+    from qbatch.bench.harness import format_table
+
+    def row(mode, tok_s, **ratios):
+        return {"workload": "docqa", "mode": mode, "rows": 8, "wall_s": 1.0, "rows_per_s": 8.0, "output_tok_s": tok_s,
+                "total_tok_s": tok_s * 10, "notes": {}, **ratios}
+
+    table = format_table({"kind": "engines", "results": [row("vllm-best", 100.0, vs_vllm_best=1.0),
+                                                         row("qbatch", 150.0, vs_vllm_best=1.5)]})
+    head, best, qbatch = table.splitlines()
+    assert "vs vllm-best" in head and "vs vllm-tokens" not in head  # only the baselines that ran
+    assert best.split()[:2] == ["docqa", "vllm-best"] and qbatch.rstrip().endswith("1.500x")
 
 
 @pytest.mark.slow
