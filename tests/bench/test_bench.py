@@ -263,3 +263,32 @@ def test_vllm_defaults_against_qbatch_on_its_own_engine(cli, tiny_qwen3, tmp_pat
     assert rows["qbatch"]["vs_vllm_tokens"] is None
     assert rows["qbatch"]["vs_vllm_text"] == round(rows["qbatch"]["output_tok_s"] / rows["vllm-text"]["output_tok_s"], 3)
     assert "vs vllm-text" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_docqa_raw_best_grouped_and_qbatch_through_the_cli(cli, tiny_qwen3, tmp_path):
+    """Issue #19's table in one command: vllm-best on its own engine (closed before qbatch's), the same engine
+    fed the rows grouped by document, and qbatch; ratios against vllm-best; every run in the JSON."""
+    out = tmp_path / "bench.json"
+    result = cli("bench", "docqa", "--model", tiny_qwen3, "--rows", 16, "--length-scale", 0.05,
+                 "--modes", "vllm-best,vllm-grouped,qbatch", "--repeats", 2, "--json", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {r["mode"]: r for r in report["results"]}
+    assert list(rows) == ["vllm-best", "vllm-grouped", "qbatch"]
+    expected = report["workloads"]["docqa"]
+    for row in rows.values():
+        assert row["rows"] == 16 and row["output_tokens"] == expected["output_tokens"]
+        assert row["prompt_tokens"] == expected["prompt_tokens"]
+        assert len(row["notes"]["wall_s_runs"]) == 2
+    assert rows["vllm-best"]["vs_vllm_best"] == 1.0
+    assert rows["qbatch"]["vs_vllm_best"] == round(rows["qbatch"]["output_tok_s"] / rows["vllm-best"]["output_tok_s"], 3)
+    best = report["engines"]["vllm-best"]
+    assert best["start_s"] > 0 and best["settings"]["raw_best"] is True
+    assert report["engines"]["shared"]["settings"]["vllm_defaults"] is False
+    # alternating order: best, grouped, then grouped, best
+    assert [(r["mode"], r["notes"]["repeat"]) for r in report["runs"][:4]] == [
+        ("vllm-best", 0), ("vllm-grouped", 0), ("vllm-grouped", 1), ("vllm-best", 1)]
+    assert len(report["runs"]) == 6 and {r["notes"]["engine"] for r in report["runs"][:4]} == {"vllm-best"}
+    assert "vs vllm-best" in result.output and "vs vllm-tokens" not in result.output
