@@ -462,7 +462,8 @@ def _report(settings: BenchSettings, workloads: dict[str, Workload], measurement
             engine_info: dict[str, Any], engines: dict[str, Any], every_run: list[Measurement]) -> dict[str, Any]:
     """results: one row a mode and workload (the mean of its repeats); runs: every run, in the order they ran;
     engine: the shared engine (as before), engines: every engine by the modes that ran on it."""
-    rows = [m.as_dict() for m in measurements]
+    order = list(workloads)  # the table reads workload by workload, each in the order its modes ran
+    rows = [m.as_dict() for m in sorted(measurements, key=lambda m: order.index(m.workload))]
     for row in rows:
         for baseline in BASELINES:
             base = next((r for r in rows if r["workload"] == row["workload"] and r["mode"] == baseline), None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 
@@ -64,7 +65,7 @@ def test_docqa_counts_are_exact_and_its_order_scattered_and_seeded():
     assert len(rows) == 21  # 3 documents: 8, 8 and 5 questions
     docs = [segments[0][0] for segments, _ in rows]
     assert sorted(docs.count(d) for d in set(docs)) == [5, 8, 8]
-    runs = sum(a != b for a, b in zip(docs, docs[1:]))
+    runs = sum(a != b for a, b in itertools.pairwise(docs))
     assert runs > 5  # scattered, not grouped by document
     assert sample_rows("docqa", 21, seed=3) == sample_rows("docqa", 21, seed=3) != rows
 
@@ -112,7 +113,7 @@ def test_shared_segments_are_shared_token_prefixes(tokenizer, scale):
     docqa = make_workload("docqa", tokenizer, 24, scale=scale)
     rows = sample_rows("docqa", 24, scale=scale)
     assert docqa.groups == [segments[0][0] for segments, _ in rows]
-    for i, j in [(i, j) for i in range(24) for j in range(i + 1, 24)]:
+    for i, j in itertools.combinations(range(24), 2):
         prefix = _common_prefix(docqa.prompt_token_ids[i], docqa.prompt_token_ids[j])
         if docqa.groups[i] == docqa.groups[j]:
             document_words = len(docqa.texts[i].split(" ")) - rows[i][0][1][1]
