@@ -77,16 +77,23 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
         every_run: list[Measurement] = []  # in the order they ran, for the JSON report
         if set(settings.modes) & set(RAW_BEST_MODES):
             engines["vllm-best"] = _run_raw_best(settings, spec, job, workloads, measurements, every_run, log)
-        if set(settings.modes) & set(SHARED_ENGINE_MODES) or settings.variants:
+        sequence = _vllm_modes(settings)
+        specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
+                 for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
+        own = {i for (_, i), s in specs.items() if settings.vllm_defaults or _engine_processes(s) > 1}
+        if len(own) < len(sequence):  # some mode runs on the shared engine (else it is not started)
             engine, engine_info = _engine(settings, spec, job)
             engines["shared"] = engine_info
             log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
             # vLLM's defaults engine is not in qbatch.engines.factory's cache, which the CLI closes
             release = engine.close if settings.vllm_defaults else _keep
             try:
-                _run_engine_modes(settings, engine.llm, workloads, work, job, measurements, every_run, log, release)
+                _run_engine_modes(settings, engine.llm, workloads, sequence, specs, own, job, measurements,
+                                  every_run, log, release)
             finally:
                 release()
+        elif sequence:
+            _run_engine_modes(settings, None, workloads, sequence, specs, own, job, measurements, every_run, log, _keep)
         if "first-run" in settings.modes:
             _run_first(settings, workloads, work, measurements, every_run, log)
     return _report(settings, workloads, measurements, engine_info, engines, every_run)
@@ -96,14 +103,14 @@ def _keep() -> None:
     """The shared engine stays: it is qbatch.engines.factory's, closed with the others."""
 
 
-def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Workload], work: Path, job: Any,
-                      measurements: list[Measurement], every_run: list[Measurement], log: Callable[[str], None],
-                      release_shared: Callable[[], None]) -> None:
-    _warm_up(llm)
-    sequence = _vllm_modes(settings)
-    specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
-             for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
-    own = {i for (_, i), spec in specs.items() if settings.vllm_defaults or _engine_processes(spec) > 1}
+def _run_engine_modes(settings: BenchSettings, llm: Any | None, workloads: dict[str, Workload],
+                      sequence: list[tuple[str, dict[str, Any]]], specs: dict[tuple[str, int], Any], own: set[int],
+                      job: Any, measurements: list[Measurement], every_run: list[Measurement],
+                      log: Callable[[str], None], release_shared: Callable[[], None]) -> None:
+    """The modes of `sequence` on the shared engine (`llm`; None when every one of them is in `own`), then
+    those in `own` on engines of their own."""
+    if llm is not None:
+        _warm_up(llm)
     runs: dict[tuple[str, int], list[Measurement]] = {(w, i): [] for w in workloads for i in range(len(sequence))}
     for workload in workloads.values():
         for repeat in range(settings.repeats):
