@@ -96,6 +96,11 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
             _run_engine_modes(settings, None, workloads, sequence, specs, own, job, measurements, every_run, log, _keep)
         if "first-run" in settings.modes:
             _run_first(settings, workloads, work, measurements, every_run, log)
+        for m in measurements:  # qbatch's own engines: the settings it resolved, and their start
+            if "engine_settings" in m.notes:
+                start_s = m.notes.get("own_engines_start_s", m.notes["engine_start_s"])
+                engines.setdefault(m.mode, {"start_s": {}, "settings": m.notes["engine_settings"]})
+                engines[m.mode]["start_s"][m.workload] = start_s
     return _report(settings, workloads, measurements, engine_info, engines, every_run)
 
 
@@ -387,10 +392,25 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
              "rows_failed": summary.rows_failed, "engines": spec.engine.engine_count()}
     if engines_start_s is not None:  # started before the timing, after the shared engine had gone
         notes["own_engines_start_s"] = round(engines_start_s, 2)
+    if engines_start_s is not None or name == "first-run":  # engines of its own: what qbatch chose for them
+        notes["engine_settings"] = _qbatch_engine_settings(spec)
     if summary.prompt_tokens != workload.num_prompt_tokens:
         notes["prompt_tokens_expected"] = workload.num_prompt_tokens
     return Measurement(workload.name, name, summary.rows_ok, wall, summary.prompt_tokens, summary.completion_tokens,
                        notes)
+
+
+def _qbatch_engine_settings(spec: Any) -> dict[str, Any]:
+    """The engine settings a qbatch run resolves (its engines run in processes of their own, whose
+    vLLM config this process cannot read; None: vLLM's default, or qbatch's tuned one in engines/vllm.py)."""
+    from qbatch.jobs.job import Job
+
+    job = Job.setup(spec)
+    engine = job.spec.engine
+    return {"engines": engine.engine_count(), "engines_per_gpu": engine.engines_per_gpu,
+            "max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens,
+            "max_model_len": job.max_model_len, "dtype": engine.dtype, "enforce_eager": engine.enforce_eager,
+            "performance_mode": engine.performance_mode, "gpu_memory_utilization": engine.gpu_memory_utilization}
 
 
 def _run_job(spec: Any) -> Any:

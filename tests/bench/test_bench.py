@@ -195,7 +195,8 @@ def test_first_run_times_the_engine_start_and_keeps_every_run(cli, bundled_model
     assert row["mode"] == "first-run" and row["rows"] == 12 and len(row["notes"]["wall_s_runs"]) == 2
     assert {"engine_start_s", "generate_s", "generate_output_tok_s"} <= set(row["notes"])
     assert [(r["mode"], r["notes"]["repeat"]) for r in report["runs"]] == [("first-run", 0), ("first-run", 1)]
-    assert report["engines"] == {} and "repeat" not in row["notes"]
+    assert report["engines"]["first-run"]["settings"]["engines"] == 1 and "repeat" not in row["notes"]
+    assert report["engines"]["first-run"]["start_s"]["docqa"] == row["notes"]["engine_start_s"]
     assert "docqa first-run: engines started in" in result.output and "over generation" in result.output
 
 
