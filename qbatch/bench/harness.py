@@ -160,6 +160,8 @@ def _run_raw_best(settings: BenchSettings, spec: Any, job: Any, workloads: dict[
         _warm_up(engine.llm)
         for workload in workloads.values():
             modes = [m for m in RAW_BEST_MODES if m in settings.modes and (m != "vllm-grouped" or workload.groups)]
+            if "vllm-grouped" in settings.modes and not workload.groups:
+                log(f"{workload.name} vllm-grouped: skipped, its rows have no documents to group by")
             runs: dict[str, list[Measurement]] = {mode: [] for mode in modes}
             for repeat in range(settings.repeats):
                 for mode in modes[::-1 if repeat % 2 else 1]:  # alternating, as in _run_engine_modes
@@ -534,4 +536,8 @@ def _ratio_key(baseline: str) -> str:
 def _line(m: Measurement) -> str:
     d = m.as_dict()
     return (f"{m.workload} {m.mode}: {m.rows} rows in {d['wall_s']:.2f}s, {d['output_tok_s']:,.0f} output tok/s, "
-            f"{d['total_tok_s']:,.0f} total tok/s {m.notes or ''}")
+            f"{d['total_tok_s']:,.0f} total tok/s {_brief(m.notes) or ''}")
+
+
+def _brief(notes: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in notes.items() if key != "engine_settings"}  # in the JSON report
