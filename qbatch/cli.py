@@ -332,10 +332,13 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 
 
 @cli.command()
-@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json"]))
+@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json",
+                                                          "prefill", "longgen", "docqa", "docqa-large"]))
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
               help="Comma list of vllm-text, vllm-tokens, qbatch, session (a warm qbatch.Session fed a list of "
-                   "rows), hf.")
+                   "rows), hf, vllm-best (an engine of its own on vLLM's defaults + performance_mode=throughput), "
+                   "vllm-grouped (vllm-best fed docqa's rows sorted by document), first-run (qbatch, timed from "
+                   "starting its engines).")
 @click.option("--rows", type=int, help="Rows per workload.  [default: uniform 3072, varied/short 4096; null engine 100000]")
 @click.option("--hf-rows", type=int, default=64, show_default=True, help="Rows per workload in the hf mode.")
 @click.option("--repeats", type=int, default=1, show_default=True,
@@ -371,6 +374,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
       qbatch bench --model smollm2-135m --null-engine --rows 100000
       qbatch bench uniform varied short --model Qwen/Qwen3-0.6B --modes vllm-text,vllm-tokens,qbatch,hf
       qbatch bench varied --model Qwen/Qwen3-0.6B --modes vllm-text,qbatch --vllm-defaults --repeats 2
+      qbatch bench docqa --model Qwen/Qwen3-0.6B --modes vllm-best,vllm-grouped,qbatch,first-run --repeats 3
     """
     import shlex
 
