@@ -42,6 +42,9 @@ def test_choice_logprobs_and_n(run_tiny):
     assert df.group_by("id").agg(pl.col("sample_index").sort())["sample_index"].to_list() == [[0, 1, 2]] * 6
     first = df["logprobs"][0][0]
     assert set(first) == {"token", "logprob", "top_logprobs"} and len(first["top_logprobs"]) == 5
+    for tokens, num_tokens in zip(df["logprobs"].to_list(), df["completion_tokens"].to_list(), strict=True):
+        assert len(tokens) == num_tokens  # one entry a generated token, each sample its own
+        assert all(isinstance(t["logprob"], float) and len(t["top_logprobs"]) == 5 for t in tokens)
     scores = df["choice_logprobs"].to_list()
     assert any(s is not None for s in scores)
     assert all(set(s) == set(LABELS) for s in scores if s is not None)
@@ -103,6 +106,10 @@ def test_a_job_seed_repeats_on_a_rerun_and_differs_between_samples_and_rows(run_
     _, again = run_tiny("seeded-2", *args, inputs=path)
     assert first.height == 12
     assert again["text"].to_list() == first["text"].to_list()  # reproducible
+    _, replanned = run_tiny("seeded-3", *args, "--chunk-tokens", "60", "--order", "input", inputs=path)
+    # Another plan (a row a chunk, input order): each row's seed, not the batch, decides its samples.
+    # Holds here on the CPU; other batch shapes could change a float sum on other hardware.
+    assert replanned["text"].to_list() == first["text"].to_list()
     samples = first.group_by("id", maintain_order=True).agg("text")["text"].to_list()
     assert all(len(set(texts)) > 1 for texts in samples), samples  # a row's samples are not all the same
     assert len({tuple(texts) for texts in samples}) == 4, samples  # rows with the same prompt differ
