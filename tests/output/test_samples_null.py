@@ -83,6 +83,8 @@ def test_merged_shards_with_n_samples_check_out(run_null, cli, write_jsonl, tmp_
     result = cli("merge", tmp_path / "0-2", tmp_path / "1-2", "-o", tmp_path / "merged")
     assert result.exit_code == 0, result.output
     assert pl.read_parquet(tmp_path / "merged" / "results.parquet").height == 20
+    status = json.loads(cli("status", tmp_path / "merged", "--json").stdout)
+    assert (status["rows_done"], status["rows_total"]) == (10, 10)  # rows, not samples
 
 
 @pytest.mark.parametrize(("flags", "message"), [
