@@ -71,6 +71,11 @@ class Completion:
     logprobs: list[dict[str, Any]] | None = None
     more_samples: list[Sample] = field(default_factory=list)  # with n > 1: samples 1..n-1 (this one is 0)
 
+    @property
+    def num_generated_tokens(self) -> int:
+        """Output tokens of every sample (num_completion_tokens is sample 0's)."""
+        return self.num_completion_tokens + sum(s.num_completion_tokens for s in self.more_samples)
+
     def samples(self) -> list[Sample]:
         """Every sample of the request, this completion's own first."""
         return [Sample(self.text, self.finish_reason, self.num_completion_tokens, self.logprobs), *self.more_samples]

@@ -238,7 +238,7 @@ class VllmEngine:
         self._num_finished += 1
         self._num_prompt_tokens += state.chunk.requests[pos].num_prompt_tokens
         self._num_cached_tokens += output.num_cached_tokens or 0
-        self._num_generated_tokens += len(completion.token_ids)
+        self._num_generated_tokens += sum(len(o.token_ids) for o in output.outputs)  # every sample's
         if not self._vllm_detokenizes(state.chunk.requests[pos]):
             ids = array("I", completion.token_ids)
             state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token
@@ -352,7 +352,7 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -
     """
     kwargs: dict[str, Any] = {
         "dtype": spec.dtype,
-        "seed": spec.seed,
+        "seed": 0 if spec.seed is None else spec.seed,  # a job seed also seeds each row (qbatch.sampling.row_seed)
         "tensor_parallel_size": spec.tensor_parallel_size,
         "max_model_len": max_model_len,
     }
@@ -362,10 +362,17 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -
                  "max_num_batched_tokens", "quantization", "load_format"):
         if getattr(spec, name) is not None:
             kwargs[name] = getattr(spec, name)
+    structured = {"backend": spec.structured_outputs_backend, "disable_any_whitespace": spec.disable_any_whitespace,
+                  # The structured-output constraint of a request then starts after the reasoning's end
+                  # (vLLM's StructuredOutputsConfig, offline too: vLLM 0.26 and 0.32 both take it this way).
+                  "reasoning_parser": spec.reasoning_parser}
+    structured = {k: v for k, v in structured.items() if v}
+    if structured:
+        kwargs["structured_outputs_config"] = structured
     if spec.reasoning_parser:
-        # The structured-output constraint of a request then starts after the reasoning's end
-        # (vLLM's StructuredOutputsConfig, offline too: vLLM 0.26 and 0.32 both take it this way).
-        kwargs["structured_outputs_config"] = {"reasoning_parser": spec.reasoning_parser}
+        # The top-level name as well: vLLM builds its ReasoningConfig (what enforces a request's
+        # thinking_token_budget) from this one only, not from structured_outputs_config's.
+        kwargs["reasoning_parser"] = spec.reasoning_parser
     if on_cpu():
         kwargs.update(_cpu_defaults(spec))
     if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.engines.placement import engines_per_gpu
-from qbatch.errors import InputError
+from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
 from qbatch.jobs.planning import FIRST_WINDOW, cut_group_chunks, order_groups
@@ -106,11 +106,16 @@ class Job:
             refuse_unrunnable(model_path, spec)
         auto_engines, auto_chunk_tokens = spec.engine.engines_per_gpu is None, spec.plan.chunk_tokens is None
         spec = spec.with_engines(engines_per_gpu(spec.engine, models.weights_bytes(model_path)))
-        if spec.engine.reasoning_parser is None and spec.sampling.structured_outputs() is not None:
-            # Only jobs with a constraint get the parser (an engine setting: a key of its own in the cache).
+        if spec.engine.reasoning_parser is None and (spec.sampling.structured_outputs() is not None
+                                                     or spec.sampling.thinking_token_budget is not None):
+            # Only jobs with a constraint or a thinking budget get the parser (an engine setting: a key
+            # of its own in the cache); vLLM ends the reasoning at the budget only with a parser.
             parser = models.reasoning_parser(model_path)
             if parser is not None:
                 spec = replace(spec, engine=replace(spec.engine, reasoning_parser=parser))
+        if spec.sampling.thinking_token_budget is not None and spec.engine.reasoning_parser is None:
+            raise SpecError("--thinking-token-budget needs a reasoning parser, and qbatch knows none for this model "
+                            "(vLLM would refuse every row)", hint="pass --reasoning-parser NAME (vLLM's parser names)")
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
         return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens)
 

@@ -111,6 +111,7 @@ def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any]
     counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
     summary.assemble_s = time.monotonic() - t0
     summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
+    summary.total_samples = counts.get("samples_ok", counts["rows_ok"])
     summary.status = "completed"
     summary.wall_s = time.monotonic() - started
     out.write_stats(stats_dict(summary))
@@ -187,8 +188,9 @@ def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summa
     if refused:
         _record_failures(refused, out, summary, progress)
     prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)
-    completion_tokens = sum(c.num_completion_tokens for c in ok)
+    completion_tokens = sum(c.num_generated_tokens for c in ok)  # with n > 1, every sample's
     summary.rows_ok += len(ok)
+    summary.samples_ok += sum(1 + len(c.more_samples) for c in ok)
     summary.prompt_tokens += prompt_tokens
     summary.completion_tokens += completion_tokens
     summary.chunks.append({"index": chunk.index, "rows": len(ok), "prompt_tokens": prompt_tokens,
