@@ -57,28 +57,43 @@ class Service:
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
                 if self.should_exit:  # the second signal: no more waiting
-                    log.warning("serve: second signal, exiting now")
-                    os._exit(128 + sig)
-                log.info(f"serve: {signal.Signals(sig).name}: finishing the current chunk, the rest stays queued")
-                worker.stop()
+                    _exit_now(sig, frame)
+                self.stop(sig, frame)
                 super().handle_exit(sig, frame)
+
+            def stop(self, sig: int, frame: Any) -> None:
+                """A signal before uvicorn takes them over, or one it hands back once it has stopped:
+                the service stops (once), it does not exit."""
+                if not self.should_exit:
+                    log.info(f"serve: {signal.Signals(sig).name}: finishing the current chunk, the rest stays queued")
+                    worker.stop()
+                self.should_exit = True
 
         config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port, log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=5)
         server = Server(config)
-        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # Until uvicorn takes the signals over (its run has started), a signal is already a stop.
+        previous = {sig: signal.signal(sig, server.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         worker.start()
         log.info(f"serve: listening on http://{self.settings.host}:{self.settings.port} "
                  f"(data {self.settings.data_dir}, model {self.settings.model})")
         try:
             server.run()
         finally:
+            for sig in previous:  # uvicorn has put back the handlers it found: now a signal ends the wait
+                signal.signal(sig, _exit_now)
             worker.stop()
             worker.join(SHUTDOWN_WAIT_S)
             self.store.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             log.info("serve: stopped")
+
+
+def _exit_now(sig: int, frame: Any) -> None:
+    """The second signal: the worker's chunk is not waited for; the reaper takes the engines along."""
+    log.warning("serve: second signal, exiting now")
+    os._exit(128 + sig)
 
 
 def serve_in_thread(settings: ServeSettings) -> tuple[Service, Any, threading.Thread]:

@@ -209,3 +209,42 @@ def test_airflow_serve_dag_is_valid_python():
     tree = ast.parse(source)
     names = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
     assert "submit_and_wait" in names and "client.batches.create" in source
+
+
+def test_a_second_signal_while_the_worker_finishes_exits_at_once(bundled_model, tmp_path):
+    """SIGTERM lets the worker finish its chunk; a second SIGTERM while it does must not wait for it.
+    The worker here never finishes (its stop() does nothing), as one deep in a long chunk."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.serve.conftest import ROOT, free_port
+
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from qbatch.log import setup\n"
+        "from qbatch.serve.config import ServeSettings\n"
+        "from qbatch.serve.server import Service\n"
+        "setup()\n"
+        f"service = Service(ServeSettings(Path({str(tmp_path / 'data')!r}), {{'model': {bundled_model!r}, "
+        f"'backend': 'null'}}, {{'progress': 'none'}}, port={free_port()}))\n"
+        "service.worker.stop = lambda: None\n"
+        "service.serve()\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "listening on" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(2)  # uvicorn has stopped; the worker is being waited for
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
+        assert "second signal, exiting now" in proc.stderr.read()
+    finally:
+        proc.kill()
