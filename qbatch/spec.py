@@ -29,6 +29,8 @@ PROGRESS = ("auto", "bar", "log", "none")
 ON_BAD_LINE = ("error", "skip")
 ORDERS = ("longest-first", "input")
 BACKENDS = ("vllm", "ray", "null")
+TASKS = ("generate", "embed")  # embed: vLLM's pooling runner (runner="pooling"), `qbatch embed`
+EMBEDDING_DTYPES = ("float32", "float16")
 # Conveniences the type check allows besides each field's annotation (the README's "Job files" says so):
 ONE_ITEM_LISTS = frozenset({"inputs", "stop"})  # one string is a one-item list
 NUMBER_ITEMS = frozenset({"gpus"})  # GPU ids may be written as integers
@@ -151,6 +153,8 @@ class EngineSpec:
     # vLLM's reasoning parser: a constraint then applies after the reasoning. None: "qwen3" for Qwen3
     # models when the job has a constraint (Job.setup), else none (rows with their own need the flag).
     reasoning_parser: str | None = affects_results(None)
+    # "embed": vectors instead of text (vLLM's runner="pooling"; a decoder gets convert="embed"): `qbatch embed`
+    task: str = affects_results("generate")
     backend: str = affects_results("vllm")  # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
     # False: vLLM computes its scheduler stats every step (running/waiting requests, KV-cache usage: telemetry
@@ -183,7 +187,19 @@ class OutputSpec:
     report: bool = False  # write OUT_DIR/report.html when the run ends
 
 
-SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec}
+@dataclass(frozen=True)
+class EmbedSpec:
+    """What an embedding job (task "embed") does to each vector; unused by generation."""
+
+    dimensions: int | None = affects_results(None)  # keep the first N (Matryoshka), then re-normalize
+    normalize: bool = affects_results(True)  # unit L2 norm (after the truncation)
+    instruction: str | None = affects_results(None)  # query side: "Instruct: {instruction}\nQuery:{text}" (Qwen3-Embedding)
+    truncate: bool = affects_results(False)  # over-long inputs keep their first max_model_len tokens, else error rows
+    embedding_dtype: str = affects_results("float32")  # float16 halves the output
+
+
+SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec,
+            "embed": EmbedSpec}
 
 
 @dataclass(frozen=True)
@@ -193,6 +209,7 @@ class JobSpec:
     plan: PlanSpec = field(default_factory=PlanSpec)
     engine: EngineSpec = field(default_factory=EngineSpec)
     output: OutputSpec = field(default_factory=OutputSpec)
+    embed: EmbedSpec = field(default_factory=EmbedSpec)
 
     @classmethod
     def from_flat(cls, values: dict[str, Any], *, source: str = "settings") -> JobSpec:
@@ -251,6 +268,7 @@ class JobSpec:
         if util is not None and not 0 < util <= 1:
             raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")
         _check_choice("backend", self.engine.backend, BACKENDS)
+        self._check_embed()
         self._check_ray()
         if self.engine.quantize not in (None, "awq"):
             raise SpecError(f"quantize must be 'awq', got '{self.engine.quantize}'")
@@ -290,6 +308,12 @@ class JobSpec:
             key = exc.message.split(" ", 1)[0]  # each rule's message starts with the value's name
             raise SpecError(exc.message,
                             hint=f"set --{key.replace('_', '-')} (job file: {key}) to a value the rule allows") from None
+
+    def _check_embed(self) -> None:
+        _check_choice("task", self.engine.task, TASKS)
+        _check_choice("embedding_dtype", self.embed.embedding_dtype, EMBEDDING_DTYPES)
+        if self.embed.dimensions is not None:
+            _check_min("dimensions", self.embed.dimensions, 1)  # at most the model's hidden size: Job.setup
 
     def _check_ray(self) -> None:
         if self.engine.backend == "ray" and self.engine.gpus is not None:
