@@ -75,7 +75,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
         todo = scan.num_todo
         recorded = from_manifest(previous)
         column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
-        summary = Summary(str(out.path), "running", rows_skipped=len(done))
+        summary = Summary(str(out.path), "running", rows_skipped=len(done), task=spec.engine.task)
         manifest = new_manifest(spec, job.model_path, previous, fingerprint, status="running")
         manifest.update(rows_total=todo + len(done), input_rows=input_rows(job.files, scan.rows_read),
                         covered_inputs=False)

@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from qbatch._fs import atomic_write
+from qbatch.output.embeddings import openai_embedding
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir
 from qbatch.output.tables import ERROR_SCHEMA
 
@@ -135,6 +136,10 @@ def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> d
     """One response for an id: a choice a sample. The content is `parsed` when the answer parsed
     (the JSON re-serialized, or the choice), else the text."""
     row = rows[0]
+    if "embedding" in row:  # qbatch embed: OpenAI's embeddings response
+        return {"id": f"batch_req_{row['id']}", "custom_id": row["id"],
+                "response": {"status_code": 200, "request_id": row["id"], "body": openai_embedding(row, model)},
+                "error": None}
     completion_tokens = sum(r["completion_tokens"] for r in rows)
     usage = {"prompt_tokens": row["prompt_tokens"], "completion_tokens": completion_tokens,
              "total_tokens": row["prompt_tokens"] + completion_tokens}
