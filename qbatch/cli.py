@@ -384,7 +384,7 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 
 
 @cli.command()
-@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json"]))
+@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json", "embed"]))
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
               help="Comma list of vllm-text, vllm-tokens, qbatch, session (a warm qbatch.Session fed a list of "
                    "rows), hf.")
@@ -423,6 +423,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
       qbatch bench --model smollm2-135m --null-engine --rows 100000
       qbatch bench uniform varied short --model Qwen/Qwen3-0.6B --modes vllm-text,vllm-tokens,qbatch,hf
       qbatch bench varied --model Qwen/Qwen3-0.6B --modes vllm-text,qbatch --vllm-defaults --repeats 2
+      qbatch bench embed --model Qwen/Qwen3-0.6B --load-format dummy --repeats 2   # qbatch embed vs LLM.embed
     """
     import shlex
 

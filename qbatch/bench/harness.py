@@ -88,7 +88,7 @@ def _keep() -> None:
 def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Workload], work: Path, job: Any,
                       measurements: list[Measurement], log: Callable[[str], None],
                       release_shared: Callable[[], None]) -> None:
-    _warm_up(llm)
+    _warm_up(llm, embeds=settings.embeds)
     sequence = _vllm_modes(settings)
     specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
              for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
@@ -220,17 +220,28 @@ def _engine(settings: BenchSettings, spec: Any, job: Any) -> tuple[Any, dict[str
     return engine, info
 
 
-def _warm_up(llm: Any) -> None:
+def _warm_up(llm: Any, *, embeds: bool = False) -> None:
     """A few tiny requests, so no mode pays the first step's one-time costs."""
     from vllm import SamplingParams
 
+    if embeds:
+        llm.embed([{"prompt_token_ids": [100 + i] * 8} for i in range(8)], use_tqdm=False)
+        return
     llm.generate([{"prompt_token_ids": [100 + i] * 8} for i in range(8)],
                  SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
 
 
 def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, Any]) -> Measurement:
-    """One LLM.generate call with every prompt, as text or as token ids."""
+    """One LLM.generate call with every prompt, as text or as token ids (an embed workload: LLM.embed,
+    vLLM's default pooling: last token, normalized)."""
     from vllm import SamplingParams
+
+    if workload.task == "embed":
+        prompts = workload.prompts if mode == "vllm-text" else [{"prompt_token_ids": i} for i in workload.prompt_token_ids]
+        started = time.monotonic()
+        outputs = llm.embed(prompts, use_tqdm=False)
+        wall = time.monotonic() - started
+        return Measurement(workload.name, mode, len(outputs), wall, sum(len(o.prompt_token_ids) for o in outputs), 0)
 
     constraint: dict[str, Any] = {}
     if workload.structured_outputs is not None:  # the grammar ends a constrained row (as in qbatch's rows)
@@ -348,7 +359,8 @@ def _report(settings: BenchSettings, workloads: dict[str, Workload], measurement
     for row in rows:
         for baseline in BASELINES:
             base = next((r for r in rows if r["workload"] == row["workload"] and r["mode"] == baseline), None)
-            row[_ratio_key(baseline)] = round(row["output_tok_s"] / base["output_tok_s"], 3) if base else None
+            rate = "output_tok_s" if base and base["output_tok_s"] else "total_tok_s"  # embeddings: input tok/s
+            row[_ratio_key(baseline)] = round(row[rate] / base[rate], 3) if base and base[rate] else None
     return {"kind": "engines", **environment(), "settings": {**asdict(settings), "work_dir": None},
             "engine": engine_info, "workloads": {name: w.describe() for name, w in workloads.items()},
             "results": rows}

@@ -16,7 +16,8 @@ from typing import Any
 
 from qbatch.errors import SpecError
 
-WORKLOADS = ("uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json")
+WORKLOADS = ("uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json", "embed")
+EMBED_WORKLOADS = ("embed",)  # run on an embedding engine (`qbatch embed`, LLM.embed): texts in, no output tokens
 # The classification workloads (issue #20): the same rows free, under a 5-label choice, and under a
 # small JSON schema; constrained rows stop when their answer is complete (no ignore_eos: the grammar
 # ends them), up to max_tokens.
@@ -38,7 +39,8 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
 
     uniform: 512 / 256. varied: lognormal, means ~300 (16..2048) / ~215 (8..1024).
     short: ~200 (150..250) / 1..8, a classification-like job. small: ~190 (170..210) / 256, the
-    notebook-sized job a warm Session serves (200 rows by default). `scale` shrinks both (CPU smoke runs).
+    notebook-sized job a warm Session serves (200 rows by default). embed: passages of a search corpus,
+    lognormal ~256 (16..1024) tokens of raw text (no chat template) / 0. `scale` shrinks both (CPU smoke runs).
     """
     if name not in WORKLOADS:
         raise SpecError(f"workload must be one of {', '.join(WORKLOADS)}; got '{name}'")
@@ -54,9 +56,12 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
             prompt, output = rng.randint(150, 250), rng.randint(1, 8)
         elif name.startswith("classify"):  # the same lengths for its three variants
             prompt, output = rng.randint(150, 250), CLASSIFY_MAX_TOKENS
+        elif name == "embed":
+            prompt, output = _lognormal(rng, 256, 16, 1024), 0
         else:  # small
             prompt, output = rng.randint(170, 210), 256
-        rows.append((max(1, round(prompt * scale)), max(1, round(output * scale))))
+        rows.append((max(1, round(prompt * scale)), round(output * scale) if name == "embed" else
+                     max(1, round(output * scale))))
     return rows
 
 
@@ -74,6 +79,7 @@ class Workload:
     prompt_token_ids: list[list[int]]
     max_tokens: list[int]
     structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams kwargs, every row
+    task: str = "generate"  # "embed": texts as they are (no chat template), embedded
 
     @property
     def num_rows(self) -> int:
@@ -91,6 +97,8 @@ class Workload:
         with open(path, "w", encoding="utf-8") as handle:
             for i, (text, max_tokens) in enumerate(zip(self.texts, self.max_tokens, strict=True)):
                 row = {"id": f"{self.name}-{i}", "prompt": text, "max_tokens": max_tokens}
+                if self.task == "embed":  # no output: no max_tokens column to carry to the results
+                    del row["max_tokens"]
                 if self.structured_outputs is not None:  # the grammar ends the row: no ignore_eos
                     row.update(structured_outputs=self.structured_outputs, ignore_eos=False)
                 handle.write(json.dumps(row) + "\n")
@@ -107,12 +115,23 @@ def make_workload(name: str, tokenizer: Any, num_rows: int, *, seed: int = 0, sc
     """Rows of random single-token words sized so the chat-templated prompt has the sampled length."""
     lengths = sample_lengths(name, num_rows, seed=seed, scale=scale)
     pool = word_pool(tokenizer)
+    if name in EMBED_WORKLOADS:
+        return _embed_workload(name, tokenizer, pool, lengths, seed)
     overhead = len(encode_ids(tokenizer, [render_chat(tokenizer, [pool[0]])[0]])[0]) - 1
     rng = random.Random(f"{name.split('-')[0]}:{seed}:words")  # classify's variants: the same prompts
     texts = [" ".join(rng.choices(pool, k=max(1, prompt - overhead))) for prompt, _ in lengths]
     prompts = render_chat(tokenizer, texts)
     return Workload(name, texts, prompts, encode_ids(tokenizer, prompts), [output for _, output in lengths],
                     CONSTRAINTS.get(name))
+
+
+def _embed_workload(name: str, tokenizer: Any, pool: list[str], lengths: list[tuple[int, int]], seed: int) -> Workload:
+    """Raw texts of the sampled lengths, token ids as `qbatch embed` and LLM.embed make them (the
+    tokenizer's special tokens included)."""
+    rng = random.Random(f"{name}:{seed}:words")
+    overhead = len(tokenizer(pool[0])["input_ids"]) - 1
+    texts = [" ".join(rng.choices(pool, k=max(1, prompt - overhead))) for prompt, _ in lengths]
+    return Workload(name, texts, texts, tokenizer(texts)["input_ids"], [0] * len(texts), task="embed")
 
 
 def word_pool(tokenizer: Any, size: int = WORD_POOL_SIZE) -> list[str]:
