@@ -257,7 +257,6 @@ class VllmEngine:
                 state.slots[p].text = text
         return state.chunk, state.slots
 
-
     def _finish_embedding(self, open_chunks, state, index, pos, output):
         """A pooled vector (vLLM's PoolingRequestOutput: outputs.data, a tensor) into its chunk's slot."""
         request = state.chunk.requests[pos]
