@@ -41,6 +41,8 @@ class NullEngine:
     token ids (identical inputs, identical vectors), unnormalized as a model's pooled output is.
     """
 
+    embedding_size: int | None = None  # set: an embedding engine
+
     def __init__(self, embedding_size: int | None = None):
         self.embedding_size = embedding_size
 

@@ -67,6 +67,7 @@ class OpenChunk:
 class VllmEngine:
     """vLLM's offline engine, driven request by request so it never drains between chunks."""
 
+    embeds = False  # an embedding engine (task "embed"): PoolingParams in, Embeddings out
     # telemetry: counted as requests finish, read by another thread once a second (sample())
     _log_stats = False
     _in_flight: dict[str, tuple[int, int]] = {}  # the running run's requests (replaced, never changed, here)
@@ -81,7 +82,7 @@ class VllmEngine:
                 "vLLM is not installed", hint="pip install 'qbatch[cpu]' (CPU) or 'qbatch[gpu]' (CUDA)"
             ) from None
         kwargs = engine_kwargs(spec, max_model_len, tuned=tuned, model_path=model_path)
-        self.embeds = spec.task == "embed"  # requests get PoolingParams and return Embeddings
+        self.embeds = spec.task == "embed"
         if on_cpu():
             bind_cpu_cores()
         try:
