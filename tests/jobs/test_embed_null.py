@@ -173,3 +173,20 @@ def test_session_embed_returns_vectors_in_input_order(bundled_model):
         assert np.array_equal(v[0], v[2])
         with pytest.raises(InputError, match="1 rows could not be embedded; the first: empty_prompt"):
             session.embed(["ok", " "], progress="none")
+
+
+def test_embeddings_travel_between_processes_as_messages():
+    """Data-parallel workers and Ray actors send a chunk's embeddings back pickled, without their requests."""
+    import pickle
+
+    from qbatch.engines.messages import EmbeddingOutput, pack, unpack
+    from qbatch.records import EMBED_SAMPLING, Embedding, Request
+
+    requests = [Request(str(i), 0, i, [1, 2, i], dict(EMBED_SAMPLING), None) for i in range(3)]
+    embeddings = [Embedding(requests[0], np.arange(4, dtype=np.float32), 2), Embedding(requests[1], None, error="no"),
+                  Embedding(requests[2], np.ones(4, dtype=np.float32))]
+    outputs = pickle.loads(pickle.dumps(pack(embeddings)))
+    assert all(isinstance(o, EmbeddingOutput) for o in outputs)
+    back = unpack(requests, outputs)
+    assert [e.request.id for e in back] == ["0", "1", "2"] and back[1].error == "no" and back[0].num_cached_tokens == 2
+    assert np.array_equal(back[0].vector, np.arange(4)) and requests[0].cost == 3  # prompt tokens alone
