@@ -20,6 +20,7 @@ from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, EngineSpec, SamplingSpec
+from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
 
 
 class QbatchGroup(click.Group):
@@ -96,8 +97,9 @@ RUN_OPTIONS = [
     click.option("--n", type=int, help="Samples per row: one result row each, with sample_index.  [default: 1]"),
     click.option("--logprobs", is_flag=True, default=None, help="Add each output token's logprob (a logprobs column)."),
     click.option("--top-logprobs", type=int, help="With logprobs, the N most likely alternatives of each token (0-20)."),
+    click.option("--thinking-token-budget", type=int, help="vLLM thinking_token_budget: reasoning tokens before the engine ends the reasoning (needs a reasoning parser; -1: unlimited)."),
     click.option("--sort-window", type=int, help="Rows sorted by length together (the last window also takes the rows left at the end).  [default: 8192]"),
-    click.option("--order", type=click.Choice(ORDERS), help="Rows go to the engine longest first in each window (max_tokens, then prompt), or in input order.  [default: longest-first]"),
+    click.option("--order", type=click.Choice(ORDERS), help="Rows go to the engine longest first in each window (max_tokens, then prompt), rows sharing a long prompt prefix together; longest-first-flat: without the groups; input: in input order.  [default: longest-first]"),
     click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk/part.  [default: 4194304; with N engines, 4194304/(16N)]"),
     click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model: hub name, folder, or smollm2-135m (bundled).  [default: Qwen/Qwen3-0.6B; env QBATCH_MODEL]"),
     click.option("--tokenizer", help="Tokenizer folder or name (default: the model's)."),
@@ -116,10 +118,13 @@ RUN_OPTIONS = [
                  "memory on hosts with 8+ cores per GPU, else 1]"),
     click.option("--tensor-parallel-size", type=int, help="vLLM tensor_parallel_size.  [default: 1]"),
     click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM enforce_eager: no torch.compile/CUDA graphs.  [default: on for CPU]"),
-    click.option("--seed", type=int, help="vLLM engine seed.  [default: 0]"),
+    click.option("--compilation-mode", type=click.IntRange(0, 3), help="vLLM compilation_config mode: 0 no torch.compile, 3 torch.compile.  [default: chosen from the job's shape on a GPU (3 for prefill-bound jobs when compiling pays), else 0 on Hopper]"),
+    click.option("--seed", type=int, help="Seed: each row samples with a seed derived from it and the row id (reruns repeat).  [default: none; vLLM engine seed 0]"),
     click.option("--load-format", help="vLLM load_format (e.g. dummy for random weights)."),
     click.option("--performance-mode", help="vLLM performance_mode.  [default: throughput]"),
-    click.option("--reasoning-parser", help="vLLM reasoning_parser: constraints apply after the reasoning.  [default: qwen3 for Qwen3 models with a job-level constraint]"),
+    click.option("--reasoning-parser", help="vLLM reasoning_parser: constraints apply after the reasoning.  [default: qwen3 for Qwen3 models with a job-level constraint or thinking budget]"),
+    click.option("--structured-outputs-backend", type=click.Choice(STRUCTURED_OUTPUTS_BACKENDS), help="vLLM StructuredOutputsConfig.backend for constrained rows.  [default: auto]"),
+    click.option("--disable-any-whitespace", is_flag=True, default=None, help="vLLM StructuredOutputsConfig.disable_any_whitespace: compact JSON, no free whitespace (xgrammar, guidance)."),
     click.option("--quantize", type=click.Choice(["awq"]), help="Quantize the model with AutoAWQ first (cached)."),
     click.option("--backend", type=click.Choice(BACKENDS), help="Engine: vllm, ray (engines on a Ray cluster), or null (returns instantly; for pipeline tests)."),
     click.option("--disable-log-stats/--enable-log-stats", default=None, help="vLLM disable_log_stats: --enable-log-stats adds running/waiting requests and KV-cache usage to the telemetry (vLLM then works out its stats every step).  [default: disabled]"),
@@ -384,10 +389,13 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 
 
 @cli.command()
-@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json", "embed"]))
+@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json",
+                                                          "prefill", "longgen", "docqa", "docqa-large", "embed"]))
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
               help="Comma list of vllm-text, vllm-tokens, qbatch, session (a warm qbatch.Session fed a list of "
-                   "rows), hf.")
+                   "rows), hf, vllm-best (an engine of its own on vLLM's defaults + performance_mode=throughput), "
+                   "vllm-grouped (vllm-best fed docqa's rows sorted by document), first-run (qbatch, timed from "
+                   "starting its engines).")
 @click.option("--rows", type=int, help="Rows per workload.  [default: uniform 3072, varied/short 4096; null engine 100000]")
 @click.option("--hf-rows", type=int, default=64, show_default=True, help="Rows per workload in the hf mode.")
 @click.option("--repeats", type=int, default=1, show_default=True,
@@ -423,6 +431,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
       qbatch bench --model smollm2-135m --null-engine --rows 100000
       qbatch bench uniform varied short --model Qwen/Qwen3-0.6B --modes vllm-text,vllm-tokens,qbatch,hf
       qbatch bench varied --model Qwen/Qwen3-0.6B --modes vllm-text,qbatch --vllm-defaults --repeats 2
+      qbatch bench docqa --model Qwen/Qwen3-0.6B --modes vllm-best,vllm-grouped,qbatch,first-run --repeats 3
       qbatch bench embed --model Qwen/Qwen3-0.6B --load-format dummy --repeats 2   # qbatch embed vs LLM.embed
     """
     import shlex

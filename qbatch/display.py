@@ -22,14 +22,15 @@ def print_summary(summary: Summary) -> None:
         return
     embeds = summary.task == "embed"
     _table(f"qbatch {'embed' if embeds else 'run'} {summary.status}", [
-        ("rows ok (this run)", f"{summary.rows_ok:,}"),
+        ("rows ok (this run)", f"{summary.rows_ok:,}" + _samples(summary.samples_ok, summary.rows_ok)),
         ("rows failed (this run)", f"{summary.rows_failed:,}" + _kinds(summary.failures_by_kind)),
         ("rows already done", f"{summary.rows_skipped:,}"),
         ("tokens in / out", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}"),
         ("input tok/s", f"{summary.prompt_tok_s:,.1f}") if embeds else ("output tok/s", f"{summary.output_tok_s:,.1f}"),
         ("engine start / generate / wall", f"{summary.engine_start_s:.1f}s / {summary.generate_s:.1f}s / {summary.wall_s:.1f}s"),
         ("of the rest: setup / assemble", f"{summary.setup_s:.1f}s / {summary.assemble_s:.1f}s"),
-        ("results", f"{Path(summary.output_dir or '.') / 'results.parquet'} ({summary.total_ok:,} rows)"),
+        ("results", f"{Path(summary.output_dir or '.') / 'results.parquet'} ({summary.total_ok:,} rows"
+                    f"{_samples(summary.total_samples, summary.total_ok)})"),
         ("errors", f"{Path(summary.output_dir or '.') / 'errors.parquet'} ({summary.total_failed:,} rows)"),
     ])
 
@@ -39,6 +40,11 @@ def _table(title: str, rows: list[tuple[str, str]]) -> None:
     click.echo(title)
     for label, value in rows:
         click.echo(f"  {label:<{width}}  {value}")
+
+
+def _samples(num_samples: int, num_rows: int) -> str:
+    """", 12 samples" when rows have several (n > 1), else nothing: one result row a sample."""
+    return f", {num_samples:,} samples" if num_samples != num_rows else ""
 
 
 def _kinds(kinds: dict[str, int]) -> str:

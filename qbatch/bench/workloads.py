@@ -3,6 +3,9 @@
 Prompts are random whole-word tokens of the model's own tokenizer, rendered
 through its chat template exactly as `qbatch run` renders them, so the raw vLLM
 modes (text or token ids) and qbatch (a JSONL file) get the same prompts.
+A row's user message is a list of segments; segments with the same key have the
+same words, so rows that share leading segments (one instruction, one document)
+share that token prefix, as real jobs do (issue #19).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any
 
 from qbatch.errors import SpecError
 
-WORKLOADS = ("uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json", "embed")
+WORKLOADS = ("uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json",
+             "prefill", "longgen", "docqa", "docqa-large", "embed")
 EMBED_WORKLOADS = ("embed",)  # run on an embedding engine (`qbatch embed`, LLM.embed): texts in, no output tokens
 # The classification workloads (issue #20): the same rows free, under a 5-label choice, and under a
 # small JSON schema; constrained rows stop when their answer is complete (no ignore_eos: the grammar
@@ -31,6 +35,11 @@ CONSTRAINTS: dict[str, dict[str, Any] | None] = {
 }
 CLASSIFY_MAX_TOKENS = 32
 DEFAULT_WORKLOADS = ("uniform", "varied", "short")  # what `qbatch bench` runs unless --workloads says
+# Issue #19's shapes. prefill: one instruction shared by every row (at the start of the user message)
+# then a document of its own. docqa: documents asked several questions each, document first so the
+# rows of one document share its tokens as a prefix; (tokens per document, questions per document).
+PREFILL_INSTRUCTION_TOKENS = 370
+DOCQA_SHAPES = {"docqa": (800, 8), "docqa-large": (1500, 4)}
 WORD_POOL_SIZE = 4000
 
 
@@ -39,14 +48,30 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
 
     uniform: 512 / 256. varied: lognormal, means ~300 (16..2048) / ~215 (8..1024).
     short: ~200 (150..250) / 1..8, a classification-like job. small: ~190 (170..210) / 256, the
-    notebook-sized job a warm Session serves (200 rows by default). embed: passages of a search corpus,
-    lognormal ~256 (16..1024) tokens of raw text (no chat template) / 0. `scale` shrinks both (CPU smoke runs).
+    notebook-sized job a warm Session serves (200 rows by default). prefill: ~820 (a shared ~370
+    instruction + ~450 of its own) / 8. longgen: ~155 (130..180) / lognormal ~715 (64..2048).
+    docqa: a ~800-token document + a ~20-token question / 16; docqa-large: ~1500 + ~20 / 16.
+    embed: passages of a search corpus, lognormal ~256 (16..1024) tokens of raw text (no chat
+    template) / 0. `scale` shrinks every segment and output (CPU smoke runs); shared prefixes stay shared.
     """
+    return [(sum(length for _, length in segments), output)
+            for segments, output in sample_rows(name, num_rows, seed=seed, scale=scale)]
+
+
+Segment = tuple[str, int]  # (key, tokens): segments with one key have the same words
+
+
+def sample_rows(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.0
+                ) -> list[tuple[tuple[Segment, ...], int]]:
+    """Each row's user-message segments (in order) and its output tokens; the chat template's tokens
+    count in the first segment (make_workload takes them off it, the same for every row sharing it)."""
     if name not in WORKLOADS:
         raise SpecError(f"workload must be one of {', '.join(WORKLOADS)}; got '{name}'")
+    if name in DOCQA_SHAPES:
+        return _docqa_rows(name, num_rows, seed, scale)
     rng = random.Random(f"{name.split('-')[0]}:{seed}")
     rows = []
-    for _ in range(num_rows):
+    for i in range(num_rows):
         if name == "uniform":
             prompt, output = 512, 256
         elif name == "varied":
@@ -56,13 +81,36 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
             prompt, output = rng.randint(150, 250), rng.randint(1, 8)
         elif name.startswith("classify"):  # the same lengths for its three variants
             prompt, output = rng.randint(150, 250), CLASSIFY_MAX_TOKENS
-        elif name == "embed":
-            prompt, output = _lognormal(rng, 256, 16, 1024), 0
+        elif name == "prefill":
+            rows.append(((("instruction", _scaled(PREFILL_INSTRUCTION_TOKENS, scale)),
+                          (f"document{i}", _scaled(rng.randint(400, 500), scale))), _scaled(8, scale)))
+            continue
+        elif name == "longgen":
+            prompt, output = rng.randint(130, 180), _lognormal(rng, 715, 64, 2048, sigma=0.6)
+        elif name == "embed":  # no output tokens
+            rows.append((((f"row{i}", _scaled(_lognormal(rng, 256, 16, 1024), scale)),), 0))
+            continue
         else:  # small
             prompt, output = rng.randint(170, 210), 256
-        rows.append((max(1, round(prompt * scale)), round(output * scale) if name == "embed" else
-                     max(1, round(output * scale))))
+        rows.append((((f"row{i}", _scaled(prompt, scale)),), _scaled(output, scale)))
     return rows
+
+
+def _docqa_rows(name: str, num_rows: int, seed: int, scale: float) -> list[tuple[tuple[Segment, ...], int]]:
+    """Documents of ~mean tokens (75%..125%) asked `questions` questions each (the last one fewer when
+    num_rows says so), in a seeded shuffle: an export's rows of one document are scattered."""
+    mean, questions = DOCQA_SHAPES[name]
+    rng = random.Random(f"{name}:{seed}")
+    num_docs = -(-num_rows // questions)
+    docs = [_scaled(rng.randint(mean * 3 // 4, mean * 5 // 4), scale) for _ in range(num_docs)]
+    rows = [(((f"document{i // questions}", docs[i // questions]), (f"question{i}", _scaled(rng.randint(15, 25), scale))),
+             _scaled(16, scale)) for i in range(num_rows)]
+    random.Random(f"{name}:{seed}:order").shuffle(rows)
+    return rows
+
+
+def _scaled(tokens: int, scale: float) -> int:
+    return max(1, round(tokens * scale))
 
 
 def _lognormal(rng: random.Random, mean: float, low: int, high: int, sigma: float = 0.8) -> int:
@@ -79,6 +127,7 @@ class Workload:
     prompt_token_ids: list[list[int]]
     max_tokens: list[int]
     structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams kwargs, every row
+    groups: list[str] | None = None  # docqa: each row's document (the vllm-grouped mode sorts by it)
     task: str = "generate"  # "embed": texts as they are (no chat template), embedded
 
     @property
@@ -113,24 +162,31 @@ class Workload:
 
 def make_workload(name: str, tokenizer: Any, num_rows: int, *, seed: int = 0, scale: float = 1.0) -> Workload:
     """Rows of random single-token words sized so the chat-templated prompt has the sampled length."""
-    lengths = sample_lengths(name, num_rows, seed=seed, scale=scale)
+    rows = sample_rows(name, num_rows, seed=seed, scale=scale)
     pool = word_pool(tokenizer)
     if name in EMBED_WORKLOADS:
-        return _embed_workload(name, tokenizer, pool, lengths, seed)
+        return _embed_workload(name, tokenizer, pool, [sum(n for _, n in segments) for segments, _ in rows], seed)
     overhead = len(encode_ids(tokenizer, [render_chat(tokenizer, [pool[0]])[0]])[0]) - 1
     rng = random.Random(f"{name.split('-')[0]}:{seed}:words")  # classify's variants: the same prompts
-    texts = [" ".join(rng.choices(pool, k=max(1, prompt - overhead))) for prompt, _ in lengths]
+    words: dict[str, str] = {}  # a segment's words, drawn where its key first appears
+    texts = []
+    for segments, _ in rows:
+        for position, (key, length) in enumerate(segments):
+            if key not in words:  # the template's tokens come off the first segment
+                words[key] = " ".join(rng.choices(pool, k=max(1, length - (overhead if position == 0 else 0))))
+        texts.append(" ".join(words[key] for key, _ in segments))
     prompts = render_chat(tokenizer, texts)
-    return Workload(name, texts, prompts, encode_ids(tokenizer, prompts), [output for _, output in lengths],
-                    CONSTRAINTS.get(name))
+    groups = [segments[0][0] for segments, _ in rows] if name in DOCQA_SHAPES else None
+    return Workload(name, texts, prompts, encode_ids(tokenizer, prompts), [output for _, output in rows],
+                    CONSTRAINTS.get(name), groups)
 
 
-def _embed_workload(name: str, tokenizer: Any, pool: list[str], lengths: list[tuple[int, int]], seed: int) -> Workload:
+def _embed_workload(name: str, tokenizer: Any, pool: list[str], lengths: list[int], seed: int) -> Workload:
     """Raw texts of the sampled lengths, token ids as `qbatch embed` and LLM.embed make them (the
     tokenizer's special tokens included)."""
     rng = random.Random(f"{name}:{seed}:words")
     overhead = len(tokenizer(pool[0])["input_ids"]) - 1
-    texts = [" ".join(rng.choices(pool, k=max(1, prompt - overhead))) for prompt, _ in lengths]
+    texts = [" ".join(rng.choices(pool, k=max(1, length - overhead))) for length in lengths]
     return Workload(name, texts, texts, tokenizer(texts)["input_ids"], [0] * len(texts), task="embed")
 
 

@@ -56,6 +56,7 @@ class Dispatcher:
         self._wanting: deque[int] = deque()  # workers that asked for a chunk, in order of asking
         self._starting: set[int] = set()  # workers whose engine is not ready yet (they join the run when it is)
         self._samples: dict[int, EngineSample] = {}  # each worker's latest counters (telemetry)
+        self.started_at = time.monotonic()  # the engines' start: each one's ready time is logged from it
 
     def telemetry(self) -> list[tuple[str, EngineSample]]:
         """Each live worker's latest engine counters, by its label (sent about once a second)."""
@@ -107,7 +108,8 @@ class Dispatcher:
                 self._samples[rank] = sample
             case Ready():
                 self._starting.discard(rank)
-                log.info("engine %s ready, joins the run", label)
+                log.info("engine %s ready %.1fs after the engines started, joins the run", label,
+                         time.monotonic() - self.started_at)
             case Failed(reason=reason) if rank in self._starting:
                 self._starting.discard(rank)
                 self._workers.pop(rank, None)  # nothing handed to it yet; its process exits on its own

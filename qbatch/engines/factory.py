@@ -69,6 +69,11 @@ def forks_on_create(spec: EngineSpec, model_path: str, max_model_len: int) -> bo
     return _key(spec, model_path, max_model_len) not in _ENGINES
 
 
+def is_cached(spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
+    """Whether an engine for these settings is cached (started, or starting) in this process."""
+    return _key(spec, model_path, max_model_len) in _ENGINES
+
+
 def cached_keys() -> set[Key]:
     """The keys of the engines cached now (a caller notes which ones a run started)."""
     return set(_ENGINES)

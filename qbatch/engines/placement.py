@@ -2,13 +2,15 @@
 
 A small model leaves its GPU idle for part of each step while vLLM's engine loop runs
 on the CPU, so by default such a model gets two engines per GPU, each with half of the
-GPU's memory (docs/benchmarks.md has the measurements).
+GPU's memory (docs/benchmarks.md has the measurements). A prefill-bound job may get one
+compiled engine instead (choose_engines).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 
 from qbatch.spec import EngineSpec
 
@@ -16,6 +18,51 @@ from qbatch.spec import EngineSpec
 # of each engine stays large) and the host has SHARED_GPU_CORES cores per engine.
 SHARED_GPU_MAX_WEIGHTS = 0.02
 SHARED_GPU_CORES = 4
+
+
+# A job is prefill-bound when its output tokens (max_tokens, the most it may generate) are under
+# this share of its tokens: torch.compile's fused kernels then gain most (a prefill-heavy job ran
+# 0.87x raw vLLM without it, 0.97x with it, issue #19) and one engine holds the GPU busy.
+PREFILL_BOUND_OUTPUT_SHARE = 0.10
+# Starting with torch.compile costs ~55 s more per engine with a cold compile cache, ~4 s with a
+# warm one, for ~9% faster prefill (H200, docs/benchmarks.md "compile cache"): a prefill-bound job
+# of at least this many tokens (prompt + output) repays it.
+COMPILE_REPAID_TOKENS = 275_000_000
+WARM_COMPILE_REPAID_TOKENS = 20_000_000
+# vLLM's CompilationMode.VLLM_COMPILE.
+TORCH_COMPILE = 3
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """Engines per GPU and compilation mode for a job's shape; why, in words (logged and recorded)."""
+
+    engines_per_gpu: int
+    compilation_mode: int | None  # None: qbatch's default (engines/vllm.py)
+    reason: str
+
+
+def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bool, compile_cache_warm: bool,
+                   default_engines: int) -> EngineChoice:
+    """Engines per GPU and torch.compile from what is known before generating: the job's prompt
+    and output tokens (output: max_tokens, its bound), its rows, whether it runs on a GPU and
+    whether this machine compiled these settings before.
+
+    Prefill-bound jobs long enough to repay the compile (a cached one costs less) get one engine
+    per GPU with torch.compile; the rest keep the defaults (`default_engines`, no compile on Hopper).
+    """
+    total = prompt_tokens + output_tokens
+    share = output_tokens / total if total else 1.0
+    shape = f"{rows} rows, {prompt_tokens} prompt + {output_tokens} output tokens (output {share:.0%})"
+    if not gpu:
+        return EngineChoice(default_engines, None, f"{shape}: no GPU, the defaults")
+    if share >= PREFILL_BOUND_OUTPUT_SHARE:
+        return EngineChoice(default_engines, None, f"{shape}: decode-bound, the defaults")
+    if total < (WARM_COMPILE_REPAID_TOKENS if compile_cache_warm else COMPILE_REPAID_TOKENS):
+        cache = "a cached" if compile_cache_warm else "a first"
+        return EngineChoice(default_engines, None, f"{shape}: prefill-bound, but too short to repay {cache} torch.compile")
+    why = "compiled before on this machine" if compile_cache_warm else "long enough to repay a first torch.compile"
+    return EngineChoice(1, TORCH_COMPILE, f"{shape}: prefill-bound, {why}: one engine per GPU with torch.compile")
 
 
 def engines_per_gpu(spec: EngineSpec, weights_bytes: int | None) -> int:

@@ -13,7 +13,9 @@ loop runs on the CPU, so by default such a model gets two engines per GPU
 (placement.py), each with half of the GPU's memory. Engines sharing a GPU
 start one after another: vLLM sizes its KV cache from the memory that changed
 while it profiled, and a neighbour starting meanwhile would count as its own
-(a running one keeps its memory). The run starts as soon as one engine is
+(a running one keeps its memory); with --kv-cache-memory-bytes vLLM sizes no KV cache from
+what it measures (it skips that profiling), so the engines of a GPU then start at once. The
+coordinator logs each engine's ready time from the engines' start. The run starts as soon as one engine is
 ready; the others join when they are, and one that fails to start then is
 left out with a warning (the run goes on with the rest).
 """
@@ -25,6 +27,7 @@ import multiprocessing as mp
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -52,7 +55,9 @@ class DataParallelEngine(Dispatcher):
         started: dict[str, Any] = {}  # per GPU: the event its latest engine sets once it has started
         for rank, device in enumerate(devices):
             tasks, ready = context.Queue(), context.Event()
-            turn = Turn(device, share, started.get(device), ready)
+            # One after another unless each engine's KV cache is fixed (--kv-cache-memory-bytes), see above.
+            after = None if spec.kv_cache_memory_bytes else started.get(device)
+            turn = Turn(device, share, after, ready)
             started[device] = ready
             process = context.Process(target=_worker_main, name=f"qbatch-dp-{rank}",
                                       args=(rank, len(devices), turn, worker_spec, model_path, max_model_len,
@@ -92,7 +97,8 @@ class DataParallelEngine(Dispatcher):
                     self._wanting.append(rank)
                 case Ready(rank=rank, max_num_seqs=max_num_seqs):
                     self._starting.discard(rank)
-                    log.info("engine %s ready, the run starts on it", self._workers[rank].label)
+                    log.info("engine %s ready %.1fs after the engines started, the run starts on it",
+                             self._workers[rank].label, time.monotonic() - self.started_at)
                     return max_num_seqs
 
     def _send(self, worker: Worker, chunk: Chunk) -> None:

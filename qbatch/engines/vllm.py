@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qbatch.engines import compile_cache
 from qbatch.engines.base import END, Chunk
 from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.messages import EngineSample
@@ -48,6 +49,8 @@ FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "FULL"}
 # vLLM captures graphs for batches of up to 512 tokens; a decode step of more sequences (up to
 # throughput mode's 2,048) then ran without one, each of its kernels launched from Python with
 # no torch.compile to fuse them. qbatch adds sizes every 128 up to max_num_seqs (~1 s of capture).
+# vLLM's CompilationMode.VLLM_COMPILE: torch.compile, whose result vLLM caches (compile_cache.py).
+COMPILED_MODE = 3
 VLLM_MAX_GRAPH_SIZE = 512
 THROUGHPUT_MAX_NUM_SEQS = 2048
 LARGE_GRAPH_STEP = 128
@@ -75,6 +78,7 @@ class VllmEngine:
 
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
+        compile_cache.use_cache_root()  # before vLLM reads it: compiles survive runs (compile_cache.py)
         try:
             from vllm import LLM
         except ImportError:
@@ -99,6 +103,8 @@ class VllmEngine:
             raise
         self._next_id = 0
         self._log_stats = not kwargs.get("disable_log_stats", True)
+        if kwargs.get("compilation_config", {}).get("mode") == COMPILED_MODE:
+            compile_cache.mark_warm(spec, model_path, max_model_len)
 
     def sample(self) -> EngineSample:
         """This engine's counters now (telemetry): cheap, read from another thread once a second."""
@@ -242,7 +248,7 @@ class VllmEngine:
         self._num_finished += 1
         self._num_prompt_tokens += state.chunk.requests[pos].num_prompt_tokens
         self._num_cached_tokens += output.num_cached_tokens or 0
-        self._num_generated_tokens += len(completion.token_ids)
+        self._num_generated_tokens += sum(len(o.token_ids) for o in output.outputs)  # every sample's
         if not self._vllm_detokenizes(state.chunk.requests[pos]):
             ids = array("I", completion.token_ids)
             state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token
@@ -399,7 +405,7 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True,
     """
     kwargs: dict[str, Any] = {
         "dtype": spec.dtype,
-        "seed": spec.seed,
+        "seed": 0 if spec.seed is None else spec.seed,  # a job seed also seeds each row (qbatch.sampling.row_seed)
         "tensor_parallel_size": spec.tensor_parallel_size,
         "max_model_len": max_model_len,
     }
@@ -409,19 +415,28 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True,
                  "max_num_batched_tokens", "quantization", "load_format"):
         if getattr(spec, name) is not None:
             kwargs[name] = getattr(spec, name)
+    structured = {"backend": spec.structured_outputs_backend, "disable_any_whitespace": spec.disable_any_whitespace,
+                  # The structured-output constraint of a request then starts after the reasoning's end
+                  # (vLLM's StructuredOutputsConfig, offline too: vLLM 0.26 and 0.32 both take it this way).
+                  "reasoning_parser": spec.reasoning_parser}
+    structured = {k: v for k, v in structured.items() if v}
+    if structured:
+        kwargs["structured_outputs_config"] = structured
     if spec.reasoning_parser:
-        # The structured-output constraint of a request then starts after the reasoning's end
-        # (vLLM's StructuredOutputsConfig, offline too: vLLM 0.26 and 0.32 both take it this way).
-        kwargs["structured_outputs_config"] = {"reasoning_parser": spec.reasoning_parser}
+        # The top-level name as well: vLLM builds its ReasoningConfig (what enforces a request's
+        # thinking_token_budget) from this one only, not from structured_outputs_config's.
+        kwargs["reasoning_parser"] = spec.reasoning_parser
     if spec.task == "embed":
         kwargs.update(pooling_kwargs(model_path))
     if on_cpu():
         kwargs.update(_cpu_defaults(spec))
     if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():
         kwargs["performance_mode"] = spec.performance_mode
-    if tuned and not kwargs.get("enforce_eager") and on_hopper():
+    if tuned and not kwargs.get("enforce_eager") and not spec.compilation_mode and on_hopper():
         kwargs["compilation_config"] = {**FAST_START_COMPILATION,
                                         "cudagraph_capture_sizes": cuda_graph_sizes(spec.max_num_seqs)}
+    elif spec.compilation_mode is not None:  # set, or chosen for a prefill-bound job (jobs/shape.py)
+        kwargs["compilation_config"] = {"mode": spec.compilation_mode}
     kwargs.update(_extra_engine_args())
     return kwargs
 

@@ -25,7 +25,7 @@ from qbatch.inputs.validate import (
     EMBEDDINGS_URL, OPENAI_URLS, check_messages, check_text, keys, render_template, response_format, sampling_overrides,
     thinking_flag,
 )
-from qbatch.sampling import FLOAT_PARAMS, INT_PARAMS, check_params, to_vllm
+from qbatch.sampling import FLOAT_PARAMS, INT_PARAMS, check_params, row_seed, to_vllm
 
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (its `.ids`)
@@ -441,6 +441,8 @@ class Preparer:
                 "raise --max-model-len or shorten the prompt",
             )
         sampling = to_vllm({**self.base_sampling, **draft.overrides})
+        if self.spec.engine.seed is not None and "seed" not in sampling:  # a row's own seed is kept as given
+            sampling["seed"] = row_seed(self.spec.engine.seed, draft.id)
         sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - num)
         thinking = None
         if self.model_thinks:

@@ -21,7 +21,7 @@ from qbatch.engines.placement import engines_per_gpu
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
-from qbatch.jobs.planning import FIRST_WINDOW, cut_chunks, order_window
+from qbatch.jobs.planning import FIRST_WINDOW, cut_group_chunks, order_groups
 from qbatch.jobs.stages import Stages
 from qbatch.models import registry as models
 from qbatch.output.columns import ColumnScan, ColumnTypes
@@ -88,6 +88,8 @@ class Job:
     files: list[Path]
     model_path: str
     max_model_len: int
+    auto_engines: bool = False  # engines per GPU chosen here, not by the user (jobs/shape.py may choose again)
+    auto_chunk_tokens: bool = False  # chunk_tokens follows the engines (JobSpec.with_engines)
 
     @classmethod
     def setup(cls, spec: JobSpec) -> Job:
@@ -99,16 +101,26 @@ class Job:
             from qbatch.models.quantize import ensure_quantized
 
             model_path = ensure_quantized(model_path, spec)
+        else:
+            from qbatch.models.quantize import refuse_unrunnable
+
+            refuse_unrunnable(model_path, spec)
+        auto_engines, auto_chunk_tokens = spec.engine.engines_per_gpu is None, spec.plan.chunk_tokens is None
         spec = spec.with_engines(engines_per_gpu(spec.engine, models.weights_bytes(model_path)))
-        if spec.engine.reasoning_parser is None and spec.sampling.structured_outputs() is not None:
-            # Only jobs with a constraint get the parser (an engine setting: a key of its own in the cache).
+        if spec.engine.reasoning_parser is None and (spec.sampling.structured_outputs() is not None
+                                                     or spec.sampling.thinking_token_budget is not None):
+            # Only jobs with a constraint or a thinking budget get the parser (an engine setting: a key
+            # of its own in the cache); vLLM ends the reasoning at the budget only with a parser.
             parser = models.reasoning_parser(model_path)
             if parser is not None:
                 spec = replace(spec, engine=replace(spec.engine, reasoning_parser=parser))
+        if spec.sampling.thinking_token_budget is not None and spec.engine.reasoning_parser is None:
+            raise SpecError("--thinking-token-budget needs a reasoning parser, and qbatch knows none for this model "
+                            "(vLLM would refuse every row)", hint="pass --reasoning-parser NAME (vLLM's parser names)")
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
         if spec.engine.task == "embed":
             check_dimensions(spec, model_path)
-        return cls(spec, files, model_path, max_model_len)
+        return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens)
 
     @cached_property
     def preparer(self) -> Preparer:
@@ -216,7 +228,7 @@ class Job:
 
     def _plan(self, window: EncodedWindow) -> PlannedWindow:
         requests, refused = self.preparer.requests(window.drafts, window.encoded)
-        chunks = cut_chunks(order_window(requests, self.spec.plan.order), self.spec.plan.chunk_tokens)
+        chunks = cut_group_chunks(order_groups(requests, self.spec.plan.order), self.spec.plan.chunk_tokens)
         return PlannedWindow(window.failures + refused, list(chunks))
 
     def count_todo(self, done: set[str]) -> int:

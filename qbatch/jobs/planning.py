@@ -6,13 +6,16 @@ so generation starts early, and the rows left at the end join the last one, see
 Job._row_windows); sorting inside it starts the longest rows first
 and puts rows of similar length in one chunk, so they finish at about the same
 time; the token budget (prompt + max_tokens) bounds the work a chunk
-represents, which is what a crash can cost.
+represents, which is what a crash can cost. Under --order longest-first, rows that share a
+long prompt prefix (prefixes.py) are kept together, in one chunk, so they run close in time
+and on one engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from qbatch.jobs.prefixes import grouped
 from qbatch.records import Request
 
 # Rows in the first window; windows then double up to sort_window, so generation starts early.
@@ -27,12 +30,26 @@ def sort_window(requests: list[Request]) -> list[Request]:
     almost alone at the end (a simulation of the `varied` benchmark: 1,024 steps instead
     of 1,252). With one max_tokens for every row this is longest prompt first.
     """
-    return sorted(requests, key=lambda r: (r.sampling["max_tokens"], r.num_prompt_tokens), reverse=True)
+    return sorted(requests, key=length_key, reverse=True)
+
+
+def length_key(request: Request) -> tuple[int, int]:
+    return request.sampling["max_tokens"], request.num_prompt_tokens
 
 
 def order_window(requests: list[Request], order: str) -> list[Request]:
-    """The window in the job's --order: "longest-first" (sort_window) or "input" (as read)."""
-    return sort_window(requests) if order == "longest-first" else requests
+    """The window in the job's --order, as one list (order_groups without the groups)."""
+    return [r for group in order_groups(requests, order) for r in group]
+
+
+def order_groups(requests: list[Request], order: str) -> list[list[Request]]:
+    """The window in the job's --order, as groups that cut_group_chunks keeps in one chunk each:
+    "longest-first" (rows sharing a long prefix together, each group longest first, groups by
+    their longest row: prefixes.py), "longest-first-flat" (sort_window) or "input" (as read),
+    one row a group for the last two."""
+    if order == "longest-first":
+        return grouped(requests, length_key)
+    return [[r] for r in (sort_window(requests) if order == "longest-first-flat" else requests)]
 
 
 def cut_chunks(requests: Iterable[Request], chunk_tokens: int) -> Iterator[list[Request]]:
@@ -52,3 +69,27 @@ def cut_chunks(requests: Iterable[Request], chunk_tokens: int) -> Iterator[list[
     if chunk:
         yield chunk
 
+
+
+def cut_group_chunks(groups: Iterable[list[Request]], chunk_tokens: int) -> Iterator[list[Request]]:
+    """Chunks as cut_chunks cuts them, but a group goes whole into one chunk (which is cut before
+    it rather than split): chunks go to whichever engine asks next, and a group's rows share a
+    prefix that only the engine that computed it has cached. A group over the budget on its own
+    is cut by the budget; its last piece starts the next chunk.
+    """
+    chunk: list[Request] = []
+    used = 0
+    for group in groups:
+        cost = sum(r.cost for r in group)
+        if chunk and used + cost > chunk_tokens:
+            yield chunk
+            chunk, used = [], 0
+        if cost <= chunk_tokens:
+            chunk.extend(group)
+            used += cost
+            continue
+        *full, chunk = cut_chunks(group, chunk_tokens)
+        yield from full
+        used = sum(r.cost for r in chunk)
+    if chunk:
+        yield chunk

@@ -25,6 +25,7 @@ from qbatch.jobs.job import InputScan, Job, PlannedWindow
 from qbatch.jobs.manifest import covered_inputs, input_rows, new_manifest, now, recording_stop
 from qbatch.jobs.memory import rare_collections, release_freed_memory
 from qbatch.jobs.progress import Progress
+from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
 from qbatch.jobs.summary import Summary, stats_dict
 from qbatch.jobs.telemetry import Telemetry
@@ -65,6 +66,8 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
     fingerprint = job.fingerprint(None if spec.output.restart else out.manifest())
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
     done = out.done_ids(include_errors=not spec.output.retry_errors)
+    job, choice = choose_for_shape(job, done)  # engines per GPU, torch.compile: before any engine starts
+    spec = job.spec
     started_early = _start_engines_early(job, previous)
     job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
@@ -75,8 +78,10 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
         todo = scan.num_todo
         recorded = from_manifest(previous)
         column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
-        summary = Summary(str(out.path), "running", rows_skipped=len(done), task=spec.engine.task)
+        summary = Summary(str(out.path), "running", rows_skipped=len(done), task=spec.engine.task,
+                          engine_choice=choice.reason if choice else None)
         manifest = new_manifest(spec, job.model_path, previous, fingerprint, status="running")
+        manifest.update(engine_choice=summary.engine_choice)
         manifest.update(rows_total=todo + len(done), input_rows=input_rows(job.files, scan.rows_read),
                         covered_inputs=False)
         manifest.update(to_manifest(column_types))
@@ -107,6 +112,7 @@ def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any]
     counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
     summary.assemble_s = time.monotonic() - t0
     summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
+    summary.total_samples = counts.get("samples_ok", counts["rows_ok"])
     summary.status = "completed"
     summary.wall_s = time.monotonic() - started
     out.write_stats(stats_dict(summary))
@@ -188,8 +194,9 @@ def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summa
     if refused:
         _record_failures(refused, out, summary, progress)
     prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)
-    completion_tokens = sum(c.num_completion_tokens for c in ok)
+    completion_tokens = sum(c.num_generated_tokens for c in ok)  # with n > 1, every sample's
     summary.rows_ok += len(ok)
+    summary.samples_ok += sum(1 + len(c.more_samples) for c in ok)
     summary.prompt_tokens += prompt_tokens
     summary.completion_tokens += completion_tokens
     summary.chunks.append({"index": chunk.index, "rows": len(ok), "prompt_tokens": prompt_tokens,

@@ -14,22 +14,25 @@ class Summary:
 
     output_dir: str | None
     status: str
-    rows_ok: int = 0
+    rows_ok: int = 0  # input rows (ids) with results
+    samples_ok: int = 0  # their result rows: rows_ok, or more with n > 1 (one a sample)
     rows_failed: int = 0
     rows_skipped: int = 0
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # every sample's
     num_chunks: int = 0
     wall_s: float = 0.0
     setup_s: float = 0.0  # start to engine creation: inputs, tokenizer, fingerprint, resume scan, id pre-scan
     engine_start_s: float = 0.0  # engines started early: from their start, so it overlaps setup_s
     generate_s: float = 0.0
     assemble_s: float = 0.0  # results.parquet / errors.parquet from the parts
-    total_ok: int = 0
+    total_ok: int = 0  # ids in results.parquet
+    total_samples: int = 0  # rows of results.parquet
     total_failed: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     chunks: list[dict[str, Any]] = field(default_factory=list)
     task: str = "generate"  # or "embed": no output tokens, the summary counts input tokens
+    engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (jobs/shape.py)
 
     def count_failures(self, failures: list[Failure]) -> None:
         self.rows_failed += len(failures)

@@ -96,13 +96,10 @@ def ensure_quantized(model_path: str, spec: JobSpec) -> str:
     if spec.engine.dtype in ("float32", "float"):
         raise SpecError("AWQ weights run in float16 or bfloat16; --dtype float32 cannot load them",
                         hint="drop --dtype (auto picks the checkpoint's dtype) or pass --dtype bfloat16")
-    if spec.engine.backend == "vllm":
-        from qbatch.engines.platform import awq_unsupported_reason
-
-        if reason := awq_unsupported_reason():
-            raise SpecError(f"--quantize awq cannot run here: {reason}",
-                            hint="drop --quantize awq on this machine, or run on a GPU or an AVX-512 CPU "
-                                 "(`qbatch quantize` still builds the checkpoint here)")
+    if spec.engine.backend == "vllm" and (reason := four_bit_unsupported_reason()):
+        raise SpecError(f"--quantize awq cannot run here: {reason}",
+                        hint="drop --quantize awq on this machine, or run on a GPU or an AVX-512 CPU "
+                             "(`qbatch quantize` still builds the checkpoint here)")
     source = local_folder(model_path)
     key = cache_key(source, settings)
     target = models.cache_dir() / "awq" / key
@@ -122,6 +119,24 @@ def ensure_quantized(model_path: str, spec: JobSpec) -> str:
             log(f"quantizing {spec.engine.model} ({settings.describe()}) into {target}; later runs reuse it")
             build(source, target, settings, model_name=spec.engine.model, log=log)
     return str(target)
+
+
+def refuse_unrunnable(model_path: str, spec: JobSpec) -> None:
+    """A 4-bit checkpoint given with --model is refused before the engine starts where this vLLM
+    has no kernel for it, as --quantize awq is (vLLM would fail its own validation after loading)."""
+    if spec.engine.backend != "vllm":
+        return
+    method = models.four_bit_method(model_path)
+    if method is not None and (reason := four_bit_unsupported_reason()):
+        raise SpecError(f"the model is a 4-bit {method} checkpoint, which cannot run here: {reason}",
+                        where=model_path, hint="pass the unquantized model with --model on this machine, "
+                                               "or run on a GPU or an AVX-512 CPU")
+
+
+def four_bit_unsupported_reason() -> str | None:
+    from qbatch.engines.platform import awq_unsupported_reason
+
+    return awq_unsupported_reason()
 
 
 def build(source: str, target: Path, settings: AwqSettings, *, model_name: str, log: Log) -> dict[str, Any]:

@@ -134,6 +134,22 @@ def weights_bytes(model_path: str) -> int | None:
         return None
 
 
+def four_bit_method(model_path: str) -> str | None:
+    """The quantization method of a local checkpoint with 4-bit weights (config.json's
+    quantization_config: AWQ, GPTQ, compressed-tensors W4A16...), or None."""
+    try:
+        quant = json.loads((Path(model_path) / "config.json").read_text()).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(quant, dict):
+        return None
+    method = str(quant.get("quant_method", "unknown"))
+    groups = quant.get("config_groups")
+    bits = [g.get("weights", {}).get("num_bits") for g in groups.values() if isinstance(g, dict)] \
+        if isinstance(groups, dict) else [quant.get("bits", quant.get("w_bit"))]
+    return method if 4 in bits else None
+
+
 def _text_config(model_path: str) -> dict[str, Any] | None:
     """A local model's config.json, its language model's part for multimodal ones; None without one."""
     try:

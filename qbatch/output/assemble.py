@@ -68,10 +68,15 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
                         .sort(["source", "row_index"]))
     atomic_write(out.path / "errors.parquet", lambda tmp: errors_frame.sink_parquet(tmp, compression="zstd"))
 
+    # rows_ok counts ids (input rows); with n > 1 (a result row a sample) samples_ok counts result rows.
+    num_ids, num_samples = pl.scan_parquet(out.path / "results.parquet").select(
+        pl.col("id").n_unique(), pl.len()).collect().row(0)
     counts = {
-        "rows_ok": pl.scan_parquet(out.path / "results.parquet").select(pl.len()).collect().item(),
+        "rows_ok": num_ids,
         "rows_failed": pl.scan_parquet(out.path / "errors.parquet").select(pl.len()).collect().item(),
     }
+    if num_samples != num_ids:
+        counts["samples_ok"] = num_samples
     if openai_jsonl:
         write_openai_jsonl(out.path, model)
     return counts

@@ -137,5 +137,10 @@ def _merged_counts(folder: OutputDir) -> tuple[int, int]:
     for name in ("results.parquet", "errors.parquet"):
         path = folder.path / name
         with output_os_errors(f"read {name}", path):
-            counts.append(pq.ParquetFile(path).metadata.num_rows if path.exists() else 0)
+            if not path.exists():
+                counts.append(0)
+            elif "sample_index" in pq.ParquetFile(path).schema_arrow.names:  # n > 1: a result row a sample
+                counts.append(len(pq.read_table(path, columns=["id"])["id"].unique()))
+            else:
+                counts.append(pq.ParquetFile(path).metadata.num_rows)
     return counts[0], counts[1]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 
 import pytest
 
-from qbatch.bench.workloads import WORKLOADS, make_workload, sample_lengths
+from qbatch.bench.workloads import WORKLOADS, make_workload, sample_lengths, sample_rows
 from qbatch.errors import EXIT_USAGE
 
 
@@ -42,6 +43,40 @@ def test_lengths_are_seeded_and_scaled():
     assert all(o >= 1 for _, o in sample_lengths("short", 100, scale=0.01))
 
 
+def test_issue_19_shapes_have_their_lengths_and_row_counts():
+    prefill = sample_rows("prefill", 8192)
+    assert len(prefill) == 8192 and {o for _, o in prefill} == {8}
+    assert {segments[0] for segments, _ in prefill} == {("instruction", 370)}  # one instruction, first
+    assert 440 <= statistics.mean(segments[1][1] for segments, _ in prefill) <= 460
+    longgen = sample_lengths("longgen", 1024)
+    assert all(130 <= p <= 180 and 64 <= o <= 2048 for p, o in longgen)
+    assert 650 <= statistics.mean(o for _, o in longgen) <= 780 and len({o for _, o in longgen}) > 300
+    for name, rows, doc_tokens, questions in (("docqa", 8000, 800, 8), ("docqa-large", 16000, 1500, 4)):
+        docqa = sample_rows(name, rows)
+        assert len(docqa) == rows and {o for _, o in docqa} == {16}
+        docs = [segments[0] for segments, _ in docqa]
+        assert len({key for key, _ in docs}) == rows // questions
+        assert 0.95 * doc_tokens <= statistics.mean(length for _, length in set(docs)) <= 1.05 * doc_tokens
+        assert all(15 <= segments[1][1] <= 25 for segments, _ in docqa)
+
+
+def test_docqa_counts_are_exact_and_its_order_scattered_and_seeded():
+    rows = sample_rows("docqa", 21)
+    assert len(rows) == 21  # 3 documents: 8, 8 and 5 questions
+    docs = [segments[0][0] for segments, _ in rows]
+    assert sorted(docs.count(d) for d in set(docs)) == [5, 8, 8]
+    runs = sum(a != b for a, b in itertools.pairwise(docs))
+    assert runs > 5  # scattered, not grouped by document
+    assert sample_rows("docqa", 21, seed=3) == sample_rows("docqa", 21, seed=3) != rows
+
+
+def test_scaling_keeps_the_shared_prefixes():
+    rows = sample_rows("docqa", 40, scale=0.01)
+    assert all(length >= 1 for segments, _ in rows for _, length in segments)
+    assert len({segments[0] for segments, _ in rows}) == 5  # still 5 documents of 8 rows
+    assert {segments[0] for segments, _ in sample_rows("prefill", 10, scale=0.01)} == {("instruction", 4)}
+
+
 @pytest.fixture(scope="module")
 def tokenizer(bundled_model):
     from qbatch.inputs.prepare import load_tokenizer
@@ -59,6 +94,34 @@ def test_workload_prompts_have_the_sampled_token_counts(tokenizer, name):
     assert workload.max_tokens == [o for _, o in expected]
     if workload.task == "generate":  # an embedding workload's texts go as they are (test_bench_embed.py)
         assert all(p.startswith("<|im_start|>") for p in workload.prompts)  # chat-templated, as qbatch sends them
+
+
+def _common_prefix(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.02])
+def test_shared_segments_are_shared_token_prefixes(tokenizer, scale):
+    """prefill's rows share the instruction's tokens, docqa's rows of one document the document's (after the
+    chat template's head), in token ids: what vLLM's prefix cache can reuse."""
+    prefill = make_workload("prefill", tokenizer, 6, scale=scale)
+    document_tokens = sample_rows("prefill", 1, scale=scale)[0][0][1][1]
+    instruction = prefill.texts[0].split(" ")[:-document_tokens]  # the template's tokens came off it
+    assert all(text.startswith(" ".join(instruction) + " ") for text in prefill.texts)
+    ids = prefill.prompt_token_ids
+    shared = min(_common_prefix(ids[0], other) for other in ids[1:])
+    assert shared >= len(instruction) and shared < min(map(len, ids))  # and the documents differ
+    docqa = make_workload("docqa", tokenizer, 24, scale=scale)
+    rows = sample_rows("docqa", 24, scale=scale)
+    assert docqa.groups == [segments[0][0] for segments, _ in rows]
+    for i, j in itertools.combinations(range(24), 2):
+        prefix = _common_prefix(docqa.prompt_token_ids[i], docqa.prompt_token_ids[j])
+        if docqa.groups[i] == docqa.groups[j]:
+            document_words = len(docqa.texts[i].split(" ")) - rows[i][0][1][1]
+            assert prefix >= document_words + 1  # the template's head, then the whole document
+        else:
+            assert prefix < 40  # the template's head only
+    assert make_workload("docqa", tokenizer, 24, scale=scale).prompt_token_ids == docqa.prompt_token_ids
 
 
 def test_qbatch_tokenizes_the_jsonl_exactly_like_the_raw_modes(tokenizer, bundled_model, tmp_path):
@@ -102,7 +165,54 @@ def test_inputs_only_writes_the_workload_files(cli, bundled_model, tmp_path):
 def test_unknown_mode_names_the_valid_ones(cli, bundled_model):
     result = cli("bench", "--model", bundled_model, "--modes", "vllm-tokens,sglang")
     assert result.exit_code == EXIT_USAGE
-    assert "mode must be one of vllm-text, vllm-tokens, qbatch, session, hf; got 'sglang'" in result.output
+    assert ("mode must be one of vllm-text, vllm-tokens, qbatch, session, hf, vllm-best, vllm-grouped, first-run; "
+            "got 'sglang'") in result.output
+
+
+def test_bench_settings_are_checked_before_the_model_loads():
+    from qbatch.bench.settings import BenchSettings
+    from qbatch.errors import SpecError
+
+    BenchSettings(["docqa", "prefill"], ["vllm-best", "vllm-grouped", "qbatch", "first-run"]).validate()
+    with pytest.raises(SpecError, match="the vllm-grouped mode sorts rows by document: it needs a workload with "
+                                        "documents \\(docqa, docqa-large\\); got prefill, longgen"):
+        BenchSettings(["prefill", "longgen"], ["vllm-best", "vllm-grouped"]).validate()
+    with pytest.raises(SpecError, match="workload must be one of"):
+        BenchSettings(["docqa-huge"]).validate()
+    for bad in ({"repeats": 0}, {"rows": 0}, {"length_scale": 0}):
+        with pytest.raises(SpecError, match="--rows, --hf-rows and --repeats must be >= 1"):
+            BenchSettings(["docqa"], **bad).validate()
+
+
+def test_first_run_times_the_engine_start_and_keeps_every_run(cli, bundled_model, tmp_path):
+    """first-run starts its engines inside the timing (here the null engine: the plumbing, fast); --json keeps
+    each repeat, the table says both throughputs."""
+    out = tmp_path / "bench.json"
+    result = cli("bench", "docqa", "--model", bundled_model, "-s", "backend=null", "--modes", "first-run",
+                 "--rows", 12, "--length-scale", 0.02, "--repeats", 2, "--json", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    [row] = report["results"]
+    assert row["mode"] == "first-run" and row["rows"] == 12 and len(row["notes"]["wall_s_runs"]) == 2
+    assert {"engine_start_s", "generate_s", "generate_output_tok_s"} <= set(row["notes"])
+    assert [(r["mode"], r["notes"]["repeat"]) for r in report["runs"]] == [("first-run", 0), ("first-run", 1)]
+    assert report["engines"]["first-run"]["settings"]["engines"] == 1 and "repeat" not in row["notes"]
+    assert report["engines"]["first-run"]["start_s"]["docqa"] == row["notes"]["engine_start_s"]
+    assert "docqa first-run: engines started in" in result.output and "over generation" in result.output
+
+
+def test_table_compares_with_vllm_best_when_it_ran():
+    from qbatch.bench.harness import format_table
+
+    def row(mode, tok_s, **ratios):
+        return {"workload": "docqa", "mode": mode, "rows": 8, "wall_s": 1.0, "rows_per_s": 8.0, "output_tok_s": tok_s,
+                "total_tok_s": tok_s * 10, "notes": {}, **ratios}
+
+    table = format_table({"kind": "engines", "results": [row("vllm-best", 100.0, vs_vllm_best=1.0),
+                                                         row("qbatch", 150.0, vs_vllm_best=1.5)]})
+    head, best, qbatch = table.splitlines()
+    assert "vs vllm-best" in head and "vs vllm-tokens" not in head  # only the baselines that ran
+    assert best.split()[:2] == ["docqa", "vllm-best"] and qbatch.rstrip().endswith("1.500x")
 
 
 @pytest.mark.slow
@@ -156,3 +266,32 @@ def test_vllm_defaults_against_qbatch_on_its_own_engine(cli, tiny_qwen3, tmp_pat
     assert rows["qbatch"]["vs_vllm_tokens"] is None
     assert rows["qbatch"]["vs_vllm_text"] == round(rows["qbatch"]["output_tok_s"] / rows["vllm-text"]["output_tok_s"], 3)
     assert "vs vllm-text" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_docqa_raw_best_grouped_and_qbatch_through_the_cli(cli, tiny_qwen3, tmp_path):
+    """Issue #19's table in one command: vllm-best on its own engine (closed before qbatch's), the same engine
+    fed the rows grouped by document, and qbatch; ratios against vllm-best; every run in the JSON."""
+    out = tmp_path / "bench.json"
+    result = cli("bench", "docqa", "--model", tiny_qwen3, "--rows", 16, "--length-scale", 0.05,
+                 "--modes", "vllm-best,vllm-grouped,qbatch", "--repeats", 2, "--json", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {r["mode"]: r for r in report["results"]}
+    assert list(rows) == ["vllm-best", "vllm-grouped", "qbatch"]
+    expected = report["workloads"]["docqa"]
+    for row in rows.values():
+        assert row["rows"] == 16 and row["output_tokens"] == expected["output_tokens"]
+        assert row["prompt_tokens"] == expected["prompt_tokens"]
+        assert len(row["notes"]["wall_s_runs"]) == 2
+    assert rows["vllm-best"]["vs_vllm_best"] == 1.0
+    assert rows["qbatch"]["vs_vllm_best"] == round(rows["qbatch"]["output_tok_s"] / rows["vllm-best"]["output_tok_s"], 3)
+    best = report["engines"]["vllm-best"]
+    assert best["start_s"] > 0 and best["settings"]["raw_best"] is True
+    assert report["engines"]["shared"]["settings"]["vllm_defaults"] is False
+    # alternating order: best, grouped, then grouped, best
+    assert [(r["mode"], r["notes"]["repeat"]) for r in report["runs"][:4]] == [
+        ("vllm-best", 0), ("vllm-grouped", 0), ("vllm-grouped", 1), ("vllm-best", 1)]
+    assert len(report["runs"]) == 6 and {r["notes"]["engine"] for r in report["runs"][:4]} == {"vllm-best"}
+    assert "vs vllm-best" in result.output and "vs vllm-tokens" not in result.output

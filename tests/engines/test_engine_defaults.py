@@ -62,3 +62,12 @@ def test_extra_engine_args_must_be_a_json_object(platform, monkeypatch, text):
     monkeypatch.setenv(engine.EXTRA_ARGS_ENV, text)
     with pytest.raises(SpecError, match="QBATCH_VLLM_ARGS"):
         engine.engine_kwargs(EngineSpec(), 4096)
+
+
+def test_compilation_mode_sets_vllms_compilation_config(platform):
+    platform(hopper=True)
+    assert engine.engine_kwargs(EngineSpec(compilation_mode=3), 4096)["compilation_config"] == {"mode": 3}
+    assert engine.engine_kwargs(EngineSpec(compilation_mode=0), 4096)["compilation_config"]["cudagraph_mode"] == "FULL"
+    platform(hopper=False)
+    assert engine.engine_kwargs(EngineSpec(compilation_mode=0), 4096)["compilation_config"] == {"mode": 0}
+    assert "compilation_config" not in engine.engine_kwargs(EngineSpec(), 4096)

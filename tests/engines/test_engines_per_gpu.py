@@ -145,3 +145,51 @@ def test_gpus_are_asked_through_nvidia_smi(tmp_path, monkeypatch):
     assert placement.gpu_memory_bytes("0") == 1024 << 20  # the first GPU's first field, MiB
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     assert placement.query_gpus("memory.total") is None and placement.gpu_memory_bytes("0") is None
+
+
+class FakeContext:
+    """multiprocessing's spawn context, recording the processes it would start."""
+
+    def __init__(self):
+        self.started = []
+
+    def Queue(self):
+        import queue
+
+        return queue.Queue()
+
+    def Event(self):
+        return threading.Event()
+
+    def Process(self, target, name, args):
+        context = self
+
+        class Process:
+            pid = None
+
+            def start(self):
+                context.started.append(args)
+
+            def is_alive(self):
+                return False
+
+            def join(self, timeout=None):
+                pass
+
+        return Process()
+
+
+@pytest.mark.parametrize("kv_bytes, waits", [(None, [False, True, False, True]), (4 * GIB, [False] * 4)])
+def test_engines_of_a_gpu_start_in_turn_unless_their_kv_cache_is_fixed(monkeypatch, kv_bytes, waits):
+    """Without --kv-cache-memory-bytes vLLM sizes the KV cache from memory it measures, so a GPU's second
+    engine waits for the first; with it, there is nothing to measure and they start together."""
+    context = FakeContext()
+    monkeypatch.setattr(parallel.mp, "get_context", lambda method: context)
+    spec = EngineSpec(data_parallel_size=2, engines_per_gpu=2, kv_cache_memory_bytes=kv_bytes)
+    engine = parallel.DataParallelEngine(spec, "m", 512, wait=False)
+    try:
+        turns = [args[2] for args in context.started]
+        assert [t.device for t in turns] == ["0", "0", "1", "1"]
+        assert [t.after is not None for t in turns] == waits
+    finally:
+        engine.close()

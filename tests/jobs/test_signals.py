@@ -8,6 +8,7 @@ started: after the run is gone, none of them may live on (a vLLM engine holds gi
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -125,6 +126,8 @@ def test_sigterm_stops_cleanly_and_the_rerun_resumes(job, tmp_path):
     final = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out), *args],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stderr
+    vllm_line = re.compile(r"(DEBUG|INFO|WARNING|ERROR)\S* \d\d-\d\d \d\d:\d\d:\d\d \[")  # vLLM's log format
+    assert vllm_line.search(final.stderr) and not vllm_line.search(final.stdout), final.stdout  # logs beside, not in, the summary
     results = pl.read_parquet(out / "results.parquet")
     assert results["id"].to_list() == [r["id"] for r in ROWS]  # every row exactly once
 

@@ -1,6 +1,7 @@
 """Structured output, n samples and logprobs through the real vLLM engine (CPU, tiny random Qwen3).
 
-Every test runs with a job-level constraint, so they share one engine (reasoning_parser qwen3).
+Every test runs with a job-level constraint, so they share one engine (reasoning_parser qwen3), but
+the thinking-budget test (a template that opens the reasoning in the prompt, the xgrammar backend).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def test_choice_logprobs_and_n(run_tiny):
     assert df.group_by("id").agg(pl.col("sample_index").sort())["sample_index"].to_list() == [[0, 1, 2]] * 6
     first = df["logprobs"][0][0]
     assert set(first) == {"token", "logprob", "top_logprobs"} and len(first["top_logprobs"]) == 5
+    for tokens, num_tokens in zip(df["logprobs"].to_list(), df["completion_tokens"].to_list(), strict=True):
+        assert len(tokens) == num_tokens  # one entry a generated token, each sample its own
+        assert all(isinstance(t["logprob"], float) and len(t["top_logprobs"]) == 5 for t in tokens)
     scores = df["choice_logprobs"].to_list()
     assert any(s is not None for s in scores)
     assert all(set(s) == set(LABELS) for s in scores if s is not None)
@@ -91,3 +95,60 @@ def test_openai_response_format_parses_with_the_sdk(run_tiny, write_jsonl):
     for line in (out / "results.jsonl").read_text().splitlines():
         body = ChatCompletion.model_validate(json.loads(line)["response"]["body"])
         assert len(body.choices) == 2 and body.choices[0].logprobs.content
+
+
+def test_a_job_seed_repeats_on_a_rerun_and_differs_between_samples_and_rows(run_tiny, write_jsonl):
+    # Four rows with one prompt: under one seed for every row they would all get the same samples.
+    path = write_jsonl([{"id": f"s{i}", "prompt": "say something"} for i in range(4)], "same.jsonl")
+    args = ("--regex", "[a-z]{1,8}( [a-z]{1,8}){0,5}", "--no-thinking", "--max-tokens", "24", "--n", "3",
+            "--temperature", "1.0", "--top-p", "1.0", "--top-k", "0")
+    _, first = run_tiny("seeded-1", *args, inputs=path)
+    _, again = run_tiny("seeded-2", *args, inputs=path)
+    assert first.height == 12
+    assert again["text"].to_list() == first["text"].to_list()  # reproducible
+    _, replanned = run_tiny("seeded-3", *args, "--chunk-tokens", "60", "--order", "input", inputs=path)
+    # Another plan (a row a chunk, input order): each row's seed, not the batch, decides its samples.
+    # Holds here on the CPU; other batch shapes could change a float sum on other hardware.
+    assert replanned["text"].to_list() == first["text"].to_list()
+    samples = first.group_by("id", maintain_order=True).agg("text")["text"].to_list()
+    assert all(len(set(texts)) > 1 for texts in samples), samples  # a row's samples are not all the same
+    assert len({tuple(texts) for texts in samples}) == 4, samples  # rows with the same prompt differ
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_thinking(tiny_qwen3, tmp_path_factory):
+    """The tiny Qwen3 with a template that opens the reasoning in the prompt (`<think>` after the
+    assistant tag, as Qwen3-*-Thinking-2507's template does): vLLM's thinking budget counts from `<think>`,
+    which the random model never writes itself (real Qwen3 models do, as their first token)."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("tiny-qwen3-thinking") / "model"
+    shutil.copytree(tiny_qwen3, folder)
+    template = (folder / "chat_template.jinja").read_text()
+    opened = template.replace("{%- endif %}{%- endif %}", "{%- else %}{{ '<think>\\n' }}{%- endif %}{%- endif %}")
+    assert opened != template
+    (folder / "chat_template.jinja").write_text(opened)
+    return str(folder)
+
+
+def test_thinking_then_a_schema_the_budget_ends_the_reasoning(cli, tiny_qwen3_thinking, write_jsonl, tmp_path):
+    """A random model never closes its reasoning by itself: vLLM's thinking_token_budget forces
+    `</think>` after 8 reasoning tokens, then the schema (after the reasoning: reasoning parser qwen3)
+    holds the answer; without free whitespace (xgrammar's disable_any_whitespace) it ends soon."""
+    import jsonschema
+
+    path = write_jsonl([{"id": f"t{i}", "prompt": f"ticket {i}: the app crashed"} for i in range(6)])
+    out = tmp_path / "budget"
+    result = cli("run", path, "-o", out, "--model", tiny_qwen3_thinking, "--progress", "none", "--max-model-len", "512",
+                 "--seed", "1", "--json-schema", json.dumps(SCHEMA), "--thinking", "--thinking-token-budget", "8",
+                 "--structured-outputs-backend", "xgrammar", "--disable-any-whitespace", "--max-tokens", "64",
+                 "--temperature", "1.0", "--include-prompt")
+    assert result.exit_code == 0, result.output
+    df = pl.read_parquet(out / "results.parquet")
+    assert df["prompt"][0].endswith("<|im_start|>assistant\n<think>\n")
+    assert set(df["finish_reason"]) == {"stop"}  # the grammar ended the answer, not max_tokens
+    assert df["parse_error"].to_list() == [None] * 6, df.select("reasoning", "text", "parse_error").to_dicts()
+    for reasoning, text, parsed in df.select("reasoning", "text", "parsed").iter_rows():
+        assert reasoning and "{" not in reasoning  # free text, no JSON: the grammar started after </think>
+        jsonschema.validate(json.loads(parsed), SCHEMA)
+        assert json.loads(text) == json.loads(parsed)

