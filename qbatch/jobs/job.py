@@ -22,7 +22,9 @@ from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
 from qbatch.jobs.planning import FIRST_WINDOW, cut_group_chunks, order_groups
+from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
+from qbatch.log import log
 from qbatch.models import registry as models
 from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.folder import DUPLICATE_ID, input_identity
@@ -196,6 +198,11 @@ class Job:
         window of its own would start its longest rows after all the others, to run almost alone
         at the end (benchmarks/simulate_order.py models it; docs/benchmarks.md has the figures).
         Windows are held back one window to see the end.
+
+        Rows that share documents (longest-first order, the first window's prompts sharing long
+        prefixes: prefixes.py) get whole windows from the start instead: a document's questions
+        meet only inside one window, and a vLLM cache too small for every document computes a
+        document again in each window that has one of its questions.
         """
         seen: set[str] = set()
         window: list[tuple[Row, str]] = []
@@ -210,6 +217,9 @@ class Job:
                 seen.add(rid)
                 window.append((row, rid))
             if len(window) + len(failures) >= size:
+                if full is None and size < self.spec.plan.sort_window and self._shares_documents(window):
+                    size = self.spec.plan.sort_window  # the first window grows into a whole one
+                    continue
                 if full is not None:
                     yield full
                 full, window, failures = RowWindow(window, failures), [], []
@@ -218,6 +228,17 @@ class Job:
             window, failures = full.rows + window, full.failures + failures
         if window or failures:
             yield RowWindow(window, failures)
+
+    def _shares_documents(self, rows: list[tuple[Row, str]]) -> bool:
+        """Whether these rows' prompts share documents (the rule in _row_windows); logged once."""
+        if self.spec.plan.order != "longest-first":
+            return False
+        drafts, _ = self.preparer.render(rows)
+        if not shares_prefixes([draft.text or "" for draft in drafts]):
+            return False
+        log.info("rows share long prompt prefixes (a document asked several questions): windows of %d rows "
+                 "from the start, so that a document's rows meet", self.spec.plan.sort_window)
+        return True
 
     def _render(self, window: RowWindow) -> RenderedWindow:
         drafts, refused = self.preparer.render(window.rows)

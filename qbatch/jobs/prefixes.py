@@ -30,16 +30,20 @@ PREFIX_DEPTHS = (*range(128, 2048, 128), 2048, 4096, 8192, 16384)
 # (nearly) every row of a small window has, such as a system prompt, from being one group.
 MAX_GROUP_ROWS = 256
 MAX_GROUP_SHARE = 0.5
+# The same depths in characters of a prompt's text (a token is ~4 characters of English), to see
+# before tokenizing whether a job's rows share documents (Job._row_windows).
+CHAR_DEPTHS = tuple(4 * depth for depth in PREFIX_DEPTHS)
 
 Key = Callable[[Request], Any]
 
 
-def prefix_labels(requests: Sequence[Request], *, depths: Sequence[int] = PREFIX_DEPTHS,
+def prefix_labels(prompts: Sequence[Sequence[Any]], *, depths: Sequence[int] = PREFIX_DEPTHS,
                   max_group_rows: int = MAX_GROUP_ROWS) -> list[int | None]:
-    """Each request's group (a prefix hash), or None for a row that shares no prefix worth a group."""
-    levels: list[list[int | None]] = [[None] * len(requests) for _ in depths]
-    for i, request in enumerate(requests):
-        ids = request.prompt_token_ids
+    """Each prompt's group (a prefix hash), or None for a prompt that shares no prefix worth a group.
+
+    A prompt is its token ids, or its text (with CHAR_DEPTHS) before it is tokenized."""
+    levels: list[list[int | None]] = [[None] * len(prompts) for _ in depths]
+    for i, ids in enumerate(prompts):
         digest, start = 0, 0
         for level, depth in enumerate(depths):
             if len(ids) < depth:
@@ -48,9 +52,9 @@ def prefix_labels(requests: Sequence[Request], *, depths: Sequence[int] = PREFIX
             start = depth
             levels[level][i] = digest
     counts = [Counter(k for k in keys if k is not None) for keys in levels]
-    most = min(max_group_rows, int(MAX_GROUP_SHARE * len(requests)))
-    labels: list[int | None] = [None] * len(requests)
-    for i in range(len(requests)):
+    most = min(max_group_rows, int(MAX_GROUP_SHARE * len(prompts)))
+    labels: list[int | None] = [None] * len(prompts)
+    for i in range(len(prompts)):
         for level, keys in enumerate(levels):
             key = keys[i]
             if key is None:
@@ -62,6 +66,11 @@ def prefix_labels(requests: Sequence[Request], *, depths: Sequence[int] = PREFIX
     return labels
 
 
+def shares_prefixes(texts: Sequence[str]) -> bool:
+    """Whether some of these prompt texts share a long prefix that makes a group (a document)."""
+    return any(label is not None for label in prefix_labels(texts, depths=CHAR_DEPTHS))
+
+
 def grouped(requests: Sequence[Request], key: Key, *, depths: Sequence[int] = PREFIX_DEPTHS,
             max_group_rows: int = MAX_GROUP_ROWS) -> list[list[Request]]:
     """The window as groups, each sorted by `key` descending, groups by their first (largest) row's key.
@@ -70,7 +79,7 @@ def grouped(requests: Sequence[Request], key: Key, *, depths: Sequence[int] = PR
     comes out in the order of sorted(requests, key=key, reverse=True), one row a group.
     """
     groups: dict[Any, list[Request]] = {}
-    labels = prefix_labels(requests, depths=depths, max_group_rows=max_group_rows)
+    labels = prefix_labels([r.prompt_token_ids for r in requests], depths=depths, max_group_rows=max_group_rows)
     for i, (request, label) in enumerate(zip(requests, labels, strict=True)):
         groups.setdefault(("alone", i) if label is None else label, []).append(request)
     ordered = [sorted(group, key=key, reverse=True) for group in groups.values()]

@@ -21,16 +21,8 @@ from pathlib import Path
 
 from qbatch.engines import compile_cache
 from qbatch.engines import factory as engines
-from qbatch.engines.placement import (
-    TORCH_COMPILE,
-    EngineChoice,
-    choose_engines,
-    gpu_ids,
-    gpu_memory_bytes,
-)
-from qbatch.engines.vllm import (
-    EXTRA_ARGS_ENV,  # a compilation_config there is the user's choice
-)
+from qbatch.engines.placement import TORCH_COMPILE, EngineChoice, choose_engines, gpu_ids, gpu_memory_bytes
+from qbatch.engines.vllm import EXTRA_ARGS_ENV  # a compilation_config there is the user's choice
 from qbatch.inputs.readers import detect_format
 from qbatch.jobs.job import Job
 from qbatch.log import log

@@ -104,7 +104,7 @@ class Session:
         """Run a complete spec, its inputs and output folder its own (`qbatch run`); its engine
         settings must be this session's."""
         self._check_open()
-        self._job_values({k: v for k, v in dataclasses.asdict(spec.engine).items()})  # refuses another engine
+        self._check_engine(dataclasses.asdict(spec.engine))
         return self._run_spec(spec)
 
     def run(self, data: Any, *, output_dir: str | os.PathLike | None = None,
@@ -204,21 +204,25 @@ class Session:
 
     def _job_values(self, job_settings: dict[str, Any]) -> dict[str, Any]:
         """The session's engine settings plus a call's job settings; refuses a different engine."""
+        self._check_engine(job_settings)
         values = dict(self.engine_settings)
+        values.update((key.replace("-", "_"), value) for key, value in job_settings.items())
+        return values
+
+    def _check_engine(self, settings: dict[str, Any]) -> None:
+        """Refuses settings that name another engine than this session's (or the data as a setting)."""
         defaults = EngineSpec()
-        for key, value in job_settings.items():
+        for key, value in settings.items():
             name = key.replace("-", "_")
             if name == "inputs":
                 raise SpecError("the data is run()'s first argument", where="inputs=",
                                 hint="session.run(data, ...) with a path, a DataFrame or a list of rows")
             if name in ENGINE_SETTINGS:
-                current = values.get(name, getattr(defaults, name))
+                current = self.engine_settings.get(name, getattr(defaults, name))
                 if value != current:
                     raise SpecError(f"{name} is an engine setting, fixed for this session ({current!r}); "
                                     f"got {value!r}", where="session.run(...)",
                                     hint=f"start another Session(..., {name}={value!r}) for it")
-            values[name] = value
-        return values
 
     def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None) -> Summary:
         """One job on the cached engines; engines it started become this session's to close."""

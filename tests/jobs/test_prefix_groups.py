@@ -89,11 +89,11 @@ def test_without_shared_prefixes_the_order_is_the_flat_sort():
 def test_a_prefix_shared_by_very_many_rows_makes_no_group():
     """A system prompt every row has (more rows than MAX_GROUP_ROWS) is no group; documents under it are."""
     rows = [Request(str(i), 0, i, SYSTEM + [i % 50] * 200 + [i], {"max_tokens": 8}, None) for i in range(300)]
-    labels = prefix_labels(rows)
+    labels = prefix_labels([r.prompt_token_ids for r in rows])
     assert len(set(labels)) == 50 and None not in labels  # 50 documents of 6 rows
-    assert prefix_labels(rows, max_group_rows=5) == [None] * 300  # each document now too common: no groups
+    assert prefix_labels([r.prompt_token_ids for r in rows], max_group_rows=5) == [None] * 300  # each document now too common: no groups
     short = [Request(str(i), 0, i, [1] * 100 + [i], {"max_tokens": 8}, None) for i in range(4)]
-    assert prefix_labels(short) == [None] * 4  # 100 shared tokens: under the shallowest depth
+    assert prefix_labels([r.prompt_token_ids for r in short]) == [None] * 4  # 100 shared tokens: under the shallowest depth
 
 
 def test_grouping_a_large_window_is_fast():
@@ -142,3 +142,29 @@ def test_a_runs_plan_keeps_each_documents_questions_together(bundled_model, tmp_
 
 def doc_of(rid: str) -> str:
     return rid.split("q")[0]
+
+
+def window_sizes(bundled_model: str, rows: list[dict], path) -> list[int]:
+    import json
+
+    from qbatch.jobs.job import Job
+    from qbatch.spec import JobSpec
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = Job.setup(JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "max_tokens": 8,
+                                       "sort_window": 2048}))
+    with job.windows(set()) as windows:
+        return [sum(len(chunk) for chunk in window.chunks) for window in windows]
+
+
+def test_rows_sharing_documents_get_whole_windows_from_the_start(bundled_model, tmp_path):
+    """Windows grow from 512 rows, which would spread a document's scattered questions over several
+    windows; rows that share documents get a whole sort window from the first row on."""
+    rng = random.Random(7)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "lambda"]
+    docs = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(200)]
+    asked = [{"id": f"d{d}q{q}", "prompt": f"{docs[d]}\n\nQuestion {q}?"} for d in range(200) for q in range(10)]
+    rng.shuffle(asked)
+    assert window_sizes(bundled_model, asked, tmp_path / "docs.jsonl") == [2000]  # one window (up to 2,048)
+    plain = [{"id": f"r{i}", "prompt": " ".join(rng.choice(words) for _ in range(200))} for i in range(2000)]
+    assert window_sizes(bundled_model, plain, tmp_path / "plain.jsonl") == [512, 1488]  # 512, 1,024 + the tail
