@@ -239,7 +239,7 @@ def serve_run_options(func: Any) -> Any:
 
 # `qbatch embed` takes run's flags except those of generation (chat turns, sampling, constraints, thinking).
 EMBED_SKIPPED = {"messages_column", "system_prompt", "raw", "thinking", "reasoning_parser", "quantize",
-                 *(f.name for f in dataclasses.fields(SamplingSpec))}
+                 "structured_outputs_backend", "disable_any_whitespace", *(f.name for f in dataclasses.fields(SamplingSpec))}
 EMBED_OPTIONS = [
     *(option for option in RUN_OPTIONS if _option_name(option) not in EMBED_SKIPPED),
     click.option("--dimensions", type=int, help="Keep the first N values of each vector (Matryoshka: Qwen3-Embedding), "
