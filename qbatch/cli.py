@@ -19,7 +19,7 @@ from qbatch import __version__
 from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
-from qbatch.spec import DEFAULT_MODEL, EngineSpec
+from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, EngineSpec, SamplingSpec
 from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
 
 
@@ -42,7 +42,7 @@ def _echo_interrupted(exc: Interrupted, output_dir: str | None) -> None:
     where = f" ({output_dir})" if output_dir else ""
     click.echo(f"Error: interrupted by {exc.signal_name}{where}: finished parts are kept, "
                "rows in flight are redone on resume", err=True)
-    command = f": qbatch {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["run"] else ""
+    command = f": qbatch {shlex.join(sys.argv[1:])}" if sys.argv[1:2] in (["run"], ["embed"]) else ""
     click.echo(f"Hint: rerun the same command to resume{command}", err=True)
 
 
@@ -143,13 +143,17 @@ RUN_OPTIONS = [
 
 
 def run_options(func: Any) -> Any:
-    for option in reversed(RUN_OPTIONS):
+    return _with_options(func, RUN_OPTIONS)
+
+
+def _with_options(func: Any, options: list[Any]) -> Any:
+    for option in reversed(options):
         func = option(func)
     return func
 
 
-def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...]) -> JobSpec:
-    """Defaults < job file < flags given on the command line."""
+def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **fixed: Any) -> JobSpec:
+    """Defaults < job file < flags given on the command line (< `fixed`: what the command itself sets)."""
     values: dict[str, Any] = load_job_file(job) if job else {}
     for name, value in ctx.params.items():
         if name in ("job", "inputs"):
@@ -159,6 +163,7 @@ def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...]) -> 
             values[name] = list(value) if isinstance(value, tuple) else value
     if inputs:
         values["inputs"] = list(inputs)
+    values.update(fixed)
     return JobSpec.from_flat(values, source=job or "command line")
 
 
@@ -181,11 +186,15 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
+    _run_job(build_spec(ctx, job, inputs))
+
+
+def _run_job(spec: JobSpec) -> None:
+    """`qbatch run` and `qbatch embed`: one job through the Session's path, its summary on stdout."""
     from qbatch.display import print_summary
     from qbatch.jobs.shutdown import ProcessGuard
     from qbatch.session.session import Session
 
-    spec = build_spec(ctx, job, inputs)
     setup_log(spec.output.progress)
     # the reaper kills the engines if this process dies without a word (SIGKILL); the null engine has none
     with ProcessGuard(reaper=spec.engine.backend != "null" and not spec.output.dry_run) as guard:
@@ -226,6 +235,50 @@ def serve_run_options(func: Any) -> Any:
     for option in reversed(SERVE_RUN_OPTIONS):
         func = option(func)
     return func
+
+
+# `qbatch embed` takes run's flags except those of generation (chat turns, sampling, constraints, thinking).
+EMBED_SKIPPED = {"messages_column", "system_prompt", "raw", "thinking", "reasoning_parser", "quantize",
+                 "structured_outputs_backend", "disable_any_whitespace", *(f.name for f in dataclasses.fields(SamplingSpec))}
+EMBED_OPTIONS = [
+    *(option for option in RUN_OPTIONS if _option_name(option) not in EMBED_SKIPPED),
+    click.option("--dimensions", type=int, help="Keep the first N values of each vector (Matryoshka: Qwen3-Embedding), "
+                 "then normalize.  [default: all, the model's hidden size]"),
+    click.option("--normalize/--no-normalize", default=None, help="Scale each vector to unit L2 norm.  [default: normalize]"),
+    click.option("--instruction", help="Query-side task instruction, in Qwen3-Embedding's format "
+                 "'Instruct: {instruction}\\nQuery:{text}'. Leave it out for documents."),
+    click.option("--truncate", is_flag=True, default=None, help="Embed the first max_model_len tokens of "
+                 "over-long inputs (else they become prompt_too_long error rows)."),
+    click.option("--embedding-dtype", type=click.Choice(EMBEDDING_DTYPES), help="Type of the stored vectors: "
+                 "float16 halves the output.  [default: float32]"),
+]
+
+
+def embed_options(func: Any) -> Any:
+    return _with_options(func, EMBED_OPTIONS)
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1)
+@click.option("--job", type=click.Path(dir_okay=False), help="TOML job file; flags override its keys.")
+@embed_options
+@click.pass_context
+def embed(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
+    """Embed the text of every row of INPUT files (JSONL/Parquet, folders, globs; - for stdin) into OUT_DIR.
+
+    Rows are text (--prompt-column, --template) or OpenAI batch lines with url /v1/embeddings.
+    Results: id, carried columns, embedding (a fixed-size list of floats) and prompt_tokens.
+
+    \b
+    Examples:
+      qbatch embed sample_data/prompts.jsonl -o out/vectors --model smollm2-135m
+      qbatch embed docs.parquet -o out/docs --model Qwen/Qwen3-Embedding-0.6B --template '{title}: {body}'
+      qbatch embed queries.jsonl -o out/q --model Qwen/Qwen3-Embedding-0.6B --dimensions 256 \\
+          --instruction 'Given a web search query, retrieve relevant passages that answer the query'
+
+    Rerunning the same command resumes; see `qbatch status OUT_DIR`.
+    """
+    _run_job(build_spec(ctx, job, inputs, task="embed"))
 
 
 @cli.command()
@@ -337,7 +390,7 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 
 @cli.command()
 @click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json",
-                                                          "prefill", "longgen", "docqa", "docqa-large"]))
+                                                          "prefill", "longgen", "docqa", "docqa-large", "embed"]))
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
               help="Comma list of vllm-text, vllm-tokens, qbatch, session (a warm qbatch.Session fed a list of "
                    "rows), hf, vllm-best (an engine of its own on vLLM's defaults + performance_mode=throughput), "
@@ -379,6 +432,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
       qbatch bench uniform varied short --model Qwen/Qwen3-0.6B --modes vllm-text,vllm-tokens,qbatch,hf
       qbatch bench varied --model Qwen/Qwen3-0.6B --modes vllm-text,qbatch --vllm-defaults --repeats 2
       qbatch bench docqa --model Qwen/Qwen3-0.6B --modes vllm-best,vllm-grouped,qbatch,first-run --repeats 3
+      qbatch bench embed --model Qwen/Qwen3-0.6B --load-format dummy --repeats 2   # qbatch embed vs LLM.embed
     """
     import shlex
 

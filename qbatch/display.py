@@ -20,12 +20,13 @@ def print_summary(summary: Summary) -> None:
             ("time", f"{summary.wall_s:.1f}s"),
         ])
         return
-    _table(f"qbatch run {summary.status}", [
+    embeds = summary.task == "embed"
+    _table(f"qbatch {'embed' if embeds else 'run'} {summary.status}", [
         ("rows ok (this run)", f"{summary.rows_ok:,}" + _samples(summary.samples_ok, summary.rows_ok)),
         ("rows failed (this run)", f"{summary.rows_failed:,}" + _kinds(summary.failures_by_kind)),
         ("rows already done", f"{summary.rows_skipped:,}"),
         ("tokens in / out", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}"),
-        ("output tok/s", f"{summary.output_tok_s:,.1f}"),
+        ("input tok/s", f"{summary.prompt_tok_s:,.1f}") if embeds else ("output tok/s", f"{summary.output_tok_s:,.1f}"),
         ("engine start / generate / wall", f"{summary.engine_start_s:.1f}s / {summary.generate_s:.1f}s / {summary.wall_s:.1f}s"),
         ("of the rest: setup / assemble", f"{summary.setup_s:.1f}s / {summary.assemble_s:.1f}s"),
         ("results", f"{Path(summary.output_dir or '.') / 'results.parquet'} ({summary.total_ok:,} rows"

@@ -1,7 +1,7 @@
 """The records that flow through every stage.
 
 rows (inputs.readers) -> Request / Failure (inputs.prepare) -> chunks (jobs.planning) ->
-Completion (engines) -> result and error rows (output.tables).
+Completion, or Embedding for embedding jobs (engines) -> result and error rows (output.tables, output.embeddings).
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ class Request:
     source_index: int
     row_index: int
     prompt_token_ids: list[int]
-    sampling: dict[str, Any]  # complete vLLM SamplingParams kwargs for this row
+    # complete vLLM SamplingParams kwargs for this row; an embedding row's is EMBED_SAMPLING (no output
+    # tokens: chunk budgets and the longest-first sort count its prompt alone)
+    sampling: dict[str, Any]
     thinking: bool | None  # whether the model was asked to think (None: no thinking model)
     extra: dict[str, Any] = field(default_factory=dict)  # carried input columns
     prompt: str | None = None  # the rendered prompt, kept only with --include-prompt
@@ -79,6 +81,33 @@ class Completion:
     def samples(self) -> list[Sample]:
         """Every sample of the request, this completion's own first."""
         return [Sample(self.text, self.finish_reason, self.num_completion_tokens, self.logprobs), *self.more_samples]
+
+
+EMBED_SAMPLING: dict[str, Any] = {"max_tokens": 0}
+
+
+@dataclass(slots=True)
+class Embedding:
+    """What an embedding engine returned for one request: the model's pooled vector, as the model gives it
+    (not normalized, all its dimensions: output/embeddings.py truncates and normalizes)."""
+
+    request: Request
+    vector: Any  # a 1-D numpy float32 array; None when the engine refused the row
+    num_cached_tokens: int = 0
+    error: str | None = None  # set when the engine refused the row
+
+    # No output: what the writer counts over a chunk's results, as it does for Completions.
+    @property
+    def num_completion_tokens(self) -> int:
+        return 0
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return 0
+
+    @property
+    def more_samples(self) -> list[Sample]:
+        return []
 
 
 @dataclass(slots=True)

@@ -29,6 +29,8 @@ PROGRESS = ("auto", "bar", "log", "none")
 ON_BAD_LINE = ("error", "skip")
 ORDERS = ("longest-first", "longest-first-flat", "input")
 BACKENDS = ("vllm", "ray", "null")
+TASKS = ("generate", "embed")  # embed: vLLM's pooling runner (runner="pooling"), `qbatch embed`
+EMBEDDING_DTYPES = ("float32", "float16")
 # vLLM's StructuredOutputsConfig.backend values (the same in vLLM 0.26 and 0.32)
 STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
 # Conveniences the type check allows besides each field's annotation (the README's "Job files" says so):
@@ -161,6 +163,8 @@ class EngineSpec:
     # vLLM's reasoning parser: a constraint then applies after the reasoning. None: "qwen3" for Qwen3
     # models when the job has a constraint (Job.setup), else none (rows with their own need the flag).
     reasoning_parser: str | None = affects_results(None)
+    # "embed": vectors instead of text (vLLM's runner="pooling"; a decoder gets convert="embed"): `qbatch embed`
+    task: str = affects_results("generate")
     # vLLM's StructuredOutputsConfig.backend and .disable_any_whitespace (None: vLLM's default, auto / off)
     structured_outputs_backend: str | None = affects_results(None)
     disable_any_whitespace: bool | None = affects_results(None)
@@ -196,7 +200,19 @@ class OutputSpec:
     report: bool = False  # write OUT_DIR/report.html when the run ends
 
 
-SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec}
+@dataclass(frozen=True)
+class EmbedSpec:
+    """What an embedding job (task "embed") does to each vector; unused by generation."""
+
+    dimensions: int | None = affects_results(None)  # keep the first N (Matryoshka), then re-normalize
+    normalize: bool = affects_results(True)  # unit L2 norm (after the truncation)
+    instruction: str | None = affects_results(None)  # query side: "Instruct: {instruction}\nQuery:{text}" (Qwen3-Embedding)
+    truncate: bool = affects_results(False)  # over-long inputs keep their first max_model_len tokens, else error rows
+    embedding_dtype: str = affects_results("float32")  # float16 halves the output
+
+
+SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec,
+            "embed": EmbedSpec}
 
 
 @dataclass(frozen=True)
@@ -206,6 +222,7 @@ class JobSpec:
     plan: PlanSpec = field(default_factory=PlanSpec)
     engine: EngineSpec = field(default_factory=EngineSpec)
     output: OutputSpec = field(default_factory=OutputSpec)
+    embed: EmbedSpec = field(default_factory=EmbedSpec)
 
     @classmethod
     def from_flat(cls, values: dict[str, Any], *, source: str = "settings") -> JobSpec:
@@ -264,6 +281,7 @@ class JobSpec:
         if util is not None and not 0 < util <= 1:
             raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")
         _check_choice("backend", self.engine.backend, BACKENDS)
+        self._check_embed()
         self._check_ray()
         if self.engine.compilation_mode not in (None, 0, 1, 2, 3):
             raise SpecError(f"compilation_mode must be 0, 1, 2 or 3 (vLLM's CompilationMode), "
@@ -311,6 +329,12 @@ class JobSpec:
             key = exc.message.split(" ", 1)[0]  # each rule's message starts with the value's name
             raise SpecError(exc.message,
                             hint=f"set --{key.replace('_', '-')} (job file: {key}) to a value the rule allows") from None
+
+    def _check_embed(self) -> None:
+        _check_choice("task", self.engine.task, TASKS)
+        _check_choice("embedding_dtype", self.embed.embedding_dtype, EMBEDDING_DTYPES)
+        if self.embed.dimensions is not None:
+            _check_min("dimensions", self.embed.dimensions, 1)  # at most the model's hidden size: Job.setup
 
     def _check_structured_outputs_config(self) -> None:
         """vLLM's StructuredOutputsConfig rules, checked before the model loads (vLLM raises them at start)."""

@@ -1,5 +1,5 @@
 """The CLI documents itself: every command has help with examples, and the README
-names every flag of `qbatch run`."""
+names every flag of `qbatch run` and `qbatch embed`."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ def test_every_command_has_examples(cli, name):
     assert "Examples:" in result.stdout and f"qbatch {name}" in result.stdout
 
 
-def test_readme_names_every_run_flag():
-    flags = [opt for param in qbatch_cli.commands["run"].params for opt in param.opts if opt.startswith("--")]
+@pytest.mark.parametrize("command", ["run", "embed"])
+def test_readme_names_every_run_flag(command):
+    flags = [opt for param in qbatch_cli.commands[command].params for opt in param.opts if opt.startswith("--")]
     undocumented = [flag for flag in flags if flag not in README and flag not in ("--backend", "--help")]
     assert undocumented == []
 

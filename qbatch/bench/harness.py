@@ -115,7 +115,7 @@ def _run_engine_modes(settings: BenchSettings, llm: Any | None, workloads: dict[
     """The modes of `sequence` on the shared engine (`llm`; None when every one of them is in `own`), then
     those in `own` on engines of their own."""
     if llm is not None:
-        _warm_up(llm)
+        _warm_up(llm, embeds=settings.embeds)
     runs: dict[tuple[str, int], list[Measurement]] = {(w, i): [] for w in workloads for i in range(len(sequence))}
     for workload in workloads.values():
         for repeat in range(settings.repeats):
@@ -346,18 +346,29 @@ def _raw_best_engine(spec: Any, job: Any) -> tuple[_RawBestEngine, dict[str, Any
     return _RawBestEngine(llm), _engine_info(llm, started, vllm_defaults=True, raw_best=True)
 
 
-def _warm_up(llm: Any) -> None:
+def _warm_up(llm: Any, *, embeds: bool = False) -> None:
     """A few tiny requests, so no mode pays the first step's one-time costs."""
     from vllm import SamplingParams
 
+    if embeds:
+        llm.embed([{"prompt_token_ids": [100 + i] * 8} for i in range(8)], use_tqdm=False)
+        return
     llm.generate([{"prompt_token_ids": [100 + i] * 8} for i in range(8)],
                  SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
 
 
 def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, Any]) -> Measurement:
     """One LLM.generate call with every prompt, as text or as token ids; vllm-grouped: token ids
-    sorted by document (a stable sort: each document's rows keep their order)."""
+    sorted by document (a stable sort: each document's rows keep their order). An embed workload:
+    one LLM.embed call (vLLM's default pooling: last token, normalized)."""
     from vllm import SamplingParams
+
+    if workload.task == "embed":
+        prompts = workload.prompts if mode == "vllm-text" else [{"prompt_token_ids": i} for i in workload.prompt_token_ids]
+        started = time.monotonic()
+        outputs = llm.embed(prompts, use_tqdm=False)
+        wall = time.monotonic() - started
+        return Measurement(workload.name, mode, len(outputs), wall, sum(len(o.prompt_token_ids) for o in outputs), 0)
 
     constraint: dict[str, Any] = {}
     if workload.structured_outputs is not None:  # the grammar ends a constrained row (as in qbatch's rows)
@@ -496,7 +507,8 @@ def _report(settings: BenchSettings, workloads: dict[str, Workload], measurement
     for row in rows:
         for baseline in BASELINES:
             base = next((r for r in rows if r["workload"] == row["workload"] and r["mode"] == baseline), None)
-            row[_ratio_key(baseline)] = round(row["output_tok_s"] / base["output_tok_s"], 3) if base else None
+            rate = "output_tok_s" if base and base["output_tok_s"] else "total_tok_s"  # embeddings: input tok/s
+            row[_ratio_key(baseline)] = round(row[rate] / base[rate], 3) if base and base[rate] else None
     return {"kind": "engines", **environment(), "settings": {**asdict(settings), "work_dir": None},
             "engine": engine_info, "engines": engines,
             "workloads": {name: w.describe() for name, w in workloads.items()},

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch import __version__
-from qbatch.bench.workloads import DEFAULT_WORKLOADS, DOCQA_SHAPES, sample_lengths
+from qbatch.bench.workloads import DEFAULT_WORKLOADS, DOCQA_SHAPES, EMBED_WORKLOADS, sample_lengths
 from qbatch.errors import SpecError
 
 MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf", "vllm-best", "vllm-grouped", "first-run")
@@ -24,7 +24,8 @@ QBATCH_MODES = ("qbatch", "session")  # the modes that run qbatch (its run, or a
 RAW_BEST_MODES = ("vllm-best", "vllm-grouped")
 SHARED_ENGINE_MODES = ("vllm-text", "vllm-tokens", *QBATCH_MODES)  # on the one engine `_engine` starts
 DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200,
-                "prefill": 8192, "longgen": 1024, "docqa": 8000, "docqa-large": 16000}
+                "prefill": 8192, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
+EMBED_MODES = ("vllm-text", "vllm-tokens", "qbatch")  # vllm-*: one LLM.embed call with every text
 
 
 @dataclass
@@ -49,11 +50,25 @@ class BenchSettings:
                 raise SpecError(f"mode must be one of {', '.join(MODES)}; got '{mode}'")
         for name in self.workloads:
             sample_lengths(name, 0)
+        if self.embeds:
+            if set(self.workloads) - set(EMBED_WORKLOADS):
+                raise SpecError("the embed workload runs on an embedding engine, the others on a generating one",
+                                hint="bench them in two calls: qbatch bench embed ...; qbatch bench varied ...")
+            others = [m for m in self.modes if m not in EMBED_MODES]
+            if others:
+                raise SpecError(f"mode {others[0]} has no embedding counterpart",
+                                hint=f"--modes {','.join(EMBED_MODES)}")
         if "vllm-grouped" in self.modes and not set(self.workloads) & set(DOCQA_SHAPES):
             raise SpecError(f"the vllm-grouped mode sorts rows by document: it needs a workload with documents "
                             f"({', '.join(DOCQA_SHAPES)}); got {', '.join(self.workloads)}")
         if (self.rows is not None and self.rows < 1) or self.hf_rows < 1 or self.repeats < 1 or self.length_scale <= 0:
             raise SpecError("--rows, --hf-rows and --repeats must be >= 1 and --length-scale > 0")
+
+
+    @property
+    def embeds(self) -> bool:
+        """Whether the workloads are embedding ones (`qbatch embed` and LLM.embed)."""
+        return any(name in EMBED_WORKLOADS for name in self.workloads)
 
 
 def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[str, Any] | None = None, *,
@@ -65,6 +80,8 @@ def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[st
 
     values = {"progress": "none", **settings.run_settings, **(variant or {}), "inputs": [str(path)],
               "output_dir": str(out), "ignore_eos": True, "restart": True}
+    if settings.embeds:
+        values["task"] = "embed"
     spec = JobSpec.from_flat(values, source="qbatch bench")
     return dataclasses.replace(spec, engine=spec.engine.one_engine()) if shared else spec
 

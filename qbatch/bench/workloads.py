@@ -20,7 +20,8 @@ from typing import Any
 from qbatch.errors import SpecError
 
 WORKLOADS = ("uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json",
-             "prefill", "longgen", "docqa", "docqa-large")
+             "prefill", "longgen", "docqa", "docqa-large", "embed")
+EMBED_WORKLOADS = ("embed",)  # run on an embedding engine (`qbatch embed`, LLM.embed): texts in, no output tokens
 # The classification workloads (issue #20): the same rows free, under a 5-label choice, and under a
 # small JSON schema; constrained rows stop when their answer is complete (no ignore_eos: the grammar
 # ends them), up to max_tokens.
@@ -50,7 +51,8 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
     notebook-sized job a warm Session serves (200 rows by default). prefill: ~820 (a shared ~370
     instruction + ~450 of its own) / 8. longgen: ~155 (130..180) / lognormal ~715 (64..2048).
     docqa: a ~800-token document + a ~20-token question / 16; docqa-large: ~1500 + ~20 / 16.
-    `scale` shrinks every segment and output (CPU smoke runs); shared prefixes stay shared.
+    embed: passages of a search corpus, lognormal ~256 (16..1024) tokens of raw text (no chat
+    template) / 0. `scale` shrinks every segment and output (CPU smoke runs); shared prefixes stay shared.
     """
     return [(sum(length for _, length in segments), output)
             for segments, output in sample_rows(name, num_rows, seed=seed, scale=scale)]
@@ -85,6 +87,9 @@ def sample_rows(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.0
             continue
         elif name == "longgen":
             prompt, output = rng.randint(130, 180), _lognormal(rng, 715, 64, 2048, sigma=0.6)
+        elif name == "embed":  # no output tokens
+            rows.append((((f"row{i}", _scaled(_lognormal(rng, 256, 16, 1024), scale)),), 0))
+            continue
         else:  # small
             prompt, output = rng.randint(170, 210), 256
         rows.append((((f"row{i}", _scaled(prompt, scale)),), _scaled(output, scale)))
@@ -123,6 +128,7 @@ class Workload:
     max_tokens: list[int]
     structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams kwargs, every row
     groups: list[str] | None = None  # docqa: each row's document (the vllm-grouped mode sorts by it)
+    task: str = "generate"  # "embed": texts as they are (no chat template), embedded
 
     @property
     def num_rows(self) -> int:
@@ -140,6 +146,8 @@ class Workload:
         with open(path, "w", encoding="utf-8") as handle:
             for i, (text, max_tokens) in enumerate(zip(self.texts, self.max_tokens, strict=True)):
                 row = {"id": f"{self.name}-{i}", "prompt": text, "max_tokens": max_tokens}
+                if self.task == "embed":  # no output: no max_tokens column to carry to the results
+                    del row["max_tokens"]
                 if self.structured_outputs is not None:  # the grammar ends the row: no ignore_eos
                     row.update(structured_outputs=self.structured_outputs, ignore_eos=False)
                 handle.write(json.dumps(row) + "\n")
@@ -156,6 +164,8 @@ def make_workload(name: str, tokenizer: Any, num_rows: int, *, seed: int = 0, sc
     """Rows of random single-token words sized so the chat-templated prompt has the sampled length."""
     rows = sample_rows(name, num_rows, seed=seed, scale=scale)
     pool = word_pool(tokenizer)
+    if name in EMBED_WORKLOADS:
+        return _embed_workload(name, tokenizer, pool, [sum(n for _, n in segments) for segments, _ in rows], seed)
     overhead = len(encode_ids(tokenizer, [render_chat(tokenizer, [pool[0]])[0]])[0]) - 1
     rng = random.Random(f"{name.split('-')[0]}:{seed}:words")  # classify's variants: the same prompts
     words: dict[str, str] = {}  # a segment's words, drawn where its key first appears
@@ -169,6 +179,15 @@ def make_workload(name: str, tokenizer: Any, num_rows: int, *, seed: int = 0, sc
     groups = [segments[0][0] for segments, _ in rows] if name in DOCQA_SHAPES else None
     return Workload(name, texts, prompts, encode_ids(tokenizer, prompts), [output for _, output in rows],
                     CONSTRAINTS.get(name), groups)
+
+
+def _embed_workload(name: str, tokenizer: Any, pool: list[str], lengths: list[int], seed: int) -> Workload:
+    """Raw texts of the sampled lengths, token ids as `qbatch embed` and LLM.embed make them (the
+    tokenizer's special tokens included)."""
+    rng = random.Random(f"{name}:{seed}:words")
+    overhead = len(tokenizer(pool[0])["input_ids"]) - 1
+    texts = [" ".join(rng.choices(pool, k=max(1, length - overhead))) for length in lengths]
+    return Workload(name, texts, texts, tokenizer(texts)["input_ids"], [0] * len(texts), task="embed")
 
 
 def word_pool(tokenizer: Any, size: int = WORD_POOL_SIZE) -> list[str]:

@@ -6,9 +6,10 @@ Small frozen dataclasses: they travel pickled, between spawned processes or Ray 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from qbatch.errors import QbatchError
-from qbatch.records import Completion, Sample
+from qbatch.records import Completion, Embedding, Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,19 @@ class Output:
         return cls(completion.text, completion.finish_reason, completion.num_completion_tokens,
                    completion.num_cached_tokens, completion.error, completion.logprobs,
                    tuple(completion.more_samples))
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingOutput:
+    """An embedding as it travels back from a worker, without its request."""
+
+    vector: Any  # numpy float32, 1-D; None when refused
+    num_cached_tokens: int
+    error: str | None
+
+    @classmethod
+    def of(cls, embedding: Embedding) -> EmbeddingOutput:
+        return cls(embedding.vector, embedding.num_cached_tokens, embedding.error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +65,7 @@ class Done:
 
     rank: int
     chunk_index: int
-    outputs: list[Output]
+    outputs: list[Output] | list[EmbeddingOutput]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +116,14 @@ class Stop:
 Message = Want | Ready | Done | Failed | Stats
 
 
-def pack(completions: list[Completion]) -> list[Output]:
-    """Completions without their requests: the coordinator still holds those."""
-    return [Output.of(c) for c in completions]
+def pack(completions: list[Completion] | list[Embedding]) -> list[Output] | list[EmbeddingOutput]:
+    """Completions (or embeddings) without their requests: the coordinator still holds those."""
+    return [EmbeddingOutput.of(c) if isinstance(c, Embedding) else Output.of(c) for c in completions]
 
 
-def unpack(requests: list, outputs: list[Output]) -> list[Completion]:
-    """The completions of a chunk's requests from the outputs a worker sent back."""
-    return [Completion(request, o.text, o.finish_reason, o.num_completion_tokens, o.num_cached_tokens, o.error,
+def unpack(requests: list, outputs: list[Output] | list[EmbeddingOutput]) -> list[Completion] | list[Embedding]:
+    """The completions (or embeddings) of a chunk's requests from the outputs a worker sent back."""
+    return [Embedding(request, o.vector, o.num_cached_tokens, o.error) if isinstance(o, EmbeddingOutput) else
+            Completion(request, o.text, o.finish_reason, o.num_completion_tokens, o.num_cached_tokens, o.error,
                        o.logprobs, list(o.more_samples))
             for request, o in zip(requests, outputs, strict=True)]

@@ -18,6 +18,7 @@ import time
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from qbatch.engines import compile_cache
@@ -27,7 +28,7 @@ from qbatch.engines.messages import EngineSample
 from qbatch.engines.platform import bind_cpu_cores, cpu_has_bf16, engine_arg_names, on_cpu, on_hopper
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.errors import EngineError, MissingDependency, SpecError, first_line
-from qbatch.records import Completion, Request, Sample
+from qbatch.records import Completion, Embedding, Request, Sample
 from qbatch.spec import EngineSpec
 
 # Requests kept in the engine, as a multiple of max_num_seqs: enough that the scheduler
@@ -69,6 +70,7 @@ class OpenChunk:
 class VllmEngine:
     """vLLM's offline engine, driven request by request so it never drains between chunks."""
 
+    embeds = False  # an embedding engine (task "embed"): PoolingParams in, Embeddings out
     # telemetry: counted as requests finish, read by another thread once a second (sample())
     _log_stats = False
     _in_flight: dict[str, tuple[int, int]] = {}  # the running run's requests (replaced, never changed, here)
@@ -83,7 +85,8 @@ class VllmEngine:
             raise MissingDependency(
                 "vLLM is not installed", hint="pip install 'qbatch[cpu]' (CPU) or 'qbatch[gpu]' (CUDA)"
             ) from None
-        kwargs = engine_kwargs(spec, max_model_len, tuned=tuned)
+        kwargs = engine_kwargs(spec, max_model_len, tuned=tuned, model_path=model_path)
+        self.embeds = spec.task == "embed"
         if on_cpu():
             bind_cpu_cores()
         try:
@@ -93,7 +96,7 @@ class VllmEngine:
             raise start_error(spec.model, exc, "".join(logged)) from exc
         try:
             self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
-            self._decoder = FinalDecoder.for_llm(self.llm)
+            self._decoder = None if self.embeds else FinalDecoder.for_llm(self.llm)
             self._watchdog = EngineWatchdog(self.llm.llm_engine)
         except BaseException:
             self._shutdown()  # the engine processes would outlive a worker that fails here
@@ -194,15 +197,20 @@ class VllmEngine:
         slots = state.slots
         for pos, request in enumerate(chunk.requests):
             try:
-                params = SamplingParams(**_vllm_sampling(request.sampling), output_kind=RequestOutputKind.FINAL_ONLY,
-                                        detokenize=self._vllm_detokenizes(request))
+                if self.embeds:
+                    params = pooling_params()
+                else:
+                    params = SamplingParams(**_vllm_sampling(request.sampling), output_kind=RequestOutputKind.FINAL_ONLY,
+                                            detokenize=self._vllm_detokenizes(request))
                 request_id = f"q{self._next_id}"
                 self._next_id += 1
                 engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params)
             except _engine_dead_errors() as exc:  # the engine died between steps: no row's fault
                 raise self._failed(exc) from exc
             except (ValueError, TypeError, *_request_errors()) as exc:  # a row vLLM rejects fails alone
-                slots[pos] = Completion(request, "", None, 0, error=f"vLLM rejected the request: {first_line(exc)}")
+                error = f"vLLM rejected the request: {first_line(exc)}"
+                slots[pos] = Embedding(request, None, error=error) if self.embeds else \
+                    Completion(request, "", None, 0, error=error)
                 state.remaining -= 1
                 continue
             in_flight[request_id] = (chunk.index, pos)
@@ -223,6 +231,8 @@ class VllmEngine:
 
     def _finish(self, open_chunks, index, pos, output):
         state = open_chunks[index]
+        if self.embeds:
+            return self._finish_embedding(open_chunks, state, index, pos, output)
         completion = output.outputs[0]
         top = state.chunk.requests[pos].sampling.get("logprobs")
         state.slots[pos] = Completion(
@@ -253,6 +263,47 @@ class VllmEngine:
             for p, text in zip(positions, texts, strict=True):
                 state.slots[p].text = text
         return state.chunk, state.slots
+
+    def _finish_embedding(self, open_chunks, state, index, pos, output):
+        """A pooled vector (vLLM's PoolingRequestOutput: outputs.data, a tensor) into its chunk's slot."""
+        request = state.chunk.requests[pos]
+        state.slots[pos] = Embedding(request, output.outputs.data.float().cpu().numpy(), output.num_cached_tokens or 0)
+        self._num_finished += 1
+        self._num_prompt_tokens += request.num_prompt_tokens
+        self._num_cached_tokens += output.num_cached_tokens or 0
+        state.remaining -= 1
+        if state.remaining:
+            return None
+        del open_chunks[index]
+        return state.chunk, state.slots
+
+
+def pooling_params() -> Any:
+    """vLLM's PoolingParams of an embedding request: the pooled vector as the model gives it (qbatch
+    truncates and normalizes it: output/embeddings.py). The switch is `normalize` where vLLM has it
+    (0.2x), else `use_activation` (0.32: for task "embed" it is the normalization). A new object a
+    request: vLLM fills in its defaults on it."""
+    from vllm import PoolingParams
+
+    fields = getattr(PoolingParams, "__struct_fields__", ())
+    switch = "normalize" if "normalize" in fields else "use_activation"
+    return PoolingParams(task="embed", **{switch: False})
+
+
+def pooling_kwargs(model_path: str | None) -> dict[str, Any]:
+    """LLM(...) arguments of an embedding engine: vLLM's pooling runner, and a decoder (`...ForCausalLM`,
+    Qwen3 and Qwen3-Embedding alike) converted into an embedding model (its last token's hidden state,
+    vLLM's default pooling for a converted decoder and Qwen3-Embedding's own)."""
+    import json
+
+    kwargs: dict[str, Any] = {"runner": "pooling"}
+    try:
+        architectures = json.loads((Path(model_path or "") / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        architectures = ["ForCausalLM"]  # a hub name: the models qbatch serves are decoders
+    if any(str(a).endswith("ForCausalLM") for a in architectures):
+        kwargs["convert"] = "embed"
+    return kwargs
 
 
 class EngineWatchdog:
@@ -345,10 +396,12 @@ def _engine_processes(llm_engine: Any) -> list[Any]:
     return processes or psutil.Process().children(recursive=False)
 
 
-def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -> dict[str, Any]:
+def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True,
+                  model_path: str | None = None) -> dict[str, Any]:
     """LLM(...) keyword arguments: qbatch's throughput defaults, then the user's settings.
 
     tuned=False leaves out qbatch's throughput settings (vLLM's own defaults, for benchmarks).
+    `model_path` tells an embedding engine (task "embed") whether the model is a decoder to convert.
     """
     kwargs: dict[str, Any] = {
         "dtype": spec.dtype,
@@ -373,6 +426,8 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True) -
         # The top-level name as well: vLLM builds its ReasoningConfig (what enforces a request's
         # thinking_token_budget) from this one only, not from structured_outputs_config's.
         kwargs["reasoning_parser"] = spec.reasoning_parser
+    if spec.task == "embed":
+        kwargs.update(pooling_kwargs(model_path))
     if on_cpu():
         kwargs.update(_cpu_defaults(spec))
     if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.errors import ModelError, RowError, SpecError, first_line
-from qbatch.records import Failure, Request, Row
+from qbatch.records import EMBED_SAMPLING, Failure, Request, Row
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.spec import JobSpec
 from qbatch.inputs.validate import (
-    OPENAI_URLS, check_messages, check_text, keys, render_template, response_format, sampling_overrides,
+    EMBEDDINGS_URL, OPENAI_URLS, check_messages, check_text, keys, render_template, response_format, sampling_overrides,
     thinking_flag,
 )
 from qbatch.sampling import FLOAT_PARAMS, INT_PARAMS, check_params, row_seed, to_vllm
@@ -153,11 +153,12 @@ class Preparer:
         self.max_model_len = max_model_len
         self.base_sampling = base_sampling
         self.positional_prefix = positional_prefix
-        self.model_thinks = "</think>" in tokenizer.get_vocab()
+        self.embeds = spec.engine.task == "embed"  # text in, vectors out: no chat template, no output tokens
+        self.model_thinks = "</think>" in tokenizer.get_vocab() and not self.embeds
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
         self.splicer = ChatSplicer(_chat_template(tokenizer) if self.has_template else None, self._apply_template)
         self._backend_agrees: dict[bool, bool] = {}  # add_special_tokens -> backend gives tokenizer()'s ids
-        if not self.input.raw and not self.has_template and self.input.shape != "openai":
+        if not self.input.raw and not self.has_template and self.input.shape != "openai" and not self.embeds:
             raise SpecError(
                 "the model has no chat template, so prompts cannot be sent as chat turns",
                 hint="pass --raw to send prompt text as is",
@@ -189,6 +190,8 @@ class Preparer:
         data = row.data
         own_id(data, self.input.id_column)  # raises missing_id: an id column without a usable value
         shape = self._shape(data)
+        if self.embeds:
+            return self._draft_embed(row, rid, data, shape)
         if shape == "openai":
             return self._draft_openai(row, rid, data)
         overrides = sampling_overrides(data)
@@ -208,17 +211,63 @@ class Preparer:
         messages = self._with_system([{"role": "user", "content": text}])
         return Draft(row, rid, messages, None, overrides, thinking, self._extra(data, used))
 
-    def _draft_openai(self, row: Row, rid: str, data: dict[str, Any]) -> Draft:
+    def _draft_embed(self, row: Row, rid: str, data: dict[str, Any], shape: str) -> Draft:
+        """An embedding row: its text as is (no chat template), the query instruction in front of it."""
+        if shape == "openai":
+            text = self._openai_input(row, data)
+            extra: dict[str, Any] = {"url": data["url"]}
+        elif shape == "chat":
+            raise RowError("unsupported_shape", f"'{self.input.messages_column}' holds chat messages; an embedding "
+                                                f"takes text: a '{self.input.prompt_column}' column (--prompt-column), "
+                                                "--template or OpenAI /v1/embeddings lines")
+        elif shape == "template":
+            text = render_template(self.input.template or "", data)
+            extra = self._extra(data, None)
+        else:
+            text = check_text(data.get(self.input.prompt_column), self.input.prompt_column, data)
+            extra = self._extra(data, self.input.prompt_column)
+        instruction = self.spec.embed.instruction
+        if instruction:  # Qwen3-Embedding's query format (its model card); documents go without one
+            text = f"Instruct: {instruction}\nQuery:{text}"
+        return Draft(row, rid, None, text, {}, None, extra)
+
+    def _openai_input(self, row: Row, data: dict[str, Any]) -> str:
+        """The text of an OpenAI /v1/embeddings batch line: one `input` string a line."""
+        body = self._openai_body(row, data, urls=(EMBEDDINGS_URL,))
+        value = body.get("input")
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+            value = value[0]
+        if isinstance(value, list):
+            raise RowError("bad_body", f"body.input holds {len(value)} items; qbatch embeds one input a line "
+                                       "(one custom_id a vector): split them into lines of their own")
+        dimensions = body.get("dimensions")
+        if dimensions is not None and dimensions != self.spec.embed.dimensions:
+            raise RowError("bad_body", f"body.dimensions is {dimensions!r} but the job's --dimensions is "
+                                       f"{self.spec.embed.dimensions}; every vector of a job has one size")
+        if body.get("encoding_format") not in (None, "float"):
+            raise RowError("bad_body", f"body.encoding_format {body['encoding_format']!r} is not supported; "
+                                       "leave it out or use 'float'")
+        return check_text(value, "body.input", body)
+
+    def _openai_body(self, row: Row, data: dict[str, Any], *, urls: Any) -> dict[str, Any]:
+        """A batch line's body, once its custom_id and url are checked against the urls this job takes."""
         if data.get("custom_id") is None:
             where = f"line {row.line}" if row.line is not None else f"row {row.row_index}"
             raise RowError("missing_id", f"OpenAI batch request has no 'custom_id' ({where}); every request needs "
                                          "its own, to match its result")
         url = data.get("url")
         body = data.get("body")
-        if url not in OPENAI_URLS:
-            raise RowError("unsupported_url", f"url must be one of {', '.join(OPENAI_URLS)}; got {url!r}")
+        if url not in urls:
+            other = "`qbatch run`" if url in OPENAI_URLS else "`qbatch embed`" if url == EMBEDDINGS_URL else None
+            needs = f" ({url} lines need {other})" if other else ""
+            raise RowError("unsupported_url", f"url must be one of {', '.join(urls)}; got {url!r}{needs}")
         if not isinstance(body, dict):
             raise RowError("bad_body", f"'body' must be an object, got {type(body).__name__}")
+        return body
+
+    def _draft_openai(self, row: Row, rid: str, data: dict[str, Any]) -> Draft:
+        body = self._openai_body(row, data, urls=tuple(OPENAI_URLS))
+        url = data["url"]
         params = {k: body[k] for k in (*FLOAT_PARAMS, *INT_PARAMS, "stop", "logprobs")
                   if k in body and body[k] is not None}
         if body.get("max_completion_tokens") is not None:
@@ -260,7 +309,7 @@ class Preparer:
             return True
         if "custom_id" in data:
             return "body" in data or "url" in data
-        return isinstance(data.get("body"), dict) and data.get("url") in OPENAI_URLS  # a request that lost its id
+        return isinstance(data.get("body"), dict) and data.get("url") in (*OPENAI_URLS, EMBEDDINGS_URL)  # lost its id
 
     def _with_system(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.input.system_prompt and not any(m["role"] == "system" for m in messages):
@@ -274,7 +323,7 @@ class Preparer:
         except RowError:
             return {}  # the row fails: it carries nothing
         if shape == "openai":
-            return {"url": data["url"]} if data.get("url") in OPENAI_URLS else {}
+            return {"url": data["url"]} if data.get("url") in (*OPENAI_URLS, EMBEDDINGS_URL) else {}
         used = {"chat": self.input.messages_column, "prompt": self.input.prompt_column}.get(shape)
         return self._extra(data, used)
 
@@ -383,6 +432,8 @@ class Preparer:
         num = len(ids)
         if num == 0:
             raise RowError("empty_prompt", "prompt is empty after tokenization")
+        if self.embeds:
+            return self._embed_request(draft, ids)
         if num >= self.max_model_len:
             raise RowError(
                 "prompt_too_long",
@@ -399,3 +450,34 @@ class Preparer:
         prompt = draft.text if self.spec.output.include_prompt else None
         return Request(draft.id, draft.row.source_index, draft.row.row_index, ids, sampling, thinking,
                        draft.extra, prompt)
+
+    def _embed_request(self, draft: Draft, ids: list[int]) -> Request:
+        """An embedding request: the whole input fits max_model_len (vLLM's pooling runner takes a prompt
+        of max_model_len tokens, no room for output needed), or with --truncate its first tokens do."""
+        if len(ids) > self.max_model_len:
+            if not self.spec.embed.truncate:
+                raise RowError("prompt_too_long", f"input has {len(ids)} tokens but max_model_len is "
+                                                  f"{self.max_model_len}; pass --truncate to embed its first "
+                                                  f"{self.max_model_len} tokens, or raise --max-model-len")
+            ids = self._truncated(ids)
+        prompt = draft.text if self.spec.output.include_prompt else None
+        return Request(draft.id, draft.row.source_index, draft.row.row_index, ids, dict(EMBED_SAMPLING), None,
+                       draft.extra, prompt)
+
+    def _truncated(self, ids: list[int]) -> list[int]:
+        """The first max_model_len tokens, keeping the special tokens the tokenizer appends (Qwen3-Embedding's
+        <|endoftext|>, whose last-token pooling reads it): what the tokenizer's own truncation gives."""
+        suffix = self._special_suffix
+        if suffix and ids[-len(suffix):] == suffix:
+            return ids[:self.max_model_len - len(suffix)] + suffix
+        return ids[:self.max_model_len]
+
+    @functools.cached_property
+    def _special_suffix(self) -> list[int]:
+        """The special tokens the tokenizer appends to a text (none for most decoders)."""
+        plain = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        full = self.tokenizer("a")["input_ids"]
+        for start in range(len(full) - len(plain) + 1):
+            if full[start:start + len(plain)] == plain:
+                return full[start + len(plain):]
+        return []

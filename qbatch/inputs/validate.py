@@ -12,7 +12,8 @@ from qbatch.errors import RowError
 from qbatch.sampling import GUIDED_COLUMNS, SAMPLING_KEY_SET, SAMPLING_KEYS, check_params
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
-OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}  # generation (`qbatch run`)
+EMBEDDINGS_URL = "/v1/embeddings"  # `qbatch embed`
 OVERRIDE_KEY_SET = SAMPLING_KEY_SET | {"sampling_params"} | GUIDED_COLUMNS.keys()
 
 

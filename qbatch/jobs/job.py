@@ -10,12 +10,13 @@ the engine gets).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from qbatch.engines.base import hidden_size
 from qbatch.engines.placement import engines_per_gpu
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
@@ -29,7 +30,7 @@ from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.folder import DUPLICATE_ID, input_identity
 from qbatch.records import Failure, Request, Row
 from qbatch.sampling import SAMPLING_KEY_SET
-from qbatch.spec import JobSpec, parse_shard
+from qbatch.spec import EmbedSpec, JobSpec, parse_shard
 
 MAX_LISTED_DUPLICATES = 10
 
@@ -119,6 +120,8 @@ class Job:
             raise SpecError("--thinking-token-budget needs a reasoning parser, and qbatch knows none for this model "
                             "(vLLM would refuse every row)", hint="pass --reasoning-parser NAME (vLLM's parser names)")
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
+        if spec.engine.task == "embed":
+            check_dimensions(spec, model_path)
         return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens)
 
     @cached_property
@@ -140,6 +143,9 @@ class Job:
         """What the results depend on; hashes every input once (with the prefix the `previous`
         manifest's fingerprint saw of each input, so that appended rows can resume)."""
         settings = self.spec.result_settings()
+        if settings["task"] == "generate":  # the embedding settings change no generation: fingerprints as before them
+            for name in ("task", *(f.name for f in fields(EmbedSpec))):
+                settings.pop(name)
         structured = self.spec.sampling.structured_outputs()
         if structured is not None:  # the schema or grammar files' content, not their names
             settings["structured_outputs"] = structured
@@ -283,3 +289,12 @@ class Job:
             more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
             raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
+
+
+def check_dimensions(spec: JobSpec, model_path: str) -> None:
+    """--dimensions keeps the first N values of the model's vectors: at most its hidden size (checked
+    before the model loads, from config.json; a model whose config does not say is checked by its output)."""
+    size = hidden_size(model_path)
+    if spec.embed.dimensions is not None and size is not None and spec.embed.dimensions > size:
+        raise SpecError(f"dimensions must be at most the model's embedding size {size}, got {spec.embed.dimensions}",
+                        where="--dimensions", hint=f"pass --dimensions N with 1 <= N <= {size}, or leave it out")

@@ -33,9 +33,10 @@ from qbatch.log import log
 from qbatch.output.assemble import assemble
 from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_manifest
 from qbatch.output.folder import ERROR_PREFIX, RESULT_PREFIX, OutputDir
+from qbatch.output.embeddings import embeddings_table
 from qbatch.output.tables import failures_table, results_table
 from qbatch.records import Failure
-from qbatch.spec import JobSpec
+from qbatch.spec import EmbedSpec, JobSpec
 
 
 def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Progress] = Progress) -> Summary:
@@ -77,7 +78,7 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
         todo = scan.num_todo
         recorded = from_manifest(previous)
         column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
-        summary = Summary(str(out.path), "running", rows_skipped=len(done),
+        summary = Summary(str(out.path), "running", rows_skipped=len(done), task=spec.engine.task,
                           engine_choice=choice.reason if choice else None)
         manifest = new_manifest(spec, job.model_path, previous, fingerprint, status="running")
         manifest.update(engine_choice=summary.engine_choice)
@@ -156,7 +157,7 @@ def _generate_with(job: Job, windows: Stages, out: OutputDir, summary: Summary, 
     windows.start()
     for chunk, completions in engine.run(_chunks(windows, out, summary, progress)):
         _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt,
-                     column_types)
+                     column_types, embed=job.spec.embed if job.spec.engine.task == "embed" else None)
     summary.generate_s = time.monotonic() - gen_start
 
 
@@ -178,11 +179,16 @@ def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, 
 
 
 def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
-                 sources: list[str], gen_start: float, include_prompt: bool, column_types: ColumnTypes) -> None:
+                 sources: list[str], gen_start: float, include_prompt: bool, column_types: ColumnTypes, *,
+                 embed: EmbedSpec | None = None) -> None:
+    """One finished chunk's results (Completions, or with `embed` Embeddings) and refused rows into parts."""
     ok = [c for c in completions if c.error is None]
     refused = [Failure(c.request.id, sources[c.request.source_index], c.request.row_index, None, "engine_rejected",
                        c.error) for c in completions if c.error is not None]
-    if ok:
+    if ok and embed is not None:
+        out.write_part(RESULT_PREFIX, embeddings_table(ok, sources, embed, include_prompt=include_prompt,
+                                                       column_types=column_types))
+    elif ok:
         out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt,
                                                     column_types=column_types))
     if refused:

@@ -31,12 +31,17 @@ class Summary:
     total_failed: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     chunks: list[dict[str, Any]] = field(default_factory=list)
+    task: str = "generate"  # or "embed": no output tokens, the summary counts input tokens
     engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (jobs/shape.py)
 
     def count_failures(self, failures: list[Failure]) -> None:
         self.rows_failed += len(failures)
         for f in failures:
             self.failures_by_kind[f.error] = self.failures_by_kind.get(f.error, 0) + 1
+
+    @property
+    def prompt_tok_s(self) -> float:
+        return self.prompt_tokens / self.generate_s if self.generate_s else 0.0
 
     @property
     def output_tok_s(self) -> float:

@@ -14,6 +14,8 @@ from typing import Any
 import polars as pl
 
 from qbatch._fs import atomic_write
+from qbatch.output.embeddings import openai_embedding
+from qbatch.output.ranges import sink_by_ranges
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir
 from qbatch.output.tables import ERROR_SCHEMA
 
@@ -45,8 +47,12 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
                 [*ORDER, "sample_index"])
         else:
             results_frame = results.filter(pl.col("id").is_first_distinct()).sort(ORDER)
-    atomic_write(out.path / "results.parquet",
-                 lambda tmp: results_frame.drop("source_index").sink_parquet(tmp, compression="zstd"))
+    if results is not None and "embedding" in results.collect_schema().names():
+        # 4 KB a row: sorted a range at a time, never the whole corpus in memory (ranges.py)
+        atomic_write(out.path / "results.parquet", lambda tmp: sink_by_ranges(results, tmp))
+    else:
+        atomic_write(out.path / "results.parquet",
+                     lambda tmp: results_frame.drop("source_index").sink_parquet(tmp, compression="zstd"))
 
     errors = _scan(out.part_files(ERROR_PREFIX) if error_parts is None else error_parts)
     if errors is None:
@@ -94,7 +100,7 @@ def write_openai_jsonl(folder: Path, model: str | None = None, *, results_path: 
     created = int(time.time())
 
     def write_results(handle: Any) -> None:
-        for rows in _by_id(pl.read_parquet(folder / "results.parquet")):
+        for rows in _by_id(_slices(folder / "results.parquet")):
             handle.write(json_line(_openai_ok(rows, model, created)))
 
     def write_errors(handle: Any) -> None:
@@ -123,10 +129,18 @@ def _write_with(path: Path, write: Any) -> None:
         write(handle)
 
 
-def _by_id(frame: pl.DataFrame) -> Any:
+def _slices(path: Path) -> Any:
+    """The rows of a Parquet file, JSONL_SLICE_ROWS at a time (a million embeddings are 4 GB)."""
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(JSONL_SLICE_ROWS):
+        yield pl.from_arrow(batch)
+
+
+def _by_id(slices: Any) -> Any:
     """The result rows of each id together (its samples: assembly keeps them adjacent, in order)."""
     group: list[dict[str, Any]] = []
-    for slice_ in frame.iter_slices(JSONL_SLICE_ROWS):
+    for slice_ in slices:
         for row in slice_.iter_rows(named=True):
             if group and row["id"] != group[0]["id"]:
                 yield group
@@ -140,6 +154,10 @@ def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> d
     """One response for an id: a choice a sample. The content is `parsed` when the answer parsed
     (the JSON re-serialized, or the choice), else the text."""
     row = rows[0]
+    if "embedding" in row:  # qbatch embed: OpenAI's embeddings response
+        return {"id": f"batch_req_{row['id']}", "custom_id": row["id"],
+                "response": {"status_code": 200, "request_id": row["id"], "body": openai_embedding(row, model)},
+                "error": None}
     completion_tokens = sum(r["completion_tokens"] for r in rows)
     usage = {"prompt_tokens": row["prompt_tokens"], "completion_tokens": completion_tokens,
              "total_tokens": row["prompt_tokens"] + completion_tokens}

@@ -59,17 +59,7 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
         "source_index": [r.source_index for r in requests],
         "row_index": [r.row_index for r in requests],
     }
-    if column_types is None:
-        key_orders = dict.fromkeys(tuple(r.extra) for r in requests)  # rows mostly share one: cheaper than per-row dicts
-        names = list(dict.fromkeys(name for order in key_orders for name in order))
-    else:
-        names = list(column_types)
-    carried: dict[str, pa.Array] = {}
-    for name in names:
-        if name not in columns and name not in RESULT_COLUMNS:
-            values = [r.extra.get(name) for r in requests]
-            carried[name] = _array(name, values) if column_types is None else _typed_array(values, column_types[name])
-    columns.update(carried)
+    columns.update(carried_columns(requests, column_types, skip=RESULT_COLUMNS))
     if include_prompt:
         columns["prompt"] = [r.prompt for r in requests]
     if any(r.thinking is not None for r in requests):
@@ -87,6 +77,24 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
         columns["sample_index"] = pa.array(sample_indexes, type=pa.int32())
     columns.update(sample_columns(completions, columns["text"]))
     return pa.table({name: _array(name, values) for name, values in columns.items()})
+
+
+def carried_columns(requests: list[Any], column_types: dict[str, pa.DataType | None] | None, *,
+                    skip: set[str]) -> dict[str, pa.Array]:
+    """The requests' carried input columns as arrays, in the types decided for the whole input
+    (None: inferred from these rows alone); columns named in `skip` (the result's own) are left out."""
+    if column_types is None:
+        key_orders = dict.fromkeys(tuple(r.extra) for r in requests)  # rows mostly share one: cheaper than per-row dicts
+        names = list(dict.fromkeys(name for order in key_orders for name in order))
+    else:
+        names = list(column_types)
+    carried: dict[str, pa.Array] = {}
+    for name in names:
+        if name in skip:
+            continue
+        values = [r.extra.get(name) for r in requests]
+        carried[name] = _array(name, values) if column_types is None else _typed_array(values, column_types[name])
+    return carried
 
 
 RESULT_COLUMNS = {"id", "source", "source_index", "row_index", "prompt", *(name for name, _ in RESULT_TAIL),

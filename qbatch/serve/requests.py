@@ -11,9 +11,9 @@ import json
 from collections.abc import Iterable
 
 from qbatch.errors import InputError
-from qbatch.inputs.validate import OPENAI_URLS
+from qbatch.inputs.validate import EMBEDDINGS_URL, OPENAI_URLS
 
-ENDPOINTS = tuple(OPENAI_URLS)
+ENDPOINTS = (*OPENAI_URLS, EMBEDDINGS_URL)  # embeddings batches run as `qbatch embed` (worker.py)
 
 
 def check_batch_lines(lines: Iterable[bytes], *, max_requests: int) -> tuple[int, set[str]]:
@@ -43,7 +43,7 @@ def check_batch_lines(lines: Iterable[bytes], *, max_requests: int) -> tuple[int
         if request.get("method", "POST") != "POST":
             raise InputError(f"line {number}: method must be POST, got {request.get('method')!r}", where=where)
         url = request.get("url")
-        if url not in OPENAI_URLS:
+        if url not in ENDPOINTS:
             raise InputError(f"line {number}: unsupported url {url!r}; supported: {', '.join(ENDPOINTS)}",
                              where=where)
         if not isinstance(request.get("body"), dict):

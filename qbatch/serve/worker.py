@@ -16,6 +16,7 @@ from typing import Any
 
 from qbatch._fs import atomic_write
 from qbatch.errors import QbatchError, first_line
+from qbatch.inputs.validate import EMBEDDINGS_URL
 from qbatch.log import log
 from qbatch.log import setup as setup_log
 from qbatch.output.assemble import assemble, json_line, write_openai_jsonl
@@ -106,11 +107,12 @@ class BatchWorker(threading.Thread):
         self._session_run(["warm up"], max_tokens=1, progress="none")
         log.info(f"serve: engines ready (model {self.settings.model})")
 
-    def _session_run(self, data: Any, **settings: Any) -> None:
-        """`Session.run`, then the logger back at INFO: a run sets it from its `progress` (WARNING for
-        none), and the service's state-change lines must show whatever the runs' progress."""
+    def _session_run(self, data: Any, *, embed: bool = False, **settings: Any) -> None:
+        """`Session.run` (`embed`: Session.embed_result, `qbatch embed`'s job), then the logger back at INFO:
+        a run sets it from its `progress` (WARNING for none), and the service's state-change lines must
+        show whatever the runs' progress."""
         try:
-            self.session.run(data, **settings)
+            (self.session.embed_result if embed else self.session.run)(data, **settings)
         finally:
             setup_log("log")
 
@@ -156,8 +158,10 @@ class BatchWorker(threading.Thread):
                 raise StopBatch("expire")
 
         try:
-            self._session_run(source["path"], output_dir=folder, on_progress=on_progress,
-                              **{"progress": "log", **self.settings.job})
+            # /v1/embeddings batches: the service's model as an embedding model, on an engine of its own
+            # started by the first such batch (on a GPU, leave it room: --gpu-memory-utilization)
+            self._session_run(source["path"], embed=batch["endpoint"] == EMBEDDINGS_URL, output_dir=folder,
+                              on_progress=on_progress, **{"progress": "log", **self.settings.job})
         except StopBatch as stop:
             if stop.reason == "shutdown":
                 log.info(f"serve: batch {batch_id} stopped by the shutdown; it resumes on the next start")

@@ -126,6 +126,37 @@ class Session:
             summary = self._run_spec(spec, on_progress)
             return _read_result(summary, None if output_dir is None else str(folder))
 
+    def embed(self, data: Any, *, output_dir: str | os.PathLike | None = None, **job_settings: Any) -> pl.DataFrame:
+        """Embedding vectors of every row of `data`, as `qbatch embed` makes them: id, the input's other
+        columns, embedding (an Array of floats) and prompt_tokens, in input order.
+
+        `data` is what run() takes (a list of strings: texts with ids "0", "1", ...); settings are
+        `qbatch embed`'s (dimensions, normalize, instruction, truncate, embedding_dtype, template, ...).
+        A row that cannot be embedded raises (embed_result() returns the errors instead). The model is
+        the session's: Session(model="Qwen/Qwen3-Embedding-0.6B").embed(texts).
+        """
+        result = self.embed_result(data, output_dir=output_dir, **job_settings)
+        if result.errors.height:
+            from qbatch.errors import InputError
+
+            first = result.errors.row(0, named=True)
+            raise InputError(f"{result.errors.height} rows could not be embedded; the first: {first['error']}: "
+                             f"{first['message']}", where=f"id {first['id']}",
+                             hint="truncate=True embeds the start of over-long texts; session.embed_result(...) "
+                                  "returns the rows that worked and an errors frame")
+        return result.results
+
+    def embed_result(self, data: Any, *, output_dir: str | os.PathLike | None = None,
+                     on_progress: Callable[[int, int], None] | None = None, **job_settings: Any) -> RunResult:
+        """embed() with its errors: a RunResult, as run() returns (the same job path, task "embed")."""
+        self._check_open()
+        values = {**self._job_values(job_settings), "task": "embed"}  # an engine of its own, closed with the session
+        with _output_folder(output_dir) as folder:
+            values.update(inputs=input_paths(data, folder), output_dir=str(folder))
+            spec = JobSpec.from_flat(values, source="session.embed(...)")
+            summary = self._run_spec(spec, on_progress)
+            return _read_result(summary, None if output_dir is None else str(folder))
+
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
         """Completions of prompt strings, in order (each sent as a user turn through the chat template)."""
         return _texts(self.replies("prompt", list(prompts), **settings))

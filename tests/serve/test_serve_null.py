@@ -83,7 +83,7 @@ def test_batch_past_its_completion_window_expires(make_service):
 BAD_FILES = {
     "non-JSONL": (b"custom_id,prompt\na,hello\n", "line 1 is not JSON"),
     "duplicate custom_id": (requests_jsonl(2) + requests_jsonl(1), "duplicate custom_id 'req-0' on line 3"),
-    "unknown endpoint in a line": (requests_jsonl(1, url="/v1/embeddings"), "line 1: unsupported url '/v1/embeddings'"),
+    "unknown endpoint in a line": (requests_jsonl(1, url="/v1/moderations"), "line 1: unsupported url '/v1/moderations'"),
     "empty file": (b"\n", "the file holds no requests"),
     "too many requests": (requests_jsonl(6), "more than 5 requests"),
 }
@@ -121,7 +121,7 @@ def test_bad_requests_are_4xx_in_openais_shape_and_the_service_keeps_serving(mak
         (_raw(base_url, "POST", "/files", content=b"{}", headers={"content-type": "application/json"}), 400, "file"),
         (_raw(base_url, "POST", "/files", files={"file": ("x.jsonl", requests_jsonl(200))},
               data={"purpose": "batch"}), 413, "over the limit of 2000 bytes"),
-        (_raw(base_url, "POST", "/batches", json={"input_file_id": good.id, "endpoint": "/v1/embeddings",
+        (_raw(base_url, "POST", "/batches", json={"input_file_id": good.id, "endpoint": "/v1/moderations",
                                                  "completion_window": "24h"}), 400, "unsupported endpoint"),
         (_raw(base_url, "POST", "/batches", json={"input_file_id": good.id, "endpoint": "/v1/chat/completions",
                                                  "completion_window": "1h"}), 400, "completion_window"),

@@ -84,10 +84,10 @@ def test_output_dir_resumes_after_an_interrupted_call(session, tmp_path, monkeyp
     data = pl.DataFrame(_rows(60))
     write_chunk, written = runner._write_chunk, []
 
-    def interrupt_after_two_chunks(chunk, *args):
+    def interrupt_after_two_chunks(chunk, *args, **kwargs):
         if len(written) == 2:
             raise KeyboardInterrupt
-        write_chunk(chunk, *args)
+        write_chunk(chunk, *args, **kwargs)
         written.append(chunk.index)
 
     monkeypatch.setattr(runner, "_write_chunk", interrupt_after_two_chunks)
