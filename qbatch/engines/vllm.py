@@ -46,6 +46,9 @@ EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 # percent of output speed, a good trade for batch jobs of minutes (docs/benchmarks.md). Long jobs
 # may gain from compiling: QBATCH_VLLM_ARGS='{"compilation_config": {"mode": 3}}' brings it back.
 FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "FULL"}
+# An embedding engine only prefills: its batches are thousands of tokens, past any captured graph,
+# so it starts without compiling or capturing (every runner and attention backend takes that).
+EMBED_FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "NONE"}
 # vLLM captures graphs for batches of up to 512 tokens; a decode step of more sequences (up to
 # throughput mode's 2,048) then ran without one, each of its kernels launched from Python with
 # no torch.compile to fuse them. qbatch adds sizes every 128 up to max_num_seqs (~1 s of capture).
@@ -433,8 +436,8 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True,
     if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():
         kwargs["performance_mode"] = spec.performance_mode
     if tuned and not kwargs.get("enforce_eager") and not spec.compilation_mode and on_hopper():
-        kwargs["compilation_config"] = {**FAST_START_COMPILATION,
-                                        "cudagraph_capture_sizes": cuda_graph_sizes(spec.max_num_seqs)}
+        kwargs["compilation_config"] = EMBED_FAST_START_COMPILATION if spec.task == "embed" else {
+            **FAST_START_COMPILATION, "cudagraph_capture_sizes": cuda_graph_sizes(spec.max_num_seqs)}
     elif spec.compilation_mode is not None:  # set, or chosen for a prefill-bound job (jobs/shape.py)
         kwargs["compilation_config"] = {"mode": spec.compilation_mode}
     kwargs.update(_extra_engine_args())

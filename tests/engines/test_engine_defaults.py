@@ -71,3 +71,9 @@ def test_compilation_mode_sets_vllms_compilation_config(platform):
     platform(hopper=False)
     assert engine.engine_kwargs(EngineSpec(compilation_mode=0), 4096)["compilation_config"] == {"mode": 0}
     assert "compilation_config" not in engine.engine_kwargs(EngineSpec(), 4096)
+
+
+def test_an_embedding_engine_on_hopper_neither_compiles_nor_captures(platform):
+    platform(hopper=True)
+    kwargs = engine.engine_kwargs(EngineSpec(task="embed"), 4096)
+    assert kwargs["compilation_config"] == {"mode": 0, "cudagraph_mode": "NONE"} and kwargs["runner"] == "pooling"
