@@ -16,12 +16,15 @@ LOG_EVERY_S = 30.0
 
 
 class Progress:
+    # The tokens whose rate shows: generated ones, or for an embedding job (nothing generated) its inputs.
+    tokens_of = "output"
+
     def __init__(self, mode: str, total: int, *, stream: TextIO | None = None):
         stream = stream or sys.stderr
         if mode == "auto":
             mode = "bar" if stream.isatty() else "log"
         self.mode, self.total, self.stream = mode, total, stream
-        self.done = self.failed = self.completion_tokens = 0
+        self.done = self.failed = self.tokens = 0
         self.started = time.monotonic()
         self._last_log = self.started
         self._bar = None
@@ -35,17 +38,19 @@ class Progress:
         self.started = self._last_log = time.monotonic()
         return self.started
 
-    def update(self, rows: int, failed: int = 0, completion_tokens: int = 0) -> None:
+    def update(self, rows: int, failed: int = 0, tokens: int = 0) -> None:
+        """`rows` more done (`failed` of them failed), with `tokens` more of the rate's kind (tokens_of)."""
         self.done += rows
         self.failed += failed
-        self.completion_tokens += completion_tokens
-        rate = self.completion_tokens / max(time.monotonic() - self.started, 1e-9)
+        self.tokens += tokens
+        rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{rate:,.0f} out tok/s, {self.failed} failed", refresh=False)
+            short = "out" if self.tokens_of == "output" else "in"
+            self._bar.set_postfix_str(f"{rate:,.0f} {short} tok/s, {self.failed} failed", refresh=False)
             self._bar.update(rows)
         elif self.mode == "log" and (time.monotonic() - self._last_log >= LOG_EVERY_S or self.done >= self.total):
             self._last_log = time.monotonic()
-            self.log(f"{self.done}/{self.total} rows ({self.failed} failed), {rate:,.0f} output tok/s")
+            self.log(f"{self.done}/{self.total} rows ({self.failed} failed), {rate:,.0f} {self.tokens_of} tok/s")
 
     def log(self, message: str) -> None:
         if self.mode != "none":

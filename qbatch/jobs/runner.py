@@ -87,6 +87,8 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
         manifest.update(to_manifest(column_types))
         out.write_manifest(manifest)
         progress = progress_class(spec.output.progress, todo, stream=stream)
+        if spec.engine.task == "embed":
+            progress.tokens_of = "input"
         if todo:
             progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
         else:
@@ -202,7 +204,7 @@ def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summa
     summary.chunks.append({"index": chunk.index, "rows": len(ok), "prompt_tokens": prompt_tokens,
                            "completion_tokens": completion_tokens,
                            "finished_s": round(time.monotonic() - gen_start, 3)})
-    progress.update(len(ok), completion_tokens=completion_tokens)
+    progress.update(len(ok), tokens=completion_tokens if embed is None else prompt_tokens)
 
 
 def dry_run(job: Job, started: float) -> Summary:

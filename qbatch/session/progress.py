@@ -46,8 +46,8 @@ def reporting(on_progress: Callable[[int, int], None]) -> type[SessionProgress]:
     written); what it raises stops the run there, at a part boundary."""
 
     class Reporting(SessionProgress):
-        def update(self, rows: int, failed: int = 0, completion_tokens: int = 0) -> None:
-            super().update(rows, failed, completion_tokens)
+        def update(self, rows: int, failed: int = 0, tokens: int = 0) -> None:
+            super().update(rows, failed, tokens)
             on_progress(self.done, self.failed)
 
     return Reporting

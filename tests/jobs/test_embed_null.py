@@ -190,3 +190,12 @@ def test_embeddings_travel_between_processes_as_messages():
     back = unpack(requests, outputs)
     assert [e.request.id for e in back] == ["0", "1", "2"] and back[1].error == "no" and back[0].num_cached_tokens == 2
     assert np.array_equal(back[0].vector, np.arange(4)) and requests[0].cost == 3  # prompt tokens alone
+
+
+def test_progress_of_an_embedding_job_counts_input_tokens(cli, bundled_model, write_jsonl, tmp_path):
+    path = write_jsonl([{"id": f"r{i}", "prompt": f"text number {i}"} for i in range(5)])
+    result = cli("embed", path, "-o", tmp_path / "out", "--model", bundled_model, "--backend", "null",
+                 "--progress", "log")
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stderr.splitlines() if "5/5 rows" in line)
+    assert "input tok/s" in line and not line.endswith(" 0 input tok/s")
