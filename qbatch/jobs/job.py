@@ -30,7 +30,7 @@ from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.folder import DUPLICATE_ID, input_identity
 from qbatch.records import Failure, Request, Row
 from qbatch.sampling import SAMPLING_KEY_SET
-from qbatch.spec import EmbedSpec, JobSpec, parse_shard
+from qbatch.spec import EmbedSpec, JobSpec, SamplingSpec, parse_shard
 
 MAX_LISTED_DUPLICATES = 10
 
@@ -122,6 +122,7 @@ class Job:
         max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
         if spec.engine.task == "embed":
             check_dimensions(spec, model_path)
+            _warn_generation_settings(spec)
         return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens)
 
     @cached_property
@@ -298,3 +299,12 @@ def check_dimensions(spec: JobSpec, model_path: str) -> None:
     if spec.embed.dimensions is not None and size is not None and spec.embed.dimensions > size:
         raise SpecError(f"dimensions must be at most the model's embedding size {size}, got {spec.embed.dimensions}",
                         where="--dimensions", hint=f"pass --dimensions N with 1 <= N <= {size}, or leave it out")
+
+
+def _warn_generation_settings(spec: JobSpec) -> None:
+    """An embedding job generates nothing: sampling settings (a job file's keys) do not apply to it."""
+    defaults = SamplingSpec()
+    ignored = [f.name for f in fields(SamplingSpec)
+               if f.name != "ignore_eos" and getattr(spec.sampling, f.name) != getattr(defaults, f.name)]
+    if ignored:
+        log.warning("an embedding job generates nothing: %s ignored", ", ".join(ignored))

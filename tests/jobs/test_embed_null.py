@@ -199,3 +199,13 @@ def test_progress_of_an_embedding_job_counts_input_tokens(cli, bundled_model, wr
     assert result.exit_code == 0, result.output
     line = next(line for line in result.stderr.splitlines() if "5/5 rows" in line)
     assert "input tok/s" in line and not line.endswith(" 0 input tok/s")
+
+
+def test_generation_settings_in_an_embedding_job_file_are_named_as_ignored(cli, bundled_model, write_jsonl, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("temperature = 0.2\nmax_tokens = 64\n")
+    path = write_jsonl([{"id": "a", "prompt": "text"}])
+    result = cli("embed", path, "-o", tmp_path / "out", "--job", job, "--model", bundled_model, "--backend", "null",
+                 "--progress", "none")
+    assert result.exit_code == 0, result.output
+    assert "an embedding job generates nothing: max_tokens, temperature ignored" in result.stderr
