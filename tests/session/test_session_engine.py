@@ -66,10 +66,10 @@ def test_interrupted_call_keeps_its_rows_and_the_session_resumes(session, starte
     data = [{"id": f"r{i}", "prompt": f"question {i} " * (i % 4 + 1)} for i in range(24)]
     write_chunk, written = runner._write_chunk, []
 
-    def interrupt_after_one_chunk(chunk, *args):
+    def interrupt_after_one_chunk(chunk, *args, **kwargs):
         if written:
             raise KeyboardInterrupt
-        write_chunk(chunk, *args)
+        write_chunk(chunk, *args, **kwargs)
         written.append(chunk.index)
 
     monkeypatch.setattr(runner, "_write_chunk", interrupt_after_one_chunk)
@@ -115,7 +115,7 @@ def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session,
     engine = _own_engine(session)
     children = list(engine._watchdog._children)
 
-    def ctrl_c(*args):
+    def ctrl_c(*args, **kwargs):
         for child in children:
             os.kill(child.pid, signal.SIGINT)
         raise KeyboardInterrupt
