@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -176,11 +177,7 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         return {"id": file_id, "object": "file", "deleted": True}
 
     def _file(file_id: str) -> dict[str, Any]:
-        _check_id(file_id, objects.FILE_ID, "file_id")
-        record = store.file(file_id)
-        if record is None:
-            raise ApiError(404, f"no such file: {file_id}", param="file_id")
-        return record
+        return _lookup(file_id, objects.FILE_ID, "file_id", store.file, "file")
 
     # -- batches ---------------------------------------------------------------------
     @app.post("/v1/batches")
@@ -242,13 +239,19 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         return worker.cancel(batch_id)
 
     def _batch(batch_id: str) -> dict[str, Any]:
-        _check_id(batch_id, objects.BATCH_ID, "batch_id")
-        batch = store.batch(batch_id)
-        if batch is None:
-            raise ApiError(404, f"no such batch: {batch_id}", param="batch_id")
-        return batch
+        return _lookup(batch_id, objects.BATCH_ID, "batch_id", store.batch, "batch")
 
     return app
+
+
+def _lookup(value: str, pattern: re.Pattern[str], param: str, find: Callable[[str], dict[str, Any] | None],
+            what: str) -> dict[str, Any]:
+    """The stored object of a checked id, or a 404 in OpenAI's shape."""
+    _check_id(value, pattern, param)
+    record = find(value)
+    if record is None:
+        raise ApiError(404, f"no such {what}: {value}", param=param)
+    return record
 
 
 def _check_id(value: str, pattern: re.Pattern[str], param: str) -> None:
