@@ -234,27 +234,14 @@ class VllmEngine:
 
     def _finish(self, open_chunks, index, pos, output):
         state = open_chunks[index]
-        if self.embeds:
-            return self._finish_embedding(open_chunks, state, index, pos, output)
-        completion = output.outputs[0]
-        top = state.chunk.requests[pos].sampling.get("logprobs")
-        state.slots[pos] = Completion(
-            state.chunk.requests[pos],
-            completion.text,
-            completion.finish_reason,
-            len(completion.token_ids),
-            output.num_cached_tokens or 0,
-            logprobs=_token_logprobs(completion, top),
-            more_samples=[Sample(o.text, o.finish_reason, len(o.token_ids), _token_logprobs(o, top))
-                          for o in output.outputs[1:]],  # vLLM lists them by sample index
-        )
+        request = state.chunk.requests[pos]
+        if self.embeds:  # vLLM's PoolingRequestOutput: outputs.data, a tensor
+            state.slots[pos] = Embedding(request, output.outputs.data.float().cpu().numpy(), output.num_cached_tokens or 0)
+        else:
+            self._keep_completion(state, pos, request, output)
         self._num_finished += 1
-        self._num_prompt_tokens += state.chunk.requests[pos].num_prompt_tokens
+        self._num_prompt_tokens += request.num_prompt_tokens
         self._num_cached_tokens += output.num_cached_tokens or 0
-        self._num_generated_tokens += sum(len(o.token_ids) for o in output.outputs)  # every sample's
-        if not self._vllm_detokenizes(state.chunk.requests[pos]):
-            ids = array("I", completion.token_ids)
-            state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token
         state.remaining -= 1
         if state.remaining:
             return None
@@ -267,18 +254,24 @@ class VllmEngine:
                 state.slots[p].text = text
         return state.chunk, state.slots
 
-    def _finish_embedding(self, open_chunks, state, index, pos, output):
-        """A pooled vector (vLLM's PoolingRequestOutput: outputs.data, a tensor) into its chunk's slot."""
-        request = state.chunk.requests[pos]
-        state.slots[pos] = Embedding(request, output.outputs.data.float().cpu().numpy(), output.num_cached_tokens or 0)
-        self._num_finished += 1
-        self._num_prompt_tokens += request.num_prompt_tokens
-        self._num_cached_tokens += output.num_cached_tokens or 0
-        state.remaining -= 1
-        if state.remaining:
-            return None
-        del open_chunks[index]
-        return state.chunk, state.slots
+    def _keep_completion(self, state: OpenChunk, pos: int, request: Request, output: Any) -> None:
+        """A generated row's Completion into its slot; its token ids kept when qbatch decodes them with the chunk."""
+        completion = output.outputs[0]
+        top = request.sampling.get("logprobs")
+        state.slots[pos] = Completion(
+            request,
+            completion.text,
+            completion.finish_reason,
+            len(completion.token_ids),
+            output.num_cached_tokens or 0,
+            logprobs=_token_logprobs(completion, top),
+            more_samples=[Sample(o.text, o.finish_reason, len(o.token_ids), _token_logprobs(o, top))
+                          for o in output.outputs[1:]],  # vLLM lists them by sample index
+        )
+        self._num_generated_tokens += sum(len(o.token_ids) for o in output.outputs)  # every sample's
+        if not self._vllm_detokenizes(request):
+            ids = array("I", completion.token_ids)
+            state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token
 
 
 def pooling_params() -> Any:
