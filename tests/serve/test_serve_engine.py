@@ -14,8 +14,10 @@ from tests.serve.conftest import client_for, lines_of, requests_jsonl, wait_unti
 
 pytestmark = pytest.mark.slow
 START_S = 600.0
-# Small chunks: many parts per batch, so a kill or a cancel lands mid-batch.
-FLAGS = ("--max-tokens", "24", "--chunk-tokens", "400", "--progress", "none")
+# Small chunks, few sequences at a time: many parts per batch, written one after another, so a kill or
+# a cancel lands mid-batch (with every row in the engine at once, an idle machine finished all the
+# chunks of a batch within one poll).
+FLAGS = ("--max-tokens", "24", "--chunk-tokens", "400", "--max-num-seqs", "8", "--progress", "none")
 
 
 def _healthy(base: str, proc) -> bool:
