@@ -423,7 +423,8 @@ def _qbatch_engine_settings(spec: Any) -> dict[str, Any]:
     return {"engines": engine.engine_count(), "engines_per_gpu": engine.engines_per_gpu,
             "max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens,
             "max_model_len": job.max_model_len, "dtype": engine.dtype, "enforce_eager": engine.enforce_eager,
-            "performance_mode": engine.performance_mode, "gpu_memory_utilization": engine.gpu_memory_utilization}
+            "performance_mode": engine.performance_mode, "gpu_memory_utilization": engine.gpu_memory_utilization,
+            "kv_cache_memory_bytes": engine.kv_cache_memory_bytes}
 
 
 def _run_job(spec: Any) -> Any:

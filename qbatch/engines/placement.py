@@ -32,6 +32,14 @@ WARM_COMPILE_REPAID_TOKENS = 20_000_000
 # vLLM's CompilationMode.VLLM_COMPILE.
 TORCH_COMPILE = 3
 
+# Engines sharing a GPU start one after another while vLLM sizes their KV caches by profiling
+# (processes.py); a fixed KV cache lets them start together, so on a fresh machine the second
+# engine does not join the run late (issue #19). Each gets its share of vLLM's default
+# gpu_memory_utilization less its weights and NON_KV_SHARE of that share for what else an engine
+# holds (activations at max_num_batched_tokens, the sampler's logits at max_num_seqs, CUDA graphs).
+VLLM_DEFAULT_UTILIZATION = 0.9
+NON_KV_SHARE = 0.15
+
 
 @dataclass(frozen=True)
 class EngineChoice:
@@ -80,6 +88,21 @@ def engines_per_gpu(spec: EngineSpec, weights_bytes: int | None) -> int:
             and cores >= SHARED_GPU_CORES * 2 * spec.data_parallel_size:
         return 2
     return 1
+
+
+def shared_gpu_kv_cache_bytes(spec: EngineSpec, weights_bytes: int | None) -> int | None:
+    """The KV cache (bytes) of each engine of a GPU shared by several, fixed so that they start
+    together; None where vLLM sizes it: one engine per GPU, no GPU, weights unknown, or the user
+    set kv_cache_memory_bytes or gpu_memory_utilization."""
+    share = spec.engines_per_gpu or 1
+    if share < 2 or spec.backend != "vllm" or not weights_bytes or spec.kv_cache_memory_bytes \
+            or spec.gpu_memory_utilization:
+        return None
+    memory = gpu_memory_bytes(gpu_ids(spec)[0])
+    if not memory:
+        return None
+    kv_bytes = int(memory * VLLM_DEFAULT_UTILIZATION / share * (1 - NON_KV_SHARE)) - weights_bytes
+    return kv_bytes if kv_bytes > 0 else None
 
 
 def gpu_memory_bytes(device: str) -> int | None:

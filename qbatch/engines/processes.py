@@ -13,8 +13,9 @@ loop runs on the CPU, so by default such a model gets two engines per GPU
 (placement.py), each with half of the GPU's memory. Engines sharing a GPU
 start one after another: vLLM sizes its KV cache from the memory that changed
 while it profiled, and a neighbour starting meanwhile would count as its own
-(a running one keeps its memory); with --kv-cache-memory-bytes vLLM sizes no KV cache from
-what it measures (it skips that profiling), so the engines of a GPU then start at once. The
+(a running one keeps its memory); with a fixed KV cache (--kv-cache-memory-bytes, or the one
+qbatch fixes when the user set neither it nor --gpu-memory-utilization: placement.py) vLLM sizes
+no KV cache from what it measures, so the engines of a GPU then start at once. The
 coordinator logs each engine's ready time from the engines' start. The run starts as soon as one engine is
 ready; the others join when they are, and one that fails to start then is
 left out with a warning (the run goes on with the rest).
@@ -35,7 +36,7 @@ from typing import Any
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
 from qbatch.engines.dispatch import POLL_S, Dispatcher, Worker, feed, send_stats, start_engine
 from qbatch.engines.messages import Done, Failed, Message, Ready, Stop, Want, pack
-from qbatch.engines.placement import gpu_ids
+from qbatch.engines.placement import VLLM_DEFAULT_UTILIZATION, gpu_ids
 from qbatch.engines.platform import on_cpu
 from qbatch.errors import ModelError, QbatchError, first_line
 from qbatch.log import log
@@ -228,4 +229,4 @@ def _vllm_default_utilization() -> float:
 
         return float(CacheConfig.__pydantic_fields__["gpu_memory_utilization"].default)
     except (ImportError, AttributeError, KeyError, TypeError, ValueError):
-        return 0.9  # vLLM's long-time default, for a version without pydantic fields
+        return VLLM_DEFAULT_UTILIZATION  # for a version without pydantic fields

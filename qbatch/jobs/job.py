@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.engines.base import hidden_size
-from qbatch.engines.placement import engines_per_gpu
+from qbatch.engines.placement import engines_per_gpu, shared_gpu_kv_cache_bytes
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
@@ -81,6 +81,17 @@ class InputScan:
         return sum(self.rows_read)
 
 
+def place_engines(spec: JobSpec, engines_per_gpu: int, weights_bytes: int | None, *, auto_kv: bool) -> JobSpec:
+    """The spec with its engines per GPU (JobSpec.with_engines) and, where several share a GPU and
+    the user left their KV cache to vLLM (`auto_kv`), that KV cache fixed so they start together
+    (placement.shared_gpu_kv_cache_bytes): a new spec."""
+    if auto_kv:  # the size fixed for an earlier choice of engines goes
+        spec = replace(spec, engine=replace(spec.engine, kv_cache_memory_bytes=None))
+    spec = spec.with_engines(engines_per_gpu)
+    kv_bytes = shared_gpu_kv_cache_bytes(spec.engine, weights_bytes) if auto_kv else None
+    return replace(spec, engine=replace(spec.engine, kv_cache_memory_bytes=kv_bytes)) if kv_bytes else spec
+
+
 @dataclass(frozen=True)
 class Job:
     """A spec resolved against the world: files, model folder, tokenizer, limits. `spec` is the
@@ -92,6 +103,8 @@ class Job:
     max_model_len: int
     auto_engines: bool = False  # engines per GPU chosen here, not by the user (jobs/shape.py may choose again)
     auto_chunk_tokens: bool = False  # chunk_tokens follows the engines (JobSpec.with_engines)
+    auto_kv: bool = False  # the KV cache of engines sharing a GPU fixed here, not by the user (place_engines)
+    weights_bytes: int | None = None
 
     @classmethod
     def setup(cls, spec: JobSpec) -> Job:
@@ -108,7 +121,8 @@ class Job:
 
             refuse_unrunnable(model_path, spec)
         auto_engines, auto_chunk_tokens = spec.engine.engines_per_gpu is None, spec.plan.chunk_tokens is None
-        spec = spec.with_engines(engines_per_gpu(spec.engine, models.weights_bytes(model_path)))
+        auto_kv, weights = spec.engine.kv_cache_memory_bytes is None, models.weights_bytes(model_path)
+        spec = place_engines(spec, engines_per_gpu(spec.engine, weights), weights, auto_kv=auto_kv)
         if spec.engine.reasoning_parser is None and (spec.sampling.structured_outputs() is not None
                                                      or spec.sampling.thinking_token_budget is not None):
             # Only jobs with a constraint or a thinking budget get the parser (an engine setting: a key
@@ -123,7 +137,7 @@ class Job:
         if spec.engine.task == "embed":
             check_dimensions(spec, model_path)
             _warn_generation_settings(spec)
-        return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens)
+        return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens, auto_kv, weights)
 
     @cached_property
     def preparer(self) -> Preparer:

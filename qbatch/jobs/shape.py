@@ -24,7 +24,7 @@ from qbatch.engines import factory as engines
 from qbatch.engines.placement import TORCH_COMPILE, EngineChoice, choose_engines, gpu_ids, gpu_memory_bytes
 from qbatch.engines.vllm import EXTRA_ARGS_ENV  # a compilation_config there is the user's choice
 from qbatch.inputs.readers import detect_format
-from qbatch.jobs.job import Job
+from qbatch.jobs.job import Job, place_engines
 from qbatch.log import log
 from qbatch.spec import JobSpec, parse_shard
 
@@ -115,7 +115,7 @@ def _with_choice(job: Job, choice: EngineChoice) -> Job:
         return job
     plan = replace(spec.plan, chunk_tokens=None) if job.auto_chunk_tokens else spec.plan
     chosen: JobSpec = replace(spec, plan=plan, engine=replace(spec.engine, compilation_mode=choice.compilation_mode))
-    new = replace(job, spec=chosen.with_engines(choice.engines_per_gpu))
+    new = replace(job, spec=place_engines(chosen, choice.engines_per_gpu, job.weights_bytes, auto_kv=job.auto_kv))
     if "preparer" in job.__dict__:  # the tokenizer loaded for the sample; it reads no engine setting
         new.__dict__["preparer"] = job.preparer
     return new

@@ -103,3 +103,30 @@ def test_rows_estimated_from_a_sample_and_the_file_size(gpu, bundled_model, tmp_
     assert found.estimated and 900 <= found.rows <= 1100
     assert found.output_tokens == 8 * found.rows
     assert shape.sample_shape(job_for(bundled_model, tmp_path, rows, max_tokens=8, limit=500), set()).rows == 500
+
+
+def test_engines_sharing_a_gpu_get_a_fixed_kv_cache_so_they_start_together(gpu, bundled_model, tmp_path, monkeypatch):
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
+    expected = int((141 << 30) * placement.VLLM_DEFAULT_UTILIZATION / 2 * (1 - placement.NON_KV_SHARE)) \
+        - job.weights_bytes
+    assert job.spec.engine.engines_per_gpu == 2 and job.spec.engine.kv_cache_memory_bytes == expected
+    # one compiled engine for a prefill-bound job: vLLM sizes its KV cache again (the whole GPU's)
+    monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)
+    compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
+                            job.max_model_len)
+    chosen, _ = shape.choose_for_shape(job, set())
+    assert chosen.spec.engine.engines_per_gpu == 1 and chosen.spec.engine.kv_cache_memory_bytes is None
+
+
+@pytest.mark.parametrize(("settings", "kv_bytes"), [
+    ({"gpu_memory_utilization": 0.8}, None),  # the user's share of the GPU: vLLM profiles within it
+    ({"kv_cache_memory_bytes": 1 << 30}, 1 << 30),  # the user's size, kept
+    ({"engines_per_gpu": 1}, None),  # an engine alone on its GPU starts at once anyway
+])
+def test_the_users_memory_settings_win(gpu, bundled_model, tmp_path, settings, kv_bytes):
+    assert job_for(bundled_model, tmp_path, DOCS, **settings).spec.engine.kv_cache_memory_bytes == kv_bytes
+
+
+def test_no_fixed_kv_cache_without_a_gpu(bundled_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(placement, "gpu_memory_bytes", lambda device: None)
+    assert job_for(bundled_model, tmp_path, DOCS, engines_per_gpu=2).spec.engine.kv_cache_memory_bytes is None
