@@ -23,8 +23,8 @@ QBATCH_MODES = ("qbatch", "session")  # the modes that run qbatch (its run, or a
 # generate() of token ids; vllm-grouped feeds it docqa's rows sorted by document (perfect grouping).
 RAW_BEST_MODES = ("vllm-best", "vllm-grouped")
 SHARED_ENGINE_MODES = ("vllm-text", "vllm-tokens", *QBATCH_MODES)  # on the one engine `_engine` starts
-DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200,
-                "prefill": 8192, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
+DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200, "classify": 4096,
+                "classify-choice": 4096, "classify-json": 4096, "prefill": 8192, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
 EMBED_MODES = ("vllm-text", "vllm-tokens", "qbatch")  # vllm-*: one LLM.embed call with every text
 
 

@@ -162,6 +162,13 @@ def test_inputs_only_writes_the_workload_files(cli, bundled_model, tmp_path):
     assert (tmp_path / "short.jsonl").is_file() and not (tmp_path / "uniform.jsonl").exists()
 
 
+def test_every_workload_has_a_default_row_count():
+    from qbatch.bench.settings import DEFAULT_ROWS
+    from qbatch.bench.workloads import EMBED_WORKLOADS, WORKLOADS
+
+    assert set(WORKLOADS) | set(EMBED_WORKLOADS) <= set(DEFAULT_ROWS)  # --rows may be left out for any of them
+
+
 def test_unknown_mode_names_the_valid_ones(cli, bundled_model):
     result = cli("bench", "--model", bundled_model, "--modes", "vllm-tokens,sglang")
     assert result.exit_code == EXIT_USAGE
