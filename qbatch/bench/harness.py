@@ -402,7 +402,9 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
     name += "".join(f" {k}={v}" for k, v in variant.items())
     notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
              "overhead_s": round(wall - summary.generate_s, 3), "chunks": summary.num_chunks,
-             "rows_failed": summary.rows_failed, "engines": spec.engine.engine_count()}
+             "rows_failed": summary.rows_failed, "engines": _engine_processes(spec)}
+    if summary.engine_choice:  # the run chose its engines from the job's shape (jobs/shape.py)
+        notes["engine_choice"] = summary.engine_choice
     if engines_start_s is not None:  # started before the timing, after the shared engine had gone
         notes["own_engines_start_s"] = round(engines_start_s, 2)
     if engines_start_s is not None or name == "first-run":  # engines of its own: what qbatch chose for them
