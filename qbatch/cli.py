@@ -106,7 +106,7 @@ RUN_OPTIONS = [
     click.option("--revision", help="Model revision (hub models)."),
     click.option("--max-model-len", type=int, help="vLLM max_model_len.  [default: model's context]"),
     click.option("--gpu-memory-utilization", type=float, help="vLLM gpu_memory_utilization (of each GPU, split among its engines)."),
-    click.option("--kv-cache-memory-bytes", type=int, help="vLLM kv_cache_memory_bytes (overrides gpu_memory_utilization).  [default on CPU: 2 GiB]"),
+    click.option("--kv-cache-memory-bytes", type=int, help="vLLM kv_cache_memory_bytes (overrides gpu_memory_utilization).  [default on CPU: 2 GiB; engines sharing a GPU: their share of it, so they start together]"),
     click.option("--max-num-seqs", type=int, help="vLLM max_num_seqs."),
     click.option("--max-num-batched-tokens", type=int, help="vLLM max_num_batched_tokens."),
     click.option("--dtype", help="vLLM dtype.  [default: auto]"),
