@@ -11,14 +11,15 @@ not use it.
 A small model leaves its GPU idle for part of each step while vLLM's engine
 loop runs on the CPU, so by default such a model gets two engines per GPU
 (placement.py), each with half of the GPU's memory. Engines sharing a GPU
-start one after another: vLLM sizes its KV cache from the memory that changed
+start at once when their KV cache is fixed: by qbatch unless the user set
+--gpu-memory-utilization (placement.shared_gpu_kv_cache_bytes), or by
+--kv-cache-memory-bytes; vLLM then measures nothing. When vLLM sizes it by
+profiling, they start one after another: it counts the memory that changed
 while it profiled, and a neighbour starting meanwhile would count as its own
-(a running one keeps its memory); with a fixed KV cache (--kv-cache-memory-bytes, or the one
-qbatch fixes when the user set neither it nor --gpu-memory-utilization: placement.py) vLLM sizes
-no KV cache from what it measures, so the engines of a GPU then start at once. The
-coordinator logs each engine's ready time from the engines' start. The run starts as soon as one engine is
-ready; the others join when they are, and one that fails to start then is
-left out with a warning (the run goes on with the rest).
+(a running one keeps its memory). The coordinator logs each engine's ready
+time from the engines' start. The run starts as soon as one engine is ready;
+the others join when they are, and one that fails to start then is left out
+with a warning (the run goes on with the rest).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class DataParallelEngine(Dispatcher):
         started: dict[str, Any] = {}  # per GPU: the event its latest engine sets once it has started
         for rank, device in enumerate(devices):
             tasks, ready = context.Queue(), context.Event()
-            # One after another unless each engine's KV cache is fixed (--kv-cache-memory-bytes), see above.
+            # One after another unless each engine's KV cache is fixed (by qbatch or the user), see above.
             after = None if spec.kv_cache_memory_bytes else started.get(device)
             turn = Turn(device, share, after, ready)
             started[device] = ready
