@@ -7,10 +7,13 @@ anything loads.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from typing import Any
+
+import orjson
 
 from qbatch.errors import RowError
 
@@ -136,15 +139,31 @@ def check_json_schema(schema: Any) -> dict[str, Any]:
     if not isinstance(schema, dict):
         raise RowError("bad_constraint", f"JSON schema must be an object, got {type(schema).__name__}")
     try:
+        text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError as exc:  # e.g. an integer key of a schema built in Python
+        raise RowError("bad_constraint", f"JSON schema is not JSON: {exc}") from None
+    error = _schema_error(text)
+    if error is not None:
+        raise RowError("bad_constraint", error)
+    return schema
+
+
+# Rows of a job nearly always share one schema, and checking it against the meta-schema costs
+# milliseconds of Python (the GIL the engine loop needs): each distinct schema is checked once.
+@functools.lru_cache(maxsize=1024)
+def _schema_error(text: str) -> str | None:
+    """Why the schema (its canonical JSON text) is not a valid JSON schema; None when it is."""
+    try:
         import jsonschema
     except ImportError:  # vLLM's engine checks it (its error becomes the row's)
-        return schema
+        return None
+    schema = json.loads(text)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(map(str, exc.path)) or "(top)"
-        raise RowError("bad_constraint", f"invalid JSON schema at {where}: {exc.message}") from None
-    return schema
+        return f"invalid JSON schema at {where}: {exc.message}"
+    return None
 
 
 def check_regex(pattern: Any) -> str:

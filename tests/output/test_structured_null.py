@@ -112,3 +112,33 @@ def test_choice_logprobs_from_the_answers_first_token():
         pytest.approx(-0.1)
     shared = {"token": "ne", "logprob": -0.5, "top_logprobs": [{"token": "ne", "logprob": -0.5}]}
     assert choice_logprobs(["negative", "neutral"], _completion([shared])) is None  # the first token does not decide
+
+
+def test_each_distinct_schema_is_checked_once(monkeypatch):
+    """Rows sharing a schema do not each pay the meta-schema check (milliseconds of GIL-held Python
+    a row slowed JSON jobs against vLLM alone); a bad schema stays a bad row every time."""
+    import jsonschema
+
+    from qbatch.errors import RowError
+    from qbatch.sampling import _schema_error, check_structured
+
+    checked = []
+    real = jsonschema.validators.validator_for
+
+    def counting(schema, *args, **kwargs):
+        checked.append(schema)  # also the meta-schema's parts it looks up on its way
+        return real(schema, *args, **kwargs)
+
+    _schema_error.cache_clear()
+    monkeypatch.setattr(jsonschema.validators, "validator_for", counting)
+    schema = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}, "n": {"type": "integer"}}}
+    for i in range(50):  # each row its own parsed copy, keys in any order
+        row_schema = json.loads(json.dumps(schema, sort_keys=bool(i % 2)))
+        assert check_structured({"json": row_schema}) == {"json": row_schema}
+    assert checked.count(schema) == 1
+    for _ in range(3):
+        with pytest.raises(RowError, match="invalid JSON schema at type"):
+            check_structured({"json": {"type": "objekt"}})
+    assert checked.count({"type": "objekt"}) == 1
+    with pytest.raises(RowError, match="not JSON"):
+        check_structured({"json": {1: "integer keys are no JSON"}})
