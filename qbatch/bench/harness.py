@@ -80,7 +80,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
         sequence = _vllm_modes(settings)
         specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
                  for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
-        own = {i for (_, i), s in specs.items() if settings.vllm_defaults or _engine_processes(s) > 1}
+        own = {i for (_, i), s in specs.items() if settings.vllm_defaults or not on_shared_engine(s, job.spec.engine)}
         if len(own) < len(sequence):  # some mode runs on the shared engine (else it is not started)
             engine, engine_info = _engine(settings, spec, job)
             engines["shared"] = engine_info
@@ -191,6 +191,15 @@ def _run_first(settings: BenchSettings, workloads: dict[str, Workload], work: Pa
             _ran(runs[-1], repeat, "qbatch's own, started in the run", every_run, log)
         measurements.append(_mean(runs))
     _close_engines()
+
+
+def on_shared_engine(spec: Any, shared: Any) -> bool:
+    """Whether a qbatch run of this spec gets the shared engine: its engine settings, as its Job resolves
+    them, are the shared engine's. A run of other settings (two engines per GPU, a --variant with
+    compilation_mode or max_num_seqs) gets engines of its own, started before its timing."""
+    from qbatch.jobs.job import Job
+
+    return Job.setup(spec).spec.engine == shared
 
 
 def _engine_processes(spec: Any) -> int:

@@ -191,6 +191,23 @@ def test_bench_settings_are_checked_before_the_model_loads():
             BenchSettings(["docqa"], **bad).validate()
 
 
+def test_a_variant_of_other_engine_settings_gets_engines_of_its_own(bundled_model, tmp_path):
+    """A qbatch run shares the raw modes' engine only with its settings: a --variant that changes the
+    engine (torch.compile, max_num_seqs) would otherwise start a second engine inside its timing."""
+    from qbatch.bench.harness import on_shared_engine
+    from qbatch.bench.settings import BenchSettings, qbatch_spec
+    from qbatch.jobs.job import Job
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "hi"}\n')
+    settings = BenchSettings(["varied"], ["vllm-tokens", "qbatch"], run_settings={"model": bundled_model})
+    shared = Job.setup(qbatch_spec(settings, path, tmp_path / "out", shared=True)).spec.engine
+    assert on_shared_engine(qbatch_spec(settings, path, tmp_path / "out"), shared)  # a CPU: one engine
+    assert on_shared_engine(qbatch_spec(settings, path, tmp_path / "out", {"order": "longest-first-flat"}), shared)
+    for variant in ({"compilation_mode": 3, "engines_per_gpu": 1}, {"max_num_seqs": 64}):
+        assert not on_shared_engine(qbatch_spec(settings, path, tmp_path / "out", variant), shared)
+
+
 def test_first_run_times_the_engine_start_and_keeps_every_run(cli, bundled_model, tmp_path):
     """first-run starts its engines inside the timing (here the null engine: the plumbing, fast); --json keeps
     each repeat, the table says both throughputs."""
