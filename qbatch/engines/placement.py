@@ -2,8 +2,8 @@
 
 A small model leaves its GPU idle for part of each step while vLLM's engine loop runs
 on the CPU, so by default such a model gets two engines per GPU, each with half of the
-GPU's memory (docs/benchmarks.md has the measurements). A prefill-bound job may get one
-compiled engine instead (choose_engines).
+GPU's memory (docs/benchmarks.md has the measurements). A long prefill-bound job gets
+them compiled (choose_engines).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ SHARED_GPU_CORES = 4
 
 
 # A job is prefill-bound when its output tokens (max_tokens, the most it may generate) are under
-# this share of its tokens: torch.compile's fused kernels then gain most (a prefill-heavy job ran
-# 0.87x raw vLLM without it, 0.97x with it, issue #19) and one engine holds the GPU busy.
+# this share of its tokens: torch.compile's fused kernels then gain most (docs/benchmarks.md, issue #19).
 PREFILL_BOUND_OUTPUT_SHARE = 0.10
 # Starting with torch.compile costs ~55 s more per engine with a cold compile cache, ~4 s with a
-# warm one, for ~9% faster prefill (H200, docs/benchmarks.md "compile cache"): a prefill-bound job
+# warm one, for ~9-13% faster prefill (H200, docs/benchmarks.md "compile cache"): a prefill-bound job
 # of at least this many tokens (prompt + output) repays it.
 COMPILE_REPAID_TOKENS = 275_000_000
 WARM_COMPILE_REPAID_TOKENS = 20_000_000
@@ -56,8 +55,11 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
     and output tokens (output: max_tokens, its bound), its rows, whether it runs on a GPU and
     whether this machine compiled these settings before.
 
-    Prefill-bound jobs long enough to repay the compile (a cached one costs less) get one engine
-    per GPU with torch.compile; the rest keep the defaults (`default_engines`, no compile on Hopper).
+    Prefill-bound jobs long enough to repay the compile (a cached one costs less) get torch.compile on
+    the default engines: two compiled engines on one GPU outran one compiled engine on prefill-bound
+    jobs as two uncompiled ones do (docs/benchmarks.md). A first compile runs on one engine: two
+    engines compiling into one empty cache at once would write the same files, which is untried.
+    The rest keep the defaults (`default_engines`, no compile on Hopper).
     """
     total = prompt_tokens + output_tokens
     share = output_tokens / total if total else 1.0
@@ -69,8 +71,11 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
     if total < (WARM_COMPILE_REPAID_TOKENS if compile_cache_warm else COMPILE_REPAID_TOKENS):
         cache = "a cached" if compile_cache_warm else "a first"
         return EngineChoice(default_engines, None, f"{shape}: prefill-bound, but too short to repay {cache} torch.compile")
-    why = "compiled before on this machine" if compile_cache_warm else "long enough to repay a first torch.compile"
-    return EngineChoice(1, TORCH_COMPILE, f"{shape}: prefill-bound, {why}: one engine per GPU with torch.compile")
+    if compile_cache_warm:
+        return EngineChoice(default_engines, TORCH_COMPILE, f"{shape}: prefill-bound, compiled before on this machine: "
+                                                            f"{default_engines} engine(s) per GPU with torch.compile")
+    return EngineChoice(1, TORCH_COMPILE, f"{shape}: prefill-bound, long enough to repay a first torch.compile: "
+                                          "one engine per GPU with torch.compile (it fills the compile cache)")
 
 
 def engines_per_gpu(spec: EngineSpec, weights_bytes: int | None) -> int:

@@ -46,17 +46,19 @@ def choose_for_shape(job: Job, done: set[str]) -> tuple[Job, EngineChoice | None
     the job as it is and None where no choice is made."""
     if not _may_choose(job):
         return job, None
-    compiled = _with_choice(job, EngineChoice(1, TORCH_COMPILE, "")).spec.engine
-    for warm in (job.spec.engine, compiled):  # a warm engine (a Session's) beats any start
-        if engines.is_cached(warm, job.model_path, job.max_model_len):
-            return _with_choice(job, EngineChoice(warm.engines_per_gpu or 1, warm.compilation_mode,
+    default_engines = job.spec.engine.engines_per_gpu or 1
+    compiled = [_with_choice(job, EngineChoice(n, TORCH_COMPILE, "")).spec.engine
+                for n in dict.fromkeys((default_engines, 1))]  # the choices a warm and a cold cache give
+    for running in (job.spec.engine, *compiled):  # a warm engine (a Session's) beats any start
+        if engines.is_cached(running, job.model_path, job.max_model_len):
+            return _with_choice(job, EngineChoice(running.engines_per_gpu or 1, running.compilation_mode,
                                                   "an engine with these settings is running: reused")), None
     shape = sample_shape(job, done)
     if not shape.rows:
         return job, None
-    warm = compile_cache.is_warm(compiled.one_engine(), job.model_path, job.max_model_len)
+    warm = compile_cache.is_warm(compiled[0].one_engine(), job.model_path, job.max_model_len)
     choice = choose_engines(shape.prompt_tokens, shape.output_tokens, shape.rows, gpu=True, compile_cache_warm=warm,
-                            default_engines=job.spec.engine.engines_per_gpu or 1)
+                            default_engines=default_engines)
     estimated = f" (estimated from {SAMPLE_ROWS} rows)" if shape.estimated else ""
     log.info("engines: %s%s", choice.reason, estimated)
     return _with_choice(job, choice), choice

@@ -15,10 +15,10 @@ from qbatch.spec import JobSpec
 
 
 @pytest.mark.parametrize(("prompt", "output", "warm", "expected"), [
-    (WARM_COMPILE_REPAID_TOKENS, 8_000, True, (1, TORCH_COMPILE)),  # prefill-bound, compiled before
+    (WARM_COMPILE_REPAID_TOKENS, 8_000, True, (2, TORCH_COMPILE)),  # prefill-bound, compiled before: both engines
     (1_000_000, 8_000, True, (2, None)),  # prefill-bound, too short even for a cached compile
     (WARM_COMPILE_REPAID_TOKENS, 8_000, False, (2, None)),  # a first compile would not pay
-    (COMPILE_REPAID_TOKENS, 8_000, False, (1, TORCH_COMPILE)),  # long enough to repay it
+    (COMPILE_REPAID_TOKENS, 8_000, False, (1, TORCH_COMPILE)),  # long enough to repay it: one engine compiles
     (COMPILE_REPAID_TOKENS, COMPILE_REPAID_TOKENS, True, (2, None)),  # decode-bound: the defaults
 ])
 def test_choose_engines(prompt, output, warm, expected):
@@ -51,17 +51,27 @@ def job_for(bundled_model, tmp_path, rows, **settings) -> Job:
 DOCS = [{"id": str(i), "prompt": "Read this and answer. " + "lorem ipsum dolor " * 200} for i in range(40)]
 
 
-def test_prefill_bound_job_with_a_warm_compile_gets_one_compiled_engine(gpu, bundled_model, tmp_path, monkeypatch):
+def test_prefill_bound_job_with_a_warm_compile_gets_its_engines_compiled(gpu, bundled_model, tmp_path, monkeypatch):
     monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)  # 40 rows of ~600 tokens repay it
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
     assert job.spec.engine.engines_per_gpu == 2  # the default for a small model on a big GPU
-    compiled = job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE)
-    compile_cache.mark_warm(compiled, job.model_path, job.max_model_len)
+    compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
+                            job.max_model_len)
+    chosen, choice = shape.choose_for_shape(job, set())
+    assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (2, TORCH_COMPILE)
+    assert chosen.spec.engine.kv_cache_memory_bytes == job.spec.engine.kv_cache_memory_bytes  # still start together
+    assert "prefill-bound, compiled before on this machine" in choice.reason and choice.reason.startswith("40 rows")
+    assert job.spec.engine.compilation_mode is None  # the job given is left as it is
+
+
+def test_a_first_compile_runs_on_one_engine(gpu, bundled_model, tmp_path, monkeypatch):
+    """With an empty compile cache one engine compiles (two would write the same cache files at once)."""
+    monkeypatch.setattr(placement, "COMPILE_REPAID_TOKENS", 10_000)
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
     chosen, choice = shape.choose_for_shape(job, set())
     assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (1, TORCH_COMPILE)
     assert chosen.spec.plan.chunk_tokens == 4_194_304  # one engine: the chunk size of one
-    assert "prefill-bound, compiled before on this machine" in choice.reason and choice.reason.startswith("40 rows")
-    assert job.spec.engine.engines_per_gpu == 2  # the job given is left as it is
+    assert "long enough to repay a first torch.compile" in choice.reason
 
 
 def test_cold_compile_and_decode_bound_jobs_keep_the_defaults(gpu, bundled_model, tmp_path, monkeypatch):
@@ -110,10 +120,8 @@ def test_engines_sharing_a_gpu_get_a_fixed_kv_cache_so_they_start_together(gpu, 
     expected = int((141 << 30) * placement.VLLM_DEFAULT_UTILIZATION / 2 * (1 - placement.NON_KV_SHARE)) \
         - job.weights_bytes
     assert job.spec.engine.engines_per_gpu == 2 and job.spec.engine.kv_cache_memory_bytes == expected
-    # one compiled engine for a prefill-bound job: vLLM sizes its KV cache again (the whole GPU's)
-    monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)
-    compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
-                            job.max_model_len)
+    # one compiled engine for a prefill-bound job's first compile: vLLM sizes its KV cache again (the whole GPU's)
+    monkeypatch.setattr(placement, "COMPILE_REPAID_TOKENS", 10_000)
     chosen, _ = shape.choose_for_shape(job, set())
     assert chosen.spec.engine.engines_per_gpu == 1 and chosen.spec.engine.kv_cache_memory_bytes is None
 
