@@ -13,8 +13,6 @@ import math
 import re
 from typing import Any
 
-import orjson
-
 from qbatch.errors import RowError
 
 FLOAT_PARAMS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
@@ -139,8 +137,8 @@ def check_json_schema(schema: Any) -> dict[str, Any]:
     if not isinstance(schema, dict):
         raise RowError("bad_constraint", f"JSON schema must be an object, got {type(schema).__name__}")
     try:
-        text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
-    except TypeError as exc:  # e.g. an integer key of a schema built in Python
+        text = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError) as exc:  # a schema built in Python holding a value JSON has not
         raise RowError("bad_constraint", f"JSON schema is not JSON: {exc}") from None
     error = _schema_error(text)
     if error is not None:
