@@ -195,28 +195,34 @@ def _run_first(settings: BenchSettings, workloads: dict[str, Workload], work: Pa
 
 
 def on_shared_engine(spec: Any, shared: Any) -> bool:
-    """Whether a qbatch run of this spec gets the shared engine: its engine settings, as its Job resolves
-    them, are the shared engine's. A run of other settings (two engines per GPU, a --variant with
-    compilation_mode or max_num_seqs) gets engines of its own, started before its timing."""
-    from qbatch.jobs.job import Job
+    """Whether a qbatch run of this spec gets the shared engine: its engine settings, as its run resolves
+    them (resolved_job), are the shared engine's. A run of other settings (two engines per GPU, a
+    --variant with compilation_mode or max_num_seqs, torch.compile chosen for the job's shape) gets
+    engines of its own, started before its timing."""
+    return resolved_job(spec).spec.engine == shared
 
-    return Job.setup(spec).spec.engine == shared
+
+def resolved_job(spec: Any) -> Any:
+    """The Job a `qbatch run` of this spec runs: its engines as Job.setup resolves them and then as the
+    job's shape chooses them (jobs/shape.py: torch.compile for a long prefill-bound job on a GPU), so
+    the engines started for it before its timing are the ones the run itself would start."""
+    from qbatch.jobs.job import Job
+    from qbatch.jobs.shape import choose_for_shape
+
+    return choose_for_shape(Job.setup(spec), set())[0]
 
 
 def _engine_processes(spec: Any) -> int:
-    """The engines a run of this spec would start, as Job.setup resolves them (it loads no tokenizer)."""
-    from qbatch.jobs.job import Job
-
-    return Job.setup(spec).spec.engine.engine_count()
+    """The engines a run of this spec would start."""
+    return resolved_job(spec).spec.engine.engine_count()
 
 
 def _start_engines(spec: Any) -> float:
     """Start a qbatch run's own engines (kept in qbatch.engines.factory's cache for its runs); the seconds it took."""
     from qbatch.engines import factory as engines
-    from qbatch.jobs.job import Job
 
+    job = resolved_job(spec)
     started = time.monotonic()
-    job = Job.setup(spec)  # resolves the engines per GPU as the run will
     engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
     getattr(engine, "wait_started", lambda: None)()  # a run begins on the first engine ready; timing waits for all
     return time.monotonic() - started
@@ -444,11 +450,10 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
 def _qbatch_engine_settings(spec: Any) -> dict[str, Any]:
     """The engine settings a qbatch run resolves (its engines run in processes of their own, whose
     vLLM config this process cannot read; None: vLLM's default, or qbatch's tuned one in engines/vllm.py)."""
-    from qbatch.jobs.job import Job
-
-    job = Job.setup(spec)
+    job = resolved_job(spec)
     engine = job.spec.engine
     return {"engines": engine.engine_count(), "engines_per_gpu": engine.engines_per_gpu,
+            "compilation_mode": engine.compilation_mode,
             "max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens,
             "max_model_len": job.max_model_len, "dtype": engine.dtype, "enforce_eager": engine.enforce_eager,
             "performance_mode": engine.performance_mode, "gpu_memory_utilization": engine.gpu_memory_utilization,

@@ -208,6 +208,35 @@ def test_a_variant_of_other_engine_settings_gets_engines_of_its_own(bundled_mode
         assert not on_shared_engine(qbatch_spec(settings, path, tmp_path / "out", variant), shared)
 
 
+def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, tmp_path, monkeypatch):
+    """On a GPU the bench starts a qbatch run's engines as the run itself would choose them (jobs/shape.py):
+    a long prefill-bound workload with a warm compile cache gets its two engines compiled, not the
+    uncompiled defaults that its run would then have found running and kept."""
+    from qbatch.bench.harness import resolved_job
+    from qbatch.bench.settings import BenchSettings, qbatch_spec
+    from qbatch.engines import compile_cache, placement
+    from qbatch.jobs import shape
+    from qbatch.jobs.job import Job
+
+    monkeypatch.setattr(placement, "gpu_memory_bytes", lambda device: 141 << 30)  # an H200, 16 cores
+    monkeypatch.setattr(shape, "gpu_memory_bytes", lambda device: 141 << 30)
+    monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)
+    path = tmp_path / "prefill.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "prompt": "lorem ipsum " * 300, "max_tokens": 8}) + "\n"
+                            for i in range(40)))
+    settings = BenchSettings(["prefill"], ["qbatch"], run_settings={"model": bundled_model})
+    spec = qbatch_spec(settings, path, tmp_path / "out")
+    default = Job.setup(spec).spec.engine
+    assert (default.engines_per_gpu, default.compilation_mode) == (2, None)
+    assert resolved_job(spec).spec.engine == default  # a cold compile cache: too short to repay a first compile
+    compile_cache.mark_warm(default.one_engine(compilation_mode=placement.TORCH_COMPILE), Job.setup(spec).model_path,
+                            Job.setup(spec).max_model_len)
+    chosen = resolved_job(spec).spec.engine
+    assert (chosen.engines_per_gpu, chosen.compilation_mode) == (2, placement.TORCH_COMPILE)
+
+
 def test_first_run_times_the_engine_start_and_keeps_every_run(cli, bundled_model, tmp_path):
     """first-run starts its engines inside the timing (here the null engine: the plumbing, fast); --json keeps
     each repeat, the table says both throughputs."""
