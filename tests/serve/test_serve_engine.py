@@ -1,4 +1,4 @@
-"""`qbatch serve` in a subprocess on the real engine (bundled model): the SDK end to end, cancel mid-run,
+"""`qbatch serve` in a subprocess on the real engine (the tiny random Qwen3): the SDK end to end, cancel mid-run,
 and kill -9 mid-batch then a restart: every custom_id exactly once in the output or error file."""
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ def _mid_batch(client, batch_id: str):
     return batch if 0 < done < batch.request_counts.total else None
 
 
-def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, bundled_model, tmp_path):
+def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_qwen3, tmp_path):
     from qbatch.engines import factory
 
     factory.close_all()  # the service starts an engine of its own: this process's go first (memory)
     data_dir = tmp_path / "data"
-    base, proc = serve_process("--model", bundled_model, *FLAGS, data_dir=data_dir)
+    base, proc = serve_process("--model", tiny_qwen3, *FLAGS, data_dir=data_dir)
     wait_until(lambda: _healthy(base, proc), START_S, 1.0)
     client = client_for(base + "/v1")
 
@@ -75,7 +75,7 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, bundle
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(30)
 
-    base, proc = serve_process("--model", bundled_model, *FLAGS, data_dir=data_dir)
+    base, proc = serve_process("--model", tiny_qwen3, *FLAGS, data_dir=data_dir)
     wait_until(lambda: _healthy(base, proc), START_S, 1.0)
     client = client_for(base + "/v1")
     assert client.batches.retrieve(queued.id).status == "in_progress"  # still queued
