@@ -274,14 +274,14 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     """The benchmark never rots: every mode runs on the tiny Qwen3 and generates exactly the forced tokens."""
     out = tmp_path / "bench.json"
     result = cli("bench", "varied", "--model", tiny_qwen3, "--rows", 6, "--length-scale", 0.05, "--hf-rows", 2,
-                 "--modes", "vllm-text,vllm-tokens,qbatch,session,hf", "--variant", "engines_per_gpu=2", "--repeats", 2,
+                 "--modes", "vllm-text,vllm-tokens,qbatch,session,hf", "--variant", "max_num_seqs=4", "--repeats", 2,
                  "--json", out)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {r["mode"]: r for r in report["results"]}
-    assert set(rows) == {"hf", "vllm-text", "vllm-tokens", "qbatch", "session", "qbatch engines_per_gpu=2"}
+    assert set(rows) == {"hf", "vllm-text", "vllm-tokens", "qbatch", "session", "qbatch max_num_seqs=4"}
     expected = report["workloads"]["varied"]
-    for mode in ("vllm-tokens", "qbatch", "session", "qbatch engines_per_gpu=2"):
+    for mode in ("vllm-tokens", "qbatch", "session", "qbatch max_num_seqs=4"):
         assert rows[mode]["rows"] == 6
         assert rows[mode]["output_tokens"] == expected["output_tokens"]  # ignore_eos + per-row max_tokens
         assert rows[mode]["prompt_tokens"] == expected["prompt_tokens"]  # the same prompts
@@ -290,9 +290,11 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     assert rows["qbatch"]["notes"]["engine_start_s"] < 1  # the engine was reused, not started again
     assert rows["session"]["notes"]["engine_start_s"] < 1  # the Session found the same warm engine
     assert 0 < rows["session"]["notes"]["overhead_s"] < rows["session"]["wall_s"]
-    # two engines of its own, started after the shared one had gone and before the timing
-    two = rows["qbatch engines_per_gpu=2"]["notes"]
-    assert two["engines"] == 2 and two["engine_start_s"] < 1 and two["own_engines_start_s"] > 1
+    # other engine settings: an engine of its own, started after the shared one had gone and before the
+    # timing (two engines per GPU take the same path: test_vllm_defaults_..., dispatch's wait_started)
+    own = rows["qbatch max_num_seqs=4"]["notes"]
+    assert own["engines"] == 1 and own["engine_start_s"] < 1 and own["own_engines_start_s"] > 1
+    assert own["engine_settings"]["max_num_seqs"] == 4
     assert rows["hf"]["rows"] == 2
     assert len(rows["qbatch"]["notes"]["wall_s_runs"]) == 2  # two runs, in alternating order
     assert "vs vllm-tokens" in result.output
