@@ -433,7 +433,12 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
     wall = time.monotonic() - started
     name += "".join(f" {k}={v}" for k, v in variant.items())
     notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
-             "overhead_s": round(wall - summary.generate_s, 3), "chunks": summary.num_chunks,
+             "overhead_s": round(wall - summary.generate_s, 3),
+             # the overhead before the first chunk went out and after the last was written, and when the
+             # first chunk was done (from the generation's start): where a short job's time goes
+             "setup_s": round(summary.setup_s, 3), "after_s": round(wall - summary.setup_s - summary.generate_s, 3),
+             "first_chunk_done_s": summary.chunks[0]["finished_s"] if summary.chunks else None,
+             "chunks": summary.num_chunks,
              "rows_failed": summary.rows_failed, "engines": _engine_processes(spec)}
     if summary.engine_choice:  # the run chose its engines from the job's shape (jobs/shape.py)
         notes["engine_choice"] = summary.engine_choice

@@ -8,6 +8,7 @@ them compiled (choose_engines).
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from dataclasses import dataclass
@@ -110,8 +111,13 @@ def shared_gpu_kv_cache_bytes(spec: EngineSpec, weights_bytes: int | None) -> in
     return kv_bytes if kv_bytes > 0 else None
 
 
+@functools.cache
 def gpu_memory_bytes(device: str) -> int | None:
-    """Total memory of an NVIDIA GPU (CUDA stays uninitialised); None without one."""
+    """Total memory of an NVIDIA GPU (CUDA stays uninitialised); None without one.
+
+    Asked once per process and device: a GPU's memory does not change, and a run asked up to four
+    times before its first row reached a running engine (each call a subprocess).
+    """
     rows = query_gpus("memory.total", device)
     return rows[0][0] << 20 if rows else None  # MiB
 

@@ -142,9 +142,13 @@ def test_gpus_are_asked_through_nvidia_smi(tmp_path, monkeypatch):
     assert placement.query_gpus("memory.used,memory.total", "0,1") == [[1024, 143771], [2048, 143771]]
     assert "--query-gpu=memory.used,memory.total" in (tmp_path / "args").read_text()
     assert (tmp_path / "args").read_text().split()[-2:] == ["-i", "0,1"]
+    placement.gpu_memory_bytes.cache_clear()
     assert placement.gpu_memory_bytes("0") == 1024 << 20  # the first GPU's first field, MiB
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert placement.gpu_memory_bytes("0") == 1024 << 20  # asked once per process: a GPU's memory stays
+    placement.gpu_memory_bytes.cache_clear()
     assert placement.query_gpus("memory.total") is None and placement.gpu_memory_bytes("0") is None
+    placement.gpu_memory_bytes.cache_clear()
 
 
 class FakeContext:
