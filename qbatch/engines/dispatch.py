@@ -7,6 +7,13 @@ engines: a chunk stays open until its longest row ends, so most of the rows a
 worker "holds" are long finished, and chunks pushed ahead pile up behind one
 engine while another goes idle at the end (docs/benchmarks.md, data parallel).
 
+A chunk travels under a number of the coordinator's own, never reused: its
+index counts from 0 in each run, and engines kept warm between runs (a
+Session, `qbatch serve`) may still answer a chunk of a run that stopped early
+(Ctrl-C, a cancelled batch). Such an answer is dropped, never taken for the
+chunk of the same index in the next run, and a run that ends early tells the
+workers to drop the chunks they hold (`_abandon`).
+
 Shared by the one-host backend (processes.py, worker processes) and the Ray
 backend (ray_actors.py, actors); they differ only in how a chunk travels. The
 coordinator stays the only writer of OUT_DIR, so a chunk is written once,
@@ -17,6 +24,7 @@ its engine (core binding, its chunk feed, its answers).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import time
 from collections import deque
@@ -25,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qbatch.engines.base import END, Chunk
-from qbatch.engines.messages import Done, EngineSample, Failed, Message, Ready, Stats, Stop, Want, unpack
+from qbatch.engines.messages import Done, Drop, EngineSample, Failed, Message, Ready, Stats, Stop, Want, unpack
 from qbatch.engines.platform import bind_cpu_cores, on_cpu
 from qbatch.engines.vllm import VllmEngine
 from qbatch.errors import EngineError
@@ -56,6 +64,7 @@ class Dispatcher:
         self._wanting: deque[int] = deque()  # workers that asked for a chunk, in order of asking
         self._starting: set[int] = set()  # workers whose engine is not ready yet (they join the run when it is)
         self._samples: dict[int, EngineSample] = {}  # each worker's latest counters (telemetry)
+        self._numbers = itertools.count()  # what a chunk travels as: unique across runs
         self.started_at = time.monotonic()  # the engines' start: each one's ready time is logged from it
 
     def telemetry(self) -> list[tuple[str, EngineSample]]:
@@ -63,7 +72,16 @@ class Dispatcher:
         return [(w.label, self._samples[rank]) for rank, w in list(self._workers.items()) if rank in self._samples]
 
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
-        source = iter(chunks)
+        self._abandon()  # what a run that stopped early left (its consumer may not have closed it)
+        finished = False
+        try:
+            yield from self._run(iter(chunks))
+            finished = True
+        finally:
+            if not finished:  # an error, Ctrl-C, a consumer that stopped: the engines drop this run's chunks
+                self._abandon()
+
+    def _run(self, source: Iterator[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         retry: deque[Chunk] = deque()
         exhausted, reaped = False, time.monotonic()
         while True:
@@ -81,9 +99,9 @@ class Dispatcher:
                 case Failed(rank=rank, reason=reason):
                     raise EngineError(f"the engine failed in {worker.label if worker else rank}: {reason}",
                                       hint=RESUME_HINT)
-                case Done(chunk_index=index, outputs=outputs):
-                    chunk = worker.outstanding.pop(index, None) if worker else None
-                    if chunk is not None:  # None: a late answer of a worker already given up
+                case Done(chunk_index=number, outputs=outputs):
+                    chunk = worker.outstanding.pop(number, None) if worker else None
+                    if chunk is not None:  # None: a late answer of a worker given up, or of an earlier run
                         yield chunk, unpack(chunk.requests, outputs)
 
     def wait_started(self) -> None:
@@ -129,9 +147,22 @@ class Dispatcher:
             if chunk is None:  # nothing ready yet
                 return exhausted
             self._wanting.remove(worker.rank)
-            worker.outstanding[chunk.index] = chunk
-            self._send(worker, slim(chunk))
+            number = next(self._numbers)
+            worker.outstanding[number] = chunk
+            self._send(worker, slim(chunk, number))
         return exhausted
+
+    def _abandon(self) -> None:
+        """Forget the chunks workers still hold (a run that stopped early) and tell them to drop theirs."""
+        for worker in self._workers.values():
+            if worker.outstanding:
+                worker.outstanding.clear()
+                self._drop(worker)
+
+    def _drop(self, worker: Worker) -> None:
+        """Tell a worker to abort the requests of the chunks it holds, where the transport keeps the
+        order of what it sends (a worker process's queue; not Ray's concurrent actor calls, whose
+        engines finish such chunks instead). Their late answers are dropped either way."""
 
     def _next_wanting(self) -> Worker | None:
         """The first worker that asked and may take a chunk now (forgetting those that died since).
@@ -172,9 +203,10 @@ def _rows(worker: Worker) -> int:
     return sum(len(chunk.requests) for chunk in worker.outstanding.values())
 
 
-def slim(chunk: Chunk) -> Chunk:
-    """The chunk as a worker needs it: token ids and sampling, not the carried columns or prompt text."""
-    return Chunk(chunk.index, [replace(r, extra={}, prompt=None) for r in chunk.requests])
+def slim(chunk: Chunk, number: int) -> Chunk:
+    """The chunk as a worker needs it, numbered as it travels: token ids and sampling, not the carried
+    columns or prompt text."""
+    return Chunk(number, [replace(r, extra={}, prompt=None) for r in chunk.requests])
 
 
 def start_engine(spec: EngineSpec, model_path: str, max_model_len: int, local_rank: int, local_world: int) -> Any:
@@ -199,6 +231,10 @@ def send_stats(engine: Any, rank: int, put: Callable[[Message], None], stopped: 
     threading.Thread(target=send, name="qbatch-engine-stats", daemon=True).start()
 
 
+class Dropped(Exception):
+    """Raised through a worker's engine loop: the coordinator dropped the chunks it holds."""
+
+
 def feed(tasks: Any, ask: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> Iterator[Chunk | None]:
     """A worker's chunks from the coordinator, until Stop.
 
@@ -217,5 +253,7 @@ def feed(tasks: Any, ask: Callable[[], None], orphaned: Callable[[], bool] = lam
             continue
         if isinstance(item, Stop):
             return
+        if isinstance(item, Drop):
+            raise Dropped  # the engine aborts the requests it holds (VllmEngine.run), the worker goes on
         asked = False
         yield item

@@ -113,6 +113,11 @@ class Stop:
     """To a worker: no more chunks, shut the engine down."""
 
 
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """To a worker: abort the requests of every chunk you hold (their run stopped early), then go on."""
+
+
 Message = Want | Ready | Done | Failed | Stats
 
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
-from qbatch.engines.dispatch import POLL_S, Dispatcher, Worker, feed, send_stats, start_engine
-from qbatch.engines.messages import Done, Failed, Message, Ready, Stop, Want, pack
+from qbatch.engines.dispatch import POLL_S, Dispatcher, Dropped, Worker, feed, send_stats, start_engine
+from qbatch.engines.messages import Done, Drop, Failed, Message, Ready, Stop, Want, pack
 from qbatch.engines.placement import VLLM_DEFAULT_UTILIZATION, gpu_ids
 from qbatch.engines.platform import on_cpu
 from qbatch.errors import ModelError, QbatchError, first_line
@@ -105,6 +105,10 @@ class DataParallelEngine(Dispatcher):
 
     def _send(self, worker: Worker, chunk: Chunk) -> None:
         worker.handle[1].put(chunk)
+
+    def _drop(self, worker: Worker) -> None:
+        if self._is_alive(worker):
+            worker.handle[1].put(Drop())
 
     def _receive(self, timeout: float) -> Message | None:
         try:
@@ -187,14 +191,24 @@ def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path
     stats_stopped = threading.Event()
     send_stats(engine, rank, results.put, stats_stopped)
     try:
-        chunks = feed(tasks, ask=lambda: results.put(Want(rank)), orphaned=lambda: os.getppid() != parent)
-        for chunk, completions in engine.run(chunks):
-            results.put(Done(rank, chunk.index, pack(completions)))
+        _serve_chunks(engine, rank, tasks, results, orphaned=lambda: os.getppid() != parent)
     except BaseException as exc:
         results.put(Failed(rank, first_line(exc)))
     finally:
         stats_stopped.set()
         engine.close()  # a multiprocessing child skips atexit: vLLM's engine process would outlive it
+
+
+def _serve_chunks(engine: Any, rank: int, tasks: Any, results: Any, orphaned: Callable[[], bool]) -> None:
+    """Run the coordinator's chunks until Stop; a Drop aborts the requests the engine holds (their run
+    stopped early: VllmEngine.run aborts them on the way out) and the engine takes the next run's chunks."""
+    while True:
+        try:
+            for chunk, completions in engine.run(feed(tasks, ask=lambda: results.put(Want(rank)), orphaned=orphaned)):
+                results.put(Done(rank, chunk.index, pack(completions)))
+            return
+        except Dropped:
+            continue
 
 
 def _start_in_turn(turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int, rank: int, world: int,

@@ -187,3 +187,58 @@ def test_while_an_engine_starts_the_others_hold_no_more_rows_than_they_run():
     assert sorted(chunk.index for chunk, _ in results) == list(range(30))
     assert workers.held["starting"] == 4  # two chunks, though its engine asked for more
     assert workers.held["running"] > 4 and workers.received[1]  # then the cap is gone, and worker 1 takes its share
+
+
+class RecordingDrops(InProcessWorkers):
+    """Workers that, like Ray actors, finish the chunks of a run that stopped early (their late answers
+    come first in the next run); the coordinator's drops are recorded."""
+
+    def __init__(self, num_workers: int):
+        super().__init__(num_workers, room={rank: 4 for rank in range(num_workers)})
+        self.drops = []
+
+    def _drop(self, worker):
+        self.drops.append(worker.rank)
+
+
+def make_run(count: int, tokens: int) -> list[Chunk]:
+    return [Chunk(c, [Request(f"t{tokens}c{c}r{r}", 0, c * 2 + r, [7] * tokens, {"max_tokens": 4}, None, {})
+                      for r in range(2)]) for c in range(count)]
+
+
+def test_a_run_that_stopped_early_never_answers_for_the_next_one():
+    """Warm engines (a Session, `qbatch serve`) outlive a run that stops early (Ctrl-C, a cancelled
+    batch): the chunks its workers held are dropped, and their late answers, numbered as they
+    travelled, are never taken for the next run's chunks of the same index."""
+    workers = RecordingDrops(2)
+    first = workers.run(make_run(10, tokens=3))
+    next(first)
+    first.close()  # the consumer stopped: chunks are still out with both workers
+    assert sorted(workers.drops) == [0, 1]
+    assert not any(w.outstanding for w in workers._workers.values())
+    workers.room = {0: 12, 1: 12}  # the next run's chunks all go out before the stale answers come
+    results = list(workers.run(make_run(6, tokens=5)))
+    assert sorted(chunk.index for chunk, _ in results) == list(range(6))
+    for chunk, completions in results:
+        assert [c.request.id for c in completions] == [r.id for r in chunk.requests]
+        assert {c.text for c in completions} == {"[null engine: 5 prompt tokens]"}  # this run's outputs only
+
+
+def test_a_worker_told_to_drop_its_chunks_takes_the_next_runs():
+    """A worker process told to Drop aborts what its engine holds (its engine.run ends) and goes on with
+    the chunks that follow, until Stop."""
+    import queue
+
+    from qbatch.engines.messages import Drop
+    from qbatch.engines.processes import _serve_chunks
+
+    class Results(list):
+        put = list.append
+
+    tasks, results = queue.Queue(), Results()
+    for item in (*make_run(1, tokens=3), Drop(), Chunk(7, make_run(1, tokens=5)[0].requests), Stop()):
+        tasks.put(item)
+    _serve_chunks(NullEngine(), 0, tasks, results, orphaned=lambda: False)
+    done = [m for m in results if isinstance(m, Done)]
+    assert [m.chunk_index for m in done] == [0, 7]
+    assert done[1].outputs[0].text == "[null engine: 5 prompt tokens]"
