@@ -33,9 +33,9 @@ class Progress:
 
             self._bar = tqdm(total=total, unit="row", file=stream, dynamic_ncols=True, smoothing=0.1)
 
-    def start_clock(self) -> float:
-        """Rates count from here (generation start), not from before the engine loaded."""
-        self.started = self._last_log = time.monotonic()
+    def start_clock(self, at: float | None = None) -> float:
+        """Rates count from here, or from `at` (generation start), not from before the engine loaded."""
+        self.started = self._last_log = time.monotonic() if at is None else at
         return self.started
 
     def update(self, rows: int, failed: int = 0, tokens: int = 0) -> None:

@@ -4,14 +4,15 @@ Everything that can be checked without the model (inputs, spec, output
 folder, manifest, duplicate ids) is checked before the engine loads, except
 that engines in processes of their own (several per host) start right after
 the output folder's checks, to load beside the tokenizer and the id pre-scan
-(a failed check kills them). Rows are
+(a failed check kills them). An engine that is up before the run (a Session's,
+`qbatch serve`'s) gets the first window's chunks before the id pre-scan, which
+then runs beside them; nothing is written before it ends (opening.py). Rows are
 read, rendered, tokenized and planned in three threads of their own (stages.py)
 while the engine generates and this thread writes the results.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -19,19 +20,18 @@ from typing import Any, TextIO
 
 from qbatch.engines import factory as engines
 from qbatch.engines.base import Chunk
-from qbatch.errors import InputError, SpecError
+from qbatch.errors import SpecError
 from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
-from qbatch.jobs.job import InputScan, Job, PlannedWindow
-from qbatch.jobs.manifest import covered_inputs, input_rows, new_manifest, now, recording_stop
+from qbatch.jobs.job import Job, PlannedWindow
+from qbatch.jobs.manifest import covered_inputs, now, recording_stop
 from qbatch.jobs.memory import rare_collections, release_freed_memory
+from qbatch.jobs.opening import Opening, check_not_empty
 from qbatch.jobs.progress import Progress
 from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
 from qbatch.jobs.summary import Summary, stats_dict
-from qbatch.jobs.telemetry import Telemetry
-from qbatch.log import log
 from qbatch.output.assemble import assemble
-from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_manifest
+from qbatch.output.columns import ColumnTypes
 from qbatch.output.folder import ERROR_PREFIX, RESULT_PREFIX, OutputDir
 from qbatch.output.embeddings import embeddings_table
 from qbatch.output.tables import failures_table, results_table
@@ -72,37 +72,23 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
     job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
     early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
+    summary = Summary(str(out.path), "running", rows_skipped=len(done), task=spec.engine.task,
+                      engine_choice=choice.reason if choice else None)
+    opening = Opening(job, out, summary, done, previous, fingerprint, stream, progress_class)
     with job.windows(done, start=early) as windows:
-        scan = job.scan(done)
-        check_not_empty(job, scan)
-        todo = scan.num_todo
-        recorded = from_manifest(previous)
-        column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
-        summary = Summary(str(out.path), "running", rows_skipped=len(done), task=spec.engine.task,
-                          engine_choice=choice.reason if choice else None)
-        manifest = new_manifest(spec, job.model_path, previous, fingerprint, status="running")
-        manifest.update(engine_choice=summary.engine_choice)
-        manifest.update(rows_total=todo + len(done), input_rows=input_rows(job.files, scan.rows_read),
-                        covered_inputs=False)
-        manifest.update(to_manifest(column_types))
-        out.write_manifest(manifest)
-        progress = progress_class(spec.output.progress, todo, stream=stream)
-        if spec.engine.task == "embed":
-            progress.tokens_of = "input"
-        if todo:
-            progress.log(f"{todo} rows to process, {len(done)} already done; model {spec.engine.model}")
-        else:
-            progress.log(f"no rows to process ({len(done)} already done, inputs: {', '.join(map(str, job.files))})")
         try:
-            with recording_stop(out, manifest):
-                if todo:
+            with opening.recording_stop():
+                # On an engine that was up before this run, the pre-scan runs beside its first chunks
+                # (opening.py); other runs scan first, while their engine starts.
+                if _engine_was_up(job, started_early) or opening.open().todo:
                     summary.setup_s = time.monotonic() - started
-                    _generate(job, windows, out, summary, progress, started_early, column_types)
+                    _generate(job, windows, out, summary, opening, started_early)
         finally:
-            progress.close()
-    with recording_stop(out, manifest):
-        return _finish(job, out, summary, manifest, started,
-                       covered=covered_inputs(spec.input.limit, scan.rows_read))
+            opening.close()
+    opened = opening.open()
+    with recording_stop(out, opened.manifest):
+        return _finish(job, out, summary, opened.manifest, started,
+                       covered=covered_inputs(spec.input.limit, opened.scan.rows_read))
 
 
 def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any], started: float, *,
@@ -128,6 +114,11 @@ def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any]
     return summary
 
 
+def _engine_was_up(job: Job, started_early: float | None) -> bool:
+    """Whether this run's engine was started (or starting) before the run: it waits for no start."""
+    return started_early is None and engines.is_cached(job.spec.engine, job.model_path, job.max_model_len)
+
+
 def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | None:
     """Start engines that run in processes of their own now, so that they load while this process
     loads the tokenizer and scans the inputs (they are killed if a check fails); when they started."""
@@ -136,42 +127,40 @@ def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | N
     return engines.prestart(job.spec.engine, job.model_path, job.max_model_len)
 
 
-def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress,
-              started_early: float | None, column_types: ColumnTypes) -> None:
+def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, opening: Opening,
+              started_early: float | None) -> None:
     """Start the engine (or wait for the one started early), feed it the windows' chunks, write each
-    chunk as it finishes."""
-    telemetry = Telemetry(out.path, summary, progress.total) if job.spec.output.telemetry else None
-    with telemetry or contextlib.nullcontext():
-        _generate_with(job, windows, out, summary, progress, started_early, column_types, telemetry)
-
-
-def _generate_with(job: Job, windows: Stages, out: OutputDir, summary: Summary, progress: Progress,
-                   started_early: float | None, column_types: ColumnTypes, telemetry: Telemetry | None) -> None:
+    chunk as it finishes, once the run is open (opening.py)."""
     t0 = time.monotonic()
     engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
-    if telemetry is not None:
-        telemetry.engine = engine
     summary.engine_start_s = time.monotonic() - (started_early or t0)
     early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
-    progress.log(f"engine ready in {summary.engine_start_s:.1f}s{early}")
-    gen_start = progress.start_clock()
+    gen_start = opening.generating(engine, f"engine ready in {summary.engine_start_s:.1f}s{early}")
     sources = [str(p) for p in job.files]
     windows.start()
-    for chunk, completions in engine.run(_chunks(windows, out, summary, progress)):
-        _write_chunk(chunk, completions, out, summary, progress, sources, gen_start, job.spec.output.include_prompt,
-                     column_types, embed=job.spec.embed if job.spec.engine.task == "embed" else None)
+    for chunk, completions in engine.run(_chunks(windows, out, summary, opening)):
+        opened = opening.open()
+        _write_chunk(chunk, completions, out, summary, opened.progress, sources, gen_start,
+                     job.spec.output.include_prompt, opened.column_types,
+                     embed=job.spec.embed if job.spec.engine.task == "embed" else None)
+    opening.open()
     summary.generate_s = time.monotonic() - gen_start
 
 
-def _chunks(windows: Iterable[PlannedWindow], out: OutputDir, summary: Summary,
-            progress: Progress) -> Iterator[Chunk]:
-    """Number the chunks for the engine; record failures as they come."""
+def _chunks(windows: Iterable[PlannedWindow], out: OutputDir, summary: Summary, opening: Opening) -> Iterator[Chunk]:
+    """Number the chunks for the engine; record failures as they come. A run not open yet (opening.py)
+    opens once the first window's chunks are with the engine, and records that window's failures then."""
     for window in windows:
-        if window.failures:
-            _record_failures(window.failures, out, summary, progress)
+        failures = window.failures
+        if failures and opening.opened is not None:
+            _record_failures(failures, out, summary, opening.opened.progress)
+            failures = []
         for requests in window.chunks:
             yield Chunk(summary.num_chunks, requests)
             summary.num_chunks += 1
+        opened = opening.open()  # once: the engine has this window's chunks (it may have opened the run meanwhile)
+        if failures:
+            _record_failures(failures, out, summary, opened.progress)
 
 
 def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, progress: Progress) -> None:
@@ -223,17 +212,3 @@ def dry_run(job: Job, started: float) -> Summary:
         summary.num_chunks += 1
     summary.wall_s = time.monotonic() - started
     return summary
-
-
-def check_not_empty(job: Job, scan: InputScan) -> None:
-    """Inputs that hold no rows at all: a warning on stderr, or with --fail-on-empty an error (exit 3),
-    so that a scheduler does not take an empty export for a finished job."""
-    if scan.num_rows:
-        return
-    files = ", ".join(map(str, job.files))
-    if job.spec.output.fail_on_empty:
-        raise InputError("the inputs hold 0 rows", where=files,
-                         hint="check the export that wrote them, or drop --fail-on-empty to let an empty run pass")
-    log.warning(f"the inputs hold 0 rows: {files}")
-
-

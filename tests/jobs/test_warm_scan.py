@@ -1,0 +1,101 @@
+"""A run on an engine that is already up (a Session's, `qbatch serve`'s, a benchmark's) hands it the
+first window's chunks before the pre-scan and scans while they run (jobs/opening.py): every row
+still ends in the results or the errors once, and a scan that refuses the input leaves the output
+folder as it was."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from qbatch.engines import factory
+from qbatch.engines.base import NullEngine
+from qbatch.errors import InputError
+from qbatch.jobs import runner
+from qbatch.jobs.job import Job
+from qbatch.spec import JobSpec
+
+
+class WarmEngine(NullEngine):
+    """A null engine that counts the chunks it was given and notes when its run was closed early."""
+
+    def __init__(self):
+        super().__init__()
+        self.taken = 0
+        self.closed_early = False
+
+    def run(self, chunks):
+        def counted():
+            for chunk in chunks:
+                self.taken += chunk is not None
+                yield chunk
+
+        finished = False
+        try:
+            yield from super().run(counted())
+            finished = True
+        finally:
+            self.closed_early = not finished
+
+
+@pytest.fixture
+def warm(monkeypatch):
+    """The run's engine is up before it starts; what the engine had been given when the scan began."""
+    engine = WarmEngine()
+    monkeypatch.setattr(factory, "is_cached", lambda *args: True)
+    monkeypatch.setattr(factory, "forks_on_create", lambda *args: False)
+    monkeypatch.setattr(factory, "prestart", lambda *args: None)
+    monkeypatch.setattr(factory, "create", lambda *args: engine)
+    scan = Job.scan
+    at_scan = []
+
+    def noting_scan(job, done):
+        at_scan.append(engine.taken)
+        return scan(job, done)
+
+    monkeypatch.setattr(Job, "scan", noting_scan)
+    return engine, at_scan
+
+
+def spec(path, out, **settings) -> JobSpec:
+    return JobSpec.from_flat({"inputs": [str(path)], "output_dir": str(out), "model": "smollm2-135m", "progress": "none",
+                              "telemetry": False, **settings}, source="test")
+
+
+def test_the_scan_runs_beside_the_first_chunks_and_every_row_ends_once(warm, write_jsonl, tmp_path):
+    engine, at_scan = warm
+    rows = [{"id": f"r{i}", "prompt": f"question {i} " * (1 + i % 7)} for i in range(1500)]
+    rows[3] = {"id": "r3", "prompt": 42}  # a bad row in the first window: an error, recorded once the run is open
+    summary = runner.run(spec(write_jsonl(rows), tmp_path / "out"))
+    assert at_scan and at_scan[0] > 0  # the engine had chunks before the scan began
+    assert engine.taken == summary.num_chunks and not engine.closed_early
+    results = pl.read_parquet(tmp_path / "out" / "results.parquet")
+    errors = pl.read_parquet(tmp_path / "out" / "errors.parquet")
+    assert sorted(results["id"].to_list() + errors["id"].to_list()) == sorted(r["id"] for r in rows)
+    assert errors["id"].to_list() == ["r3"] and results["id"].n_unique() == results.height == 1499
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["rows_total"] == 1500
+    assert (summary.rows_ok, summary.rows_failed) == (1499, 1)
+
+
+def test_a_scan_that_refuses_the_input_leaves_the_folder_as_it_was(warm, write_jsonl, tmp_path):
+    """Duplicate ids at the end of the input are found by the scan after the engine got its first
+    chunks: the run fails as a cold one does, its engine's run is closed, and nothing is written."""
+    engine, at_scan = warm
+    rows = [{"id": f"r{i}", "prompt": f"question {i}"} for i in range(1200)] + [{"id": "r7", "prompt": "again"}]
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="1 ids appear more than once: 'r7'"):
+        runner.run(spec(write_jsonl(rows), out))
+    assert at_scan[0] > 0 and engine.closed_early
+    assert [p.name for p in out.rglob("*") if p.is_file() and p.name != ".qbatch.lock"] == []  # no manifest, no part
+
+
+def test_a_run_with_nothing_left_to_do_on_a_warm_engine(warm, write_jsonl, tmp_path):
+    engine, _ = warm
+    path = write_jsonl([{"id": f"r{i}", "prompt": "hi"} for i in range(10)])
+    runner.run(spec(path, tmp_path / "out"))
+    again = runner.run(spec(path, tmp_path / "out"))
+    assert (again.rows_ok, again.rows_skipped) == (0, 10)
+    assert pl.read_parquet(tmp_path / "out" / "results.parquet").height == 10
