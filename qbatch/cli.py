@@ -455,6 +455,16 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     from qbatch.engines.factory import close_all as close_engines
     from qbatch.jobs.shutdown import ProcessGuard
 
+    command = "qbatch " + shlex.join(sys.argv[1:])
+
+    def write(report: dict[str, Any]) -> None:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({**report, "command": command}, handle, indent=2, default=str)
+
+    def write_interrupted(report: dict[str, Any]) -> None:  # a time limit keeps the runs that finished
+        write(report)
+        click.echo(f"interrupted: the {len(report['runs'])} runs that finished are in {json_path}", err=True)
+
     with ProcessGuard(reaper=not null_engine):  # a signal kills the engines; so does this process's death
         try:
             if null_engine:
@@ -462,13 +472,11 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
 
                 report = pipeline_bench(spec, prompts_file=prompts)
             else:
-                report = benchmarks.run_bench(spec)
+                report = benchmarks.run_bench(spec, interrupted=write_interrupted)
         finally:
             close_engines()
-    report["command"] = "qbatch " + shlex.join(sys.argv[1:])
-    with open(json_path, "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=2, default=str)
-    click.echo(benchmarks.format_table(report))
+    write(report)
+    click.echo(benchmarks.format_table({**report, "command": command}))
     click.echo(f"results: {json_path}")
 
 

@@ -56,8 +56,10 @@ class Measurement:
                 "total_tok_s": round((self.prompt_tokens + self.output_tokens) / wall, 1)}
 
 
-def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every mode on every workload; return the report (see `format_table`)."""
+def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print,
+              interrupted: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every mode on every workload; return the report (see `format_table`). A signal or Ctrl-C (a
+    lease's time limit) first hands `interrupted` the report of the runs done so far (`"interrupted": true`)."""
     from qbatch.jobs.job import Job
 
     settings.validate()
@@ -67,41 +69,54 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print) ->
         job = Job.setup(spec)
         workloads = _workloads(settings, job.preparer.tokenizer, work, log)
         measurements: list[Measurement] = []
-        if "hf" in settings.modes:  # before vLLM takes the GPU's memory
-            for workload in workloads.values():
-                measurements.append(_run_hf(job.model_path, spec.engine, workload, settings.hf_rows))
-                log(_line(measurements[-1]))
-            _free_torch_memory()
-        engine_info: dict[str, Any] = {}
         engines: dict[str, Any] = {}  # each engine's settings and start time, by the modes it ran
         every_run: list[Measurement] = []  # in the order they ran, for the JSON report
-        if set(settings.modes) & set(RAW_BEST_MODES):
-            engines["vllm-best"] = _run_raw_best(settings, spec, job, workloads, measurements, every_run, log)
-        sequence = _vllm_modes(settings)
-        specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
-                 for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
-        own = {i for (_, i), s in specs.items() if settings.vllm_defaults or not on_shared_engine(s, job.spec.engine)}
-        if len(own) < len(sequence):  # some mode runs on the shared engine (else it is not started)
-            engine, engine_info = _engine(settings, spec, job)
-            engines["shared"] = engine_info
-            log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
-            # vLLM's defaults engine is not in qbatch.engines.factory's cache, which the CLI closes
-            release = engine.close if settings.vllm_defaults else _keep
-            try:
-                _run_engine_modes(settings, engine.llm, workloads, sequence, specs, own, job, measurements,
-                                  every_run, log, release)
-            finally:
-                release()
-        elif sequence:
-            _run_engine_modes(settings, None, workloads, sequence, specs, own, job, measurements, every_run, log, _keep)
-        if "first-run" in settings.modes:
-            _run_first(settings, workloads, work, measurements, every_run, log)
-        for m in measurements:  # qbatch's own engines: the settings it resolved, and their start
-            if "engine_settings" in m.notes:
-                start_s = m.notes.get("own_engines_start_s", m.notes["engine_start_s"])
-                engines.setdefault(m.mode, {"start_s": {}, "settings": m.notes["engine_settings"]})
-                engines[m.mode]["start_s"][m.workload] = start_s
+        try:
+            engine_info = _run_modes(settings, spec, job, work, workloads, measurements, engines, every_run, log)
+        except KeyboardInterrupt:
+            if interrupted is not None:
+                interrupted({**_report(settings, workloads, measurements, {}, engines, every_run), "interrupted": True})
+            raise
     return _report(settings, workloads, measurements, engine_info, engines, every_run)
+
+
+def _run_modes(settings: BenchSettings, spec: Any, job: Any, work: Path, workloads: dict[str, Workload],
+               measurements: list[Measurement], engines: dict[str, Any], every_run: list[Measurement],
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """The measurements, into `measurements` (means) and `every_run`; the shared engine's info."""
+    if "hf" in settings.modes:  # before vLLM takes the GPU's memory
+        for workload in workloads.values():
+            measurements.append(_run_hf(job.model_path, spec.engine, workload, settings.hf_rows))
+            log(_line(measurements[-1]))
+        _free_torch_memory()
+    engine_info: dict[str, Any] = {}
+    if set(settings.modes) & set(RAW_BEST_MODES):
+        engines["vllm-best"] = _run_raw_best(settings, spec, job, workloads, measurements, every_run, log)
+    sequence = _vllm_modes(settings)
+    specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
+             for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
+    own = {i for (_, i), s in specs.items() if settings.vllm_defaults or not on_shared_engine(s, job.spec.engine)}
+    if len(own) < len(sequence):  # some mode runs on the shared engine (else it is not started)
+        engine, engine_info = _engine(settings, spec, job)
+        engines["shared"] = engine_info
+        log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
+        # vLLM's defaults engine is not in qbatch.engines.factory's cache, which the CLI closes
+        release = engine.close if settings.vllm_defaults else _keep
+        try:
+            _run_engine_modes(settings, engine.llm, workloads, sequence, specs, own, job, measurements,
+                              every_run, log, release)
+        finally:
+            release()
+    elif sequence:
+        _run_engine_modes(settings, None, workloads, sequence, specs, own, job, measurements, every_run, log, _keep)
+    if "first-run" in settings.modes:
+        _run_first(settings, workloads, work, measurements, every_run, log)
+    for m in measurements:  # qbatch's own engines: the settings it resolved, and their start
+        if "engine_settings" in m.notes:
+            start_s = m.notes.get("own_engines_start_s", m.notes["engine_start_s"])
+            engines.setdefault(m.mode, {"start_s": {}, "settings": m.notes["engine_settings"]})
+            engines[m.mode]["start_s"][m.workload] = start_s
+    return engine_info
 
 
 def _keep() -> None:

@@ -254,6 +254,33 @@ def test_first_run_times_the_engine_start_and_keeps_every_run(cli, bundled_model
     assert "docqa first-run: engines started in" in result.output and "over generation" in result.output
 
 
+def test_a_bench_cut_short_keeps_the_runs_that_finished(cli, bundled_model, tmp_path, monkeypatch):
+    """A lease's time limit (SIGTERM) stops a long bench: --json still gets every run that finished, marked
+    interrupted, so the lines it printed are not all that is left."""
+    import signal
+
+    from qbatch.bench import harness
+    from qbatch.errors import Interrupted
+
+    run_qbatch, calls = harness._run_qbatch, []
+
+    def second_run_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted(signal.SIGTERM)
+        return run_qbatch(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "_run_qbatch", second_run_interrupted)
+    out = tmp_path / "bench.json"
+    result = cli("bench", "docqa", "--model", bundled_model, "-s", "backend=null", "--modes", "first-run",
+                 "--rows", 12, "--length-scale", 0.02, "--repeats", 3, "--json", out)
+    assert result.exit_code != 0
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True and report["command"].startswith("qbatch ")
+    assert [(r["mode"], r["notes"]["repeat"]) for r in report["runs"]] == [("first-run", 0)]
+    assert "interrupted: the 1 runs that finished are in" in result.output
+
+
 def test_table_compares_with_vllm_best_when_it_ran():
     from qbatch.bench.harness import format_table
 
