@@ -73,13 +73,11 @@ class Dispatcher:
 
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         self._abandon()  # what a run that stopped early left (its consumer may not have closed it)
-        finished = False
         try:
             yield from self._run(iter(chunks))
-            finished = True
-        finally:
-            if not finished:  # an error, Ctrl-C, a consumer that stopped: the engines drop this run's chunks
-                self._abandon()
+        except BaseException:  # an error, Ctrl-C, a consumer that stopped: the engines drop this run's chunks
+            self._abandon()
+            raise
 
     def _run(self, source: Iterator[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
         retry: deque[Chunk] = deque()

@@ -52,10 +52,10 @@ class Opening:
         self._previous, self._fingerprint = previous, fingerprint
         self._stream, self._progress_class = stream, progress_class
         self.opened: Opened | None = None
-        self.telemetry: Telemetry | None = None
+        self._telemetry: Telemetry | None = None
         self._engine: Any = None
         self._generating_since: float | None = None
-        self._engine_line: str | None = None
+        self._engine_line = ""
 
     def open(self) -> Opened:
         """The pre-scan (refusing duplicate ids, an empty input with --fail-on-empty), then the manifest
@@ -97,12 +97,11 @@ class Opening:
         return self._generating_since
 
     def _start_generating(self, progress: Progress) -> None:
-        progress.log(self._engine_line or "")
+        progress.log(self._engine_line)
         progress.start_clock(self._generating_since)
         if self.job.spec.output.telemetry:
-            self.telemetry = Telemetry(self.out.path, self.summary, progress.total)
-            self.telemetry.engine = self._engine
-            self.telemetry.__enter__()
+            self._telemetry = Telemetry(self.out.path, self.summary, progress.total).__enter__()
+            self._telemetry.engine = self._engine
 
     @contextmanager
     def recording_stop(self) -> Iterator[None]:
@@ -119,9 +118,9 @@ class Opening:
         self._stop_telemetry(None)
 
     def _stop_telemetry(self, exc: BaseException | None) -> None:
-        telemetry, self.telemetry = self.telemetry, None
+        telemetry, self._telemetry = self._telemetry, None
         if telemetry is not None:
-            telemetry.__exit__(type(exc) if exc is not None else None, exc, None)
+            telemetry.close(compact_parts=exc is None)  # a stopped run leaves compacting to the next
 
     def close(self) -> None:
         if self.opened is not None:
