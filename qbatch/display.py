@@ -25,7 +25,7 @@ def print_summary(summary: Summary) -> None:
         ("rows ok (this run)", f"{summary.rows_ok:,}" + _samples(summary.samples_ok, summary.rows_ok)),
         ("rows failed (this run)", f"{summary.rows_failed:,}" + _kinds(summary.failures_by_kind)),
         ("rows already done", f"{summary.rows_skipped:,}"),
-        ("tokens in / out", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}"),
+        ("tokens in / out", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}" + _cached(summary)),
         ("input tok/s", f"{summary.prompt_tok_s:,.1f}") if embeds else ("output tok/s", f"{summary.output_tok_s:,.1f}"),
         ("engine start / generate / wall", f"{summary.engine_start_s:.1f}s / {summary.generate_s:.1f}s / {summary.wall_s:.1f}s"),
         ("of the rest: setup / assemble", f"{summary.setup_s:.1f}s / {summary.assemble_s:.1f}s"),
@@ -33,6 +33,13 @@ def print_summary(summary: Summary) -> None:
                     f"{_samples(summary.total_samples, summary.total_ok)})"),
         ("errors", f"{Path(summary.output_dir or '.') / 'errors.parquet'} ({summary.total_failed:,} rows)"),
     ])
+
+
+def _cached(summary: Summary) -> str:
+    """The share of input tokens vLLM's prefix cache served: what shared prefixes saved."""
+    if not summary.cached_tokens or not summary.prompt_tokens:
+        return ""
+    return f" ({summary.cached_tokens / summary.prompt_tokens:.0%} of input from the prefix cache)"
 
 
 def _table(title: str, rows: list[tuple[str, str]]) -> None:

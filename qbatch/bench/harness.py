@@ -434,8 +434,15 @@ def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, 
     started = time.monotonic()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.monotonic() - started
-    return Measurement(workload.name, mode, len(outputs), wall, sum(len(o.prompt_token_ids) for o in outputs),
-                       sum(len(o.outputs[0].token_ids) for o in outputs))
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    cached = sum(o.num_cached_tokens or 0 for o in outputs)
+    return Measurement(workload.name, mode, len(outputs), wall, prompt_tokens,
+                       sum(len(o.outputs[0].token_ids) for o in outputs), {"cached_share": _share(cached, prompt_tokens)})
+
+
+def _share(cached: int, prompt_tokens: int) -> float | None:
+    """The share of prompt tokens vLLM's prefix cache served (what an order of rows saved)."""
+    return round(cached / prompt_tokens, 4) if prompt_tokens else None
 
 
 def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]], engines_start_s: float | None = None
@@ -453,7 +460,7 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
              # first chunk was done (from the generation's start): where a short job's time goes
              "setup_s": round(summary.setup_s, 3), "after_s": round(wall - summary.setup_s - summary.generate_s, 3),
              "first_chunk_done_s": summary.chunks[0]["finished_s"] if summary.chunks else None,
-             "chunks": summary.num_chunks,
+             "chunks": summary.num_chunks, "cached_share": _share(summary.cached_tokens, summary.prompt_tokens),
              "rows_failed": summary.rows_failed, "engines": _engine_processes(spec)}
     if summary.engine_choice:  # the run chose its engines from the job's shape (jobs/shape.py)
         notes["engine_choice"] = summary.engine_choice

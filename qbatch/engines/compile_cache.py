@@ -23,6 +23,9 @@ from qbatch.spec import EngineSpec
 
 CACHE_ENV = "VLLM_CACHE_ROOT"
 MARKERS = "qbatch-compiled"
+# Bumped when qbatch changes how it compiles (2: compiled engines capture decode-only CUDA graphs,
+# a different compile for vLLM), so that a marker of the old settings does not count as warm.
+MARKER_VERSION = 2
 
 
 def cache_root() -> Path:
@@ -63,7 +66,7 @@ def _settings(spec: EngineSpec, model_path: str, max_model_len: int) -> dict[str
     return {"model": model_path, "max_model_len": max_model_len, "dtype": spec.dtype,
             "quantization": spec.quantization, "max_num_seqs": spec.max_num_seqs,
             "max_num_batched_tokens": spec.max_num_batched_tokens, "tensor_parallel_size": spec.tensor_parallel_size,
-            "compilation_mode": spec.compilation_mode, "vllm": _vllm_version()}
+            "compilation_mode": spec.compilation_mode, "vllm": _vllm_version(), "marker": MARKER_VERSION}
 
 
 def _vllm_version() -> str | None:

@@ -54,6 +54,11 @@ EMBED_FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "NONE"}
 # no torch.compile to fuse them. qbatch adds sizes every 128 up to max_num_seqs (~1 s of capture).
 # vLLM's CompilationMode.VLLM_COMPILE: torch.compile, whose result vLLM caches (compile_cache.py).
 COMPILED_MODE = 3
+# A compiled engine on Hopper captures the uncompiled one's graphs: full ones for decode steps up to
+# max_num_seqs, none for batches that prefill. vLLM's default for it (FULL_AND_PIECEWISE, sizes up to
+# 512) captures each size twice and splits the compiled model at every attention for the piecewise
+# graphs, while the batches of a prefill-bound job (why qbatch compiles) run far past 512 tokens.
+COMPILED_GRAPHS = "FULL_DECODE_ONLY"
 VLLM_MAX_GRAPH_SIZE = 512
 THROUGHPUT_MAX_NUM_SEQS = 2048
 LARGE_GRAPH_STEP = 128
@@ -433,6 +438,9 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True,
             **FAST_START_COMPILATION, "cudagraph_capture_sizes": cuda_graph_sizes(spec.max_num_seqs)}
     elif spec.compilation_mode is not None:  # set, or chosen for a prefill-bound job (jobs/shape.py)
         kwargs["compilation_config"] = {"mode": spec.compilation_mode}
+        if tuned and spec.compilation_mode == COMPILED_MODE and spec.task != "embed" and on_hopper():
+            kwargs["compilation_config"].update(cudagraph_mode=COMPILED_GRAPHS,
+                                                cudagraph_capture_sizes=cuda_graph_sizes(spec.max_num_seqs))
     kwargs.update(_extra_engine_args())
     return kwargs
 

@@ -190,6 +190,7 @@ def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summa
     summary.samples_ok += sum(1 + len(c.more_samples) for c in ok)
     summary.prompt_tokens += prompt_tokens
     summary.completion_tokens += completion_tokens
+    summary.cached_tokens += sum(c.num_cached_tokens for c in ok)
     summary.chunks.append({"index": chunk.index, "rows": len(ok), "prompt_tokens": prompt_tokens,
                            "completion_tokens": completion_tokens,
                            "finished_s": round(time.monotonic() - gen_start, 3)})

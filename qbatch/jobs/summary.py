@@ -20,6 +20,7 @@ class Summary:
     rows_skipped: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0  # every sample's
+    cached_tokens: int = 0  # of prompt_tokens, those vLLM's prefix cache served (computed once before)
     num_chunks: int = 0
     wall_s: float = 0.0
     setup_s: float = 0.0  # start to engine creation: inputs, tokenizer, fingerprint, resume scan, id pre-scan

@@ -66,9 +66,14 @@ def test_extra_engine_args_must_be_a_json_object(platform, monkeypatch, text):
 
 def test_compilation_mode_sets_vllms_compilation_config(platform):
     platform(hopper=True)
-    assert engine.engine_kwargs(EngineSpec(compilation_mode=3), 4096)["compilation_config"] == {"mode": 3}
+    compiled = engine.engine_kwargs(EngineSpec(compilation_mode=3), 4096)["compilation_config"]
+    # the uncompiled engine's full graphs for decode steps, none for prefill batches
+    assert compiled.pop("cudagraph_capture_sizes") == engine.cuda_graph_sizes(None)
+    assert compiled == {"mode": 3, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert engine.engine_kwargs(EngineSpec(compilation_mode=3), 4096, tuned=False)["compilation_config"] == {"mode": 3}
     assert engine.engine_kwargs(EngineSpec(compilation_mode=0), 4096)["compilation_config"]["cudagraph_mode"] == "FULL"
     platform(hopper=False)
+    assert engine.engine_kwargs(EngineSpec(compilation_mode=3), 4096)["compilation_config"] == {"mode": 3}
     assert engine.engine_kwargs(EngineSpec(compilation_mode=0), 4096)["compilation_config"] == {"mode": 0}
     assert "compilation_config" not in engine.engine_kwargs(EngineSpec(), 4096)
 

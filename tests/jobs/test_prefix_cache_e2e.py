@@ -3,6 +3,7 @@ longest-first) and computes it again for each question when they are scattered (
 
 from __future__ import annotations
 
+import json
 import random
 
 import polars as pl
@@ -32,6 +33,10 @@ def test_grouped_questions_hit_vllms_prefix_cache(cli, tiny_qwen3, write_jsonl, 
         results = pl.read_parquet(out / "results.parquet")
         assert results.height == 96
         cached[order] = results["cached_tokens"].sum() / results["prompt_tokens"].sum()
+        stats = json.loads((out / "stats.json").read_text())  # the run's summary counts the same hits
+        assert (stats["cached_tokens"], stats["prompt_tokens"]) == (results["cached_tokens"].sum(),
+                                                                    results["prompt_tokens"].sum())
+        assert f"{cached[order]:.0%} of input from the prefix cache" in result.output
     # Three questions of four find their document cached when they run together (0.60 of the prompt tokens
     # cached, measured); scattered, the small cache has often evicted it by the next one (0.27).
     assert cached["longest-first"] > 0.5 and cached["longest-first"] > 2 * cached["longest-first-flat"], cached
