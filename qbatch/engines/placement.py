@@ -24,11 +24,14 @@ SHARED_GPU_CORES = 4
 # A job is prefill-bound when its output tokens (max_tokens, the most it may generate) are under
 # this share of its tokens: torch.compile's fused kernels then gain most (docs/benchmarks.md, issue #19).
 PREFILL_BOUND_OUTPUT_SHARE = 0.10
-# Starting with torch.compile costs ~55 s more per engine with a cold compile cache, ~4 s with a
-# warm one, for ~9-13% faster prefill (H200, docs/benchmarks.md "compile cache"): a prefill-bound job
-# of at least this many tokens (prompt + output) repays it.
+# Starting with torch.compile costs most of a minute more with a cold compile cache and several
+# seconds with a warm one (vLLM still loads and links the cached graphs), for faster prefill: a
+# prefill-bound job of at least this many tokens (prompt + output) repays it. The gain per token is
+# smaller where rows repeat documents (vLLM's prefix cache serves them uncompiled or not), so the
+# warm threshold is set for a job of one shared instruction and distinct documents (docs/benchmarks.md,
+# "compile cache" and "2026-12-02": where the thresholds come from).
 COMPILE_REPAID_TOKENS = 275_000_000
-WARM_COMPILE_REPAID_TOKENS = 20_000_000
+WARM_COMPILE_REPAID_TOKENS = 50_000_000
 # vLLM's CompilationMode.VLLM_COMPILE.
 TORCH_COMPILE = 3
 
