@@ -52,6 +52,7 @@ class Opening:
         self._previous, self._fingerprint = previous, fingerprint
         self._stream, self._progress_class = stream, progress_class
         self.opened: Opened | None = None
+        self._manifest: dict[str, Any] | None = None  # once written: a stop from then on is recorded in it
         self._telemetry: Telemetry | None = None
         self._engine: Any = None
         self._generating_since: float | None = None
@@ -76,6 +77,7 @@ class Opening:
                         covered_inputs=False)
         manifest.update(to_manifest(column_types))
         self.out.write_manifest(manifest)
+        self._manifest = manifest
         progress = self._progress_class(spec.output.progress, scan.num_todo, stream=self._stream)
         if spec.engine.task == "embed":
             progress.tokens_of = "input"
@@ -105,15 +107,16 @@ class Opening:
 
     @contextmanager
     def recording_stop(self) -> Iterator[None]:
-        """A run that stops says so in its manifest (manifest.recording_stop) once it is open; before,
-        nothing was written and the folder stays as it was. Telemetry stops with it."""
+        """A run that stops says so in its manifest (manifest.recording_stop) once that is written, even
+        before the run is fully open; before, nothing was written and the folder stays as it was.
+        Telemetry stops with it."""
         try:
             yield
         except BaseException as exc:
             self._stop_telemetry(exc)
-            if self.opened is None:
+            if self._manifest is None:
                 raise
-            with recording_stop(self.out, self.opened.manifest):
+            with recording_stop(self.out, self._manifest):
                 raise
         self._stop_telemetry(None)
 

@@ -99,3 +99,23 @@ def test_a_run_with_nothing_left_to_do_on_a_warm_engine(warm, write_jsonl, tmp_p
     again = runner.run(spec(path, tmp_path / "out"))
     assert (again.rows_ok, again.rows_skipped) == (0, 10)
     assert pl.read_parquet(tmp_path / "out" / "results.parquet").height == 10
+
+
+@pytest.mark.parametrize("engine_up", [True, False])
+def test_a_stop_right_after_the_manifest_is_written_is_recorded(engine_up, warm, write_jsonl, tmp_path, monkeypatch):
+    """Ctrl-C between the manifest's write and the end of the run's opening (here: the progress bar's
+    start) marks the run interrupted, as later; `qbatch status` must not show it running."""
+    from qbatch.jobs.progress import Progress
+
+    if not engine_up:
+        monkeypatch.setattr(factory, "is_cached", lambda *args: False)
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Progress, "__init__", interrupted)
+    rows = [{"id": f"r{i}", "prompt": f"question {i}"} for i in range(50)]
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(spec(write_jsonl(rows), tmp_path / "out"))
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["runs"][-1]["interrupted_by"] == "SIGINT"
