@@ -55,9 +55,9 @@ EMBED_FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "NONE"}
 # vLLM's CompilationMode.VLLM_COMPILE: torch.compile, whose result vLLM caches (compile_cache.py).
 COMPILED_MODE = 3
 # A compiled engine on Hopper captures the uncompiled one's graphs: full ones for decode steps up to
-# max_num_seqs, none for batches that prefill. vLLM's default for it (FULL_AND_PIECEWISE, sizes up to
-# 512) captures each size twice and splits the compiled model at every attention for the piecewise
-# graphs, while the batches of a prefill-bound job (why qbatch compiles) run far past 512 tokens.
+# max_num_seqs, none for batches that prefill. vLLM's default for it (FULL_AND_PIECEWISE) also captures
+# piecewise graphs of every size, twice the capture at each start, for mixed batches of a few hundred
+# tokens, while the batches of a prefill-bound job (why qbatch compiles) run far past those.
 COMPILED_GRAPHS = "FULL_DECODE_ONLY"
 VLLM_MAX_GRAPH_SIZE = 512
 THROUGHPUT_MAX_NUM_SEQS = 2048
