@@ -433,12 +433,13 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True,
         kwargs.update(_cpu_defaults(spec))
     if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():
         kwargs["performance_mode"] = spec.performance_mode
-    if tuned and not kwargs.get("enforce_eager") and not spec.compilation_mode and on_hopper():
+    hopper_graphs = tuned and not kwargs.get("enforce_eager") and on_hopper()  # qbatch chooses the CUDA graphs
+    if hopper_graphs and not spec.compilation_mode:
         kwargs["compilation_config"] = EMBED_FAST_START_COMPILATION if spec.task == "embed" else {
             **FAST_START_COMPILATION, "cudagraph_capture_sizes": cuda_graph_sizes(spec.max_num_seqs)}
     elif spec.compilation_mode is not None:  # set, or chosen for a prefill-bound job (jobs/shape.py)
         kwargs["compilation_config"] = {"mode": spec.compilation_mode}
-        if tuned and spec.compilation_mode == COMPILED_MODE and spec.task != "embed" and on_hopper():
+        if hopper_graphs and spec.compilation_mode == COMPILED_MODE and spec.task != "embed":
             kwargs["compilation_config"].update(cudagraph_mode=COMPILED_GRAPHS,
                                                 cudagraph_capture_sizes=cuda_graph_sizes(spec.max_num_seqs))
     kwargs.update(_extra_engine_args())

@@ -71,6 +71,8 @@ def test_compilation_mode_sets_vllms_compilation_config(platform):
     assert compiled.pop("cudagraph_capture_sizes") == engine.cuda_graph_sizes(None)
     assert compiled == {"mode": 3, "cudagraph_mode": "FULL_DECODE_ONLY"}
     assert engine.engine_kwargs(EngineSpec(compilation_mode=3), 4096, tuned=False)["compilation_config"] == {"mode": 3}
+    eager = EngineSpec(compilation_mode=3, enforce_eager=True)  # no graphs asked for: none chosen
+    assert engine.engine_kwargs(eager, 4096)["compilation_config"] == {"mode": 3}
     assert engine.engine_kwargs(EngineSpec(compilation_mode=0), 4096)["compilation_config"]["cudagraph_mode"] == "FULL"
     platform(hopper=False)
     assert engine.engine_kwargs(EngineSpec(compilation_mode=3), 4096)["compilation_config"] == {"mode": 3}
