@@ -1,4 +1,5 @@
 # Two commands: `make demo` and `make test`. Both create .venv first if missing.
+# `make docs` builds the documentation site (strict), `make docs-serve` serves it on 127.0.0.1:8000.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu,awq,ray,serve,dev || echo cpu,awq,ray,serve,dev)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast docs docs-serve bench clean
 
 setup: $(VENV)/.installed
 
@@ -38,5 +39,12 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# The suite builds the site too (tests/docs/test_reference.py); these are for reading it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 clean:
-	rm -rf out/ .pytest_cache
+	rm -rf out/ site/ .pytest_cache
