@@ -17,9 +17,10 @@ from qbatch.errors import RowError
 
 FLOAT_PARAMS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 INT_PARAMS = ("max_tokens", "top_k", "seed", "n", "min_tokens", "top_logprobs", "thinking_token_budget")
-SAMPLING_KEYS = (*FLOAT_PARAMS, *INT_PARAMS, "stop", "ignore_eos", "logprobs", "structured_outputs")
+SAMPLING_KEYS = (*FLOAT_PARAMS, *INT_PARAMS, "stop", "ignore_eos", "logprobs", "logit_bias", "structured_outputs")
 SAMPLING_KEY_SET = frozenset(SAMPLING_KEYS)
 MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs: a larger value is refused by the engine
+MAX_LOGIT_BIAS = 100  # OpenAI's range for a logit_bias value, [-100, 100] (vLLM clamps to it)
 
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -40,12 +41,31 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
         elif key in ("ignore_eos", "logprobs"):
             if not isinstance(value, bool):
                 raise RowError("bad_param", f"{key} must be true or false, got {value!r}")
+        elif key == "logit_bias":
+            value = check_logit_bias(value)
         elif key == "structured_outputs":
             value = check_structured(value)
         else:
             raise RowError("bad_param", f"unknown sampling parameter '{key}'")
         out[key] = value
     check_ranges(out)
+    return out
+
+
+def check_logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's logit_bias (token id -> bias; a JSON object's keys are text) as vLLM's SamplingParams takes it.
+    A token id past the model's vocabulary is vLLM's to refuse: it fails its row alone."""
+    if not isinstance(value, dict):
+        raise RowError("bad_param", f"logit_bias must be an object of token id -> bias, got {value!r}")
+    out: dict[int, float] = {}
+    for token, bias in value.items():
+        token_id = int(token) if isinstance(token, str) and token.isascii() and token.isdigit() else token
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+            raise RowError("bad_param", f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not abs(bias) <= MAX_LOGIT_BIAS:
+            raise RowError("bad_param", f"logit_bias values must be numbers in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], "
+                                        f"got {bias!r} for token {token!r}")
+        out[token_id] = float(bias)
     return out
 
 

@@ -132,6 +132,15 @@ def test_sampling_rules_refuse_what_vllm_refuses():
         assert ours == theirs, params
 
 
+def test_logit_bias_reaches_vllm_as_token_ids():
+    """OpenAI's logit_bias has text keys (JSON); vLLM's SamplingParams, built directly, takes token ids."""
+    sampling_params = pytest.importorskip("vllm.sampling_params")
+    from qbatch.sampling import check_params, to_vllm
+
+    params = to_vllm(check_params({"logit_bias": {"15": 100, "16": -5.5}}))
+    assert sampling_params.SamplingParams(**params).logit_bias == {15: 100.0, 16: -5.5}
+
+
 # Every job-file (and from_flat) value has its field's type.
 @pytest.mark.parametrize(
     ("values", "message"),

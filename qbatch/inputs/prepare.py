@@ -22,10 +22,10 @@ from qbatch.records import EMBED_SAMPLING, Failure, Request, Row
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.spec import JobSpec
 from qbatch.inputs.validate import (
-    EMBEDDINGS_URL, OPENAI_URLS, check_messages, check_text, keys, render_template, response_format, sampling_overrides,
-    thinking_flag,
+    BODY_SAMPLING_KEYS, EMBEDDINGS_URL, OPENAI_URLS, check_body_keys, check_messages, check_text, keys, render_template,
+    response_format, sampling_overrides, thinking_flag,
 )
-from qbatch.sampling import FLOAT_PARAMS, INT_PARAMS, check_params, row_seed, to_vllm
+from qbatch.sampling import check_params, row_seed, to_vllm
 
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (its `.ids`)
@@ -234,6 +234,7 @@ class Preparer:
     def _openai_input(self, row: Row, data: dict[str, Any]) -> str:
         """The text of an OpenAI /v1/embeddings batch line: one `input` string a line."""
         body = self._openai_body(row, data, urls=(EMBEDDINGS_URL,))
+        check_body_keys(body, "embedding")
         value = body.get("input")
         if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
             value = value[0]
@@ -268,8 +269,8 @@ class Preparer:
     def _draft_openai(self, row: Row, rid: str, data: dict[str, Any]) -> Draft:
         body = self._openai_body(row, data, urls=tuple(OPENAI_URLS))
         url = data["url"]
-        params = {k: body[k] for k in (*FLOAT_PARAMS, *INT_PARAMS, "stop", "logprobs")
-                  if k in body and body[k] is not None}
+        check_body_keys(body, OPENAI_URLS[url])
+        params = {k: body[k] for k in BODY_SAMPLING_KEYS if k in body and body[k] is not None}
         if body.get("max_completion_tokens") is not None:
             params["max_tokens"] = body["max_completion_tokens"]
         constraint = response_format(body.get("response_format"))

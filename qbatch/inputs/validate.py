@@ -9,12 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from qbatch.errors import RowError
-from qbatch.sampling import GUIDED_COLUMNS, SAMPLING_KEY_SET, SAMPLING_KEYS, check_params
+from qbatch.sampling import FLOAT_PARAMS, GUIDED_COLUMNS, INT_PARAMS, SAMPLING_KEY_SET, SAMPLING_KEYS, check_params
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}  # generation (`qbatch run`)
 EMBEDDINGS_URL = "/v1/embeddings"  # `qbatch embed`
 OVERRIDE_KEY_SET = SAMPLING_KEY_SET | {"sampling_params"} | GUIDED_COLUMNS.keys()
+# An OpenAI request body's keys: those qbatch applies, by the url's kind, and those that change nothing
+# here (the service's model answers whatever `model` says). Any other key fails its request unless it
+# is null, false or empty: a setting the client asked for is never silently dropped. Sampling keys are
+# OpenAI's, and vLLM's extensions its OpenAI server takes (top_k, min_p, ignore_eos, ...).
+BODY_SAMPLING_KEYS = (*FLOAT_PARAMS, *INT_PARAMS, "stop", "logprobs", "logit_bias", "ignore_eos")
+_GENERATION_KEYS = {*BODY_SAMPLING_KEYS, "max_completion_tokens", "response_format", "chat_template_kwargs"}
+BODY_KEYS = {"chat": frozenset({"messages", *_GENERATION_KEYS}), "completion": frozenset({"prompt", *_GENERATION_KEYS}),
+             "embedding": frozenset({"input", "dimensions", "encoding_format"})}
+NEUTRAL_BODY_KEYS = frozenset({"model", "user", "metadata", "store", "service_tier", "safety_identifier",
+                               "prompt_cache_key"})
 
 
 def keys(data: dict[str, Any]) -> str:
@@ -110,3 +120,12 @@ def response_format(value: Any) -> dict[str, Any] | None:
             raise RowError("bad_constraint", "response_format json_schema needs json_schema.schema")
         return {"json": schema}
     raise RowError("bad_constraint", f"response_format.type must be text, json_object or json_schema, got {kind!r}")
+
+
+def check_body_keys(body: dict[str, Any], kind: str) -> None:
+    """Every key of an OpenAI request body is applied (BODY_KEYS), changes nothing (NEUTRAL_BODY_KEYS) or is
+    unset; any other fails the request."""
+    for key, value in body.items():
+        if key in BODY_KEYS[kind] or key in NEUTRAL_BODY_KEYS or value is None or value is False or value in ([], {}):
+            continue
+        raise RowError("unsupported_parameter", f"body.{key} is not supported by qbatch; leave it out")

@@ -2,6 +2,8 @@
 
 Every error is `{"error": {"message", "type", "param", "code"}}` with a 4xx status (a 500 for a
 bug, logged with its traceback here and answered in the same shape, never with the traceback).
+A route the service does not have (`POST /v1/chat/completions`) answers a 404 that says this is
+a batch service and lists its routes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -24,36 +27,36 @@ from qbatch.errors import InputError
 from qbatch.log import log
 from qbatch.serve import objects
 from qbatch.serve.config import COMPLETION_WINDOW, ServeSettings
+from qbatch.serve.objects import ApiError
 from qbatch.serve.requests import ENDPOINTS, check_batch_lines, lines_not_for
 from qbatch.serve.store import Store
+from qbatch.serve.upload import FORM_BYTES, UploadSlots, receive_form, too_large
 from qbatch.serve.worker import BatchWorker
 
 MAX_BATCH_PAGE = 100
 MAX_FILE_PAGE = 10_000
-COPY_BYTES = 1 << 20
 METADATA_KEYS = 16  # OpenAI's limit on a batch's metadata pairs
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
 
 def error_response(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
                    code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+    return api_error_response(ApiError(status, message, kind=kind, param=param, code=code))
+
+
+def api_error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> FastAPI:
     app = FastAPI(title="qbatch serve", docs_url=None, redoc_url=None, openapi_url=None)
     files_dir = settings.data_dir / "files"
+    remove_stale_uploads(files_dir)
+    uploads = UploadSlots()
 
     # -- errors ----------------------------------------------------------------
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, kind=exc.kind, param=exc.param, code=exc.code)
+        return api_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -63,9 +66,12 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = {404: f"no route {request.method} {request.url.path}",
-                   405: f"method {request.method} not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
-        return error_response(exc.status_code, str(message))
+        if exc.status_code not in (404, 405):
+            return error_response(exc.status_code, str(exc.detail))
+        problem = "no route" if exc.status_code == 404 else "method not allowed:"
+        return error_response(exc.status_code, f"{problem} {request.method} {request.url.path}: this is a batch "
+                                               "service (OpenAI's Batch API); send requests as the lines of a batch "
+                                               f"input file. Its routes: {', '.join(routes(app))}")
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
@@ -82,9 +88,8 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
                 return error_response(401, "missing or wrong API key; send Authorization: Bearer KEY",
                                       code="invalid_api_key")
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes + COPY_BYTES:
-            return error_response(413, f"request body of {int(length)} bytes is over the limit of "
-                                       f"{settings.max_upload_bytes} bytes (--max-upload-bytes)")
+        if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes + FORM_BYTES:
+            return api_error_response(too_large(settings.max_upload_bytes))
         return await call_next(request)
 
     # -- service -----------------------------------------------------------------
@@ -93,7 +98,7 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         status = "error" if worker.failed else "ok" if worker.ready.is_set() else "starting"
         body = {"status": status, "model": settings.model, "queued": len(store.pending())}
         if worker.failed:
-            body["error"] = worker.failed
+            body["error"] = "the engines did not start; the service's log says why"
         return JSONResponse(body, status_code=503 if worker.failed else 200)
 
     @app.get("/v1/models")
@@ -104,47 +109,34 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
     # -- files ---------------------------------------------------------------------
     @app.post("/v1/files")
     async def create_file(request: Request) -> dict[str, Any]:
-        try:
-            form = await request.form(max_files=1, max_fields=8)
-        except Exception as exc:  # malformed multipart, or not multipart at all
-            raise ApiError(400, f"expected a multipart/form-data body with 'file' and 'purpose': {exc}") from None
-        purpose, upload = form.get("purpose"), form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise ApiError(400, "no file in the form's 'file' field (multipart/form-data)", param="file")
-        if purpose != "batch":
-            raise ApiError(400, f"purpose must be 'batch', got {purpose!r}", param="purpose")
-        record = await run_in_threadpool(_store_upload, upload.file, upload.filename or "upload.jsonl")
+        file_id = objects.new_file_id()
+        files_dir.mkdir(parents=True, exist_ok=True)
+        tmp = files_dir / f"{file_id}.jsonl{TMP_MARK}{os.getpid()}"
+        async with uploads.held():  # until the file is checked: a slot bounds the disk its temporary file holds
+            try:
+                form = await receive_form(request, tmp, max_file_bytes=settings.max_upload_bytes)
+                if form.filename is None:
+                    raise ApiError(400, "no file in the form's 'file' field (multipart/form-data)", param="file")
+                purpose = form.fields.get("purpose")
+                if purpose != "batch":
+                    raise ApiError(400, f"purpose must be 'batch', got {purpose!r}", param="purpose")
+                record = await run_in_threadpool(_store_upload, file_id, tmp, form.filename, form.file_bytes)
+            finally:
+                tmp.unlink(missing_ok=True)
         store.add_file(record)
         log.info(f"serve: file {record['id']} uploaded ({record['num_requests']} requests, {record['bytes']} bytes)")
         return objects.file_object(record)
 
-    def _store_upload(source: Any, filename: str) -> dict[str, Any]:
-        """Copy the upload to disk within the size limit, check its lines, then rename it into place."""
-        file_id = objects.new_file_id()
-        files_dir.mkdir(parents=True, exist_ok=True)
-        final = files_dir / f"{file_id}.jsonl"
-        tmp = files_dir / f"{file_id}.jsonl{TMP_MARK}{os.getpid()}"
+    def _store_upload(file_id: str, tmp: Path, filename: str, size: int) -> dict[str, Any]:
+        """Check the received file's lines, then rename it into place."""
         try:
-            size = 0
-            with open(tmp, "wb") as handle:
-                while chunk := source.read(COPY_BYTES):
-                    size += len(chunk)
-                    if size > settings.max_upload_bytes:
-                        raise ApiError(413, f"file is over the limit of {settings.max_upload_bytes} bytes "
-                                            "(--max-upload-bytes)", param="file")
-                    handle.write(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
-            with open(tmp, "rb") as handle:
-                try:
-                    num_requests, _ = check_batch_lines(handle, max_requests=settings.max_requests)
-                except InputError as exc:
-                    raise ApiError(400, exc.message + (f"; {exc.hint}" if exc.hint else ""), param="file",
-                                   code="invalid_file") from None
-            os.replace(tmp, final)
-            fsync_dir(files_dir)
-        finally:
-            tmp.unlink(missing_ok=True)
+            num_requests, _ = check_batch_lines(tmp, max_requests=settings.max_requests)
+        except InputError as exc:
+            raise ApiError(400, exc.message + (f"; {exc.hint}" if exc.hint else ""), param="file",
+                           code="invalid_file") from None
+        final = files_dir / f"{file_id}.jsonl"
+        os.replace(tmp, final)
+        fsync_dir(files_dir)
         return {"id": file_id, "purpose": "batch", "filename": Path(filename).name[:255], "bytes": size,
                 "created_at": objects.now(), "path": str(final), "num_requests": num_requests}
 
@@ -236,12 +228,40 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel_batch(batch_id: str) -> dict[str, Any]:
         _batch(batch_id)
-        return worker.cancel(batch_id)
+        batch = worker.cancel(batch_id)
+        if batch is None:  # it had ended before: nothing to cancel, as OpenAI answers
+            status = store.batch(batch_id)["status"]
+            raise ApiError(409, f"Cannot cancel a batch with status '{status}'.", param="batch_id")
+        return batch
 
     def _batch(batch_id: str) -> dict[str, Any]:
         return _lookup(batch_id, objects.BATCH_ID, "batch_id", store.batch, "batch")
 
     return app
+
+
+def routes(app: FastAPI) -> list[str]:
+    """The service's routes, as `METHOD /path`."""
+    return [f"{method} {route.path}" for route in app.routes if isinstance(route, APIRoute)
+            for method in sorted(route.methods)]
+
+
+def remove_stale_uploads(files_dir: Path) -> None:
+    """Temporary files of uploads a stopped service was receiving (an upload's own carries a live pid)."""
+    for path in files_dir.glob(f"*{TMP_MARK}*"):
+        pid = path.name.rsplit(TMP_MARK, 1)[1]
+        if not pid.isdigit() or not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _lookup(value: str, pattern: re.Pattern[str], param: str, find: Callable[[str], dict[str, Any] | None],

@@ -47,7 +47,10 @@ class ServeSettings:
 
     @property
     def model(self) -> str:
-        return str(self.engine["model"])
+        """The model as clients see it (/v1/models, a batch's and a response's `model`): a local folder by its
+        name, never by its path on the server; a hub id or a registry name as given."""
+        model = str(self.engine["model"])
+        return Path(model).name if Path(model).expanduser().is_dir() else model
 
 
 def is_loopback(host: str) -> bool:

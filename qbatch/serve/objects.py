@@ -1,7 +1,9 @@
-"""Ids and the OpenAI objects (`openai.types.FileObject`, `Batch`, `BatchRequestCounts`, `BatchError`).
+"""Ids and the OpenAI objects (`openai.types.FileObject`, `Batch`, `BatchRequestCounts`, `BatchUsage`,
+`BatchError`) and OpenAI's error shape.
 
 Ids are random (`file-<hex>`, `batch_<hex>`) and checked against their pattern before any lookup:
-an id is a key in the store, never a path.
+an id is a key in the store, never a path. Texts sent to API clients name lines, keys and settings,
+never a server path or a CLI flag (`client_text`): the client cannot see the one nor pass the other.
 """
 
 from __future__ import annotations
@@ -17,6 +19,34 @@ BATCH_ID = re.compile(r"^batch_[0-9a-f]{24}$")
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 # Statuses the worker still has to act on, after a restart too.
 PENDING = ("in_progress", "cancelling", "finalizing")
+
+
+# A CLI flag in a message (`--max-model-len`), and a clause (after "; ") that tells the CLI user what to run.
+FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+COMMAND = re.compile(r"`qbatch\b|`--")
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with `status`."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def client_text(message: str) -> str:
+    """A run's message as an API client reads it: the clauses that tell a CLI user which flag to pass or
+    what to run are left out, and a flag the message's first clause names becomes the setting's name
+    (`--max-model-len` -> `max_model_len`): the client cannot pass flags to the service."""
+    first, *rest = message.split("; ")
+    kept = [FLAG.sub(lambda m: m.group(1).replace("-", "_"), first)]
+    kept += [clause for clause in rest if not FLAG.search(clause) and not COMMAND.search(clause)]
+    return "; ".join(kept)
 
 
 def new_file_id() -> str:
@@ -48,7 +78,15 @@ def new_batch(input_file_id: str, endpoint: str, completion_window: str, window_
             "in_progress_at": None, "expires_at": created + int(window_s), "finalizing_at": None,
             "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
             "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": metadata, "usage": None}
+            "metadata": metadata, "usage": usage()}
+
+
+def usage(input_tokens: int = 0, output_tokens: int = 0, cached_tokens: int = 0) -> dict[str, Any]:
+    """`Batch.usage` (`BatchUsage`). qbatch does not count a thinking model's reasoning tokens apart
+    from its answer's: they are in output_tokens, and reasoning_tokens is 0."""
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens}
 
 
 def batch_errors(errors: list[dict[str, Any]]) -> dict[str, Any]:

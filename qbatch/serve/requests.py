@@ -2,36 +2,44 @@
 
 A file that cannot run is refused at upload with the line that breaks it (a 400), so a batch
 never starts on it; per-request problems qbatch handles itself (a prompt too long, a bad
-sampling value) stay error rows in the batch's error file, as `qbatch run` records them.
+sampling value) stay error lines in the batch's error file, as `qbatch run` records them.
+The file is read by the run's own reader, so the check and the run agree on every byte.
+Its texts go to API clients: they name lines and keys, never a server path or a CLI flag.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from qbatch.errors import InputError
+from qbatch.inputs.readers import read_rows
 from qbatch.inputs.validate import EMBEDDINGS_URL, OPENAI_URLS
 
 ENDPOINTS = (*OPENAI_URLS, EMBEDDINGS_URL)  # embeddings batches run as `qbatch embed` (worker.py)
+LINE_SHAPE = 'each line is {"custom_id", "method": "POST", "url", "body"}'
 
 
-def check_batch_lines(lines: Iterable[bytes], *, max_requests: int) -> tuple[int, set[str]]:
-    """The number of requests and the endpoints (`url`s) they use; InputError names the first bad line."""
+def batch_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, request) of every request line, as the run reads them; InputError for a line it cannot."""
+    for row in read_rows([Path(path)], fmt="jsonl", on_bad_line="skip"):
+        if row.data is None:
+            problem = str(row.error)  # the reader's "line is not valid JSON: ...", numbered here
+            problem = f"line {row.line}{problem[4:]}" if problem.startswith("line ") else f"line {row.line}: {problem}"
+            raise InputError(problem, where=f"line {row.line}", hint=f"a batch file is JSONL: {LINE_SHAPE}")
+        yield row.line or 0, row.data
+
+
+def check_batch_lines(path: Path, *, max_requests: int) -> tuple[int, set[str]]:
+    """The number of requests and the endpoints (`url`s) they use; InputError names the first bad line.
+
+    Requests are keyed by `custom_id` alone, as OpenAI keys them: other keys of a line (an `id` too)
+    are ignored, so two lines may share an `id` but never a `custom_id`."""
     seen: set[str] = set()
     urls: set[str] = set()
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
+    for number, request in batch_lines(path):
         where = f"line {number}"
-        try:
-            request = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InputError(f"line {number} is not JSON: {exc}", where=where,
-                             hint="a batch file is JSONL: one request object per line") from None
-        if not isinstance(request, dict):
-            raise InputError(f"line {number} is not a JSON object", where=where,
-                             hint="each line is {\"custom_id\", \"method\", \"url\", \"body\"}")
         custom_id = request.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             raise InputError(f"line {number} has no custom_id (a non-empty string)", where=where,
@@ -50,24 +58,27 @@ def check_batch_lines(lines: Iterable[bytes], *, max_requests: int) -> tuple[int
             raise InputError(f"line {number}: body must be an object", where=where)
         urls.add(url)
         if len(seen) > max_requests:
-            raise InputError(f"the file holds more than {max_requests} requests", where=where,
-                             hint="split it, or start the service with a larger --max-requests")
+            raise InputError(f"the file holds more than {max_requests} requests, this service's limit", where=where,
+                             hint="split it into several batches")
     if not seen:
-        raise InputError("the file holds no requests", hint="a batch file is JSONL: one request object per line")
+        raise InputError("the file holds no requests", hint=f"a batch file is JSONL: {LINE_SHAPE}")
     return len(seen), urls
 
 
-def lines_not_for(path: str, endpoint: str, *, limit: int = 20) -> list[dict[str, object]]:
+def lines_not_for(path: str | Path, endpoint: str, *, limit: int = 20) -> list[dict[str, object]]:
     """`BatchError`s (with line numbers) for the first requests whose url is not the batch's endpoint."""
     errors: list[dict[str, object]] = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            url = json.loads(raw).get("url")
-            if url != endpoint:
-                errors.append({"code": "invalid_url", "line": number, "param": "url",
-                               "message": f"line {number}: url {url!r} is not the batch's endpoint {endpoint!r}"})
-                if len(errors) >= limit:
-                    break
+    for number, request in batch_lines(path):
+        url = request.get("url")
+        if url != endpoint:
+            errors.append({"code": "invalid_url", "line": number, "param": "url",
+                           "message": f"line {number}: url {url!r} is not the batch's endpoint {endpoint!r}"})
+            if len(errors) >= limit:
+                break
     return errors
+
+
+def custom_ids(path: str | Path) -> Iterator[str]:
+    """The custom_ids of a checked input file, in order."""
+    for _, request in batch_lines(path):
+        yield request["custom_id"]

@@ -5,6 +5,11 @@ the service was killed in resumes by row id on the next start, as `qbatch run` d
 the end of the completion window and a shutdown stop the run at the next part boundary (the
 Session's `on_progress` raises `StopBatch`); the engines stay warm. Whatever one batch does,
 the thread goes on with the next.
+
+Every request of a batch that ends ends in its output file or its error file: one the run did not
+reach gets `batch_cancelled`, `batch_expired` or `batch_failed`, and `request_counts` adds up to
+the total. Texts in the error file and in `errors` are for API clients (`client_text`); a failure's
+details go to the service's log.
 """
 
 from __future__ import annotations
@@ -22,11 +27,21 @@ from qbatch.log import setup as setup_log
 from qbatch.output.assemble import assemble, json_line, write_openai_jsonl
 from qbatch.output.folder import OutputDir
 from qbatch.serve.config import ServeSettings
-from qbatch.serve.objects import new_file_id, now
+from qbatch.serve.objects import TERMINAL, client_text, new_file_id, now, usage
+from qbatch.serve.requests import custom_ids
 from qbatch.serve.store import Store
 from qbatch.session import Session
 
 IDLE_POLL_S = 1.0  # how often an idle worker looks at the queue's completion windows
+# How every batch's input is read: OpenAI batch lines, keyed by custom_id alone (a line's other keys,
+# an `id` too, are ignored, as OpenAI does); the upload check (requests.py) holds them to that.
+BATCH_INPUT = {"format": "jsonl", "shape": "openai", "id_column": "custom_id"}
+# What a request the run did not reach gets in the error file, by how its batch ended.
+NOT_RUN = {
+    "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled first."),
+    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+    "failed": ("batch_failed", "This request was not executed: the batch failed first."),
+}
 
 
 class StopBatch(KeyboardInterrupt):
@@ -64,10 +79,13 @@ class BatchWorker(threading.Thread):
         self._stopping.set()
         self._wake.set()
 
-    def cancel(self, batch_id: str) -> dict[str, Any]:
-        """`cancelling`, then `cancelled` at once for a waiting batch, at the next part boundary for the running one."""
+    def cancel(self, batch_id: str) -> dict[str, Any] | None:
+        """`cancelling`, then `cancelled` at once for a waiting batch, at the next part boundary for the running
+        one; a batch already on its way to the end is returned as it is; None: the batch had ended."""
         with self._claim:
             batch = self.store.batch(batch_id)
+            if batch["status"] in TERMINAL:
+                return None
             if batch["status"] not in ("validating", "in_progress"):
                 return batch
             batch = self._change(batch_id, "cancelling")
@@ -97,7 +115,7 @@ class BatchWorker(threading.Thread):
                 pass  # shutdown: the batch stays in_progress and resumes on the next start
             except BaseException as exc:  # noqa: BLE001 - one batch never stops the queue
                 log.exception(f"serve: batch {batch['id']} failed: {first_line(exc)}")
-                self._fail(batch["id"], "internal_error", first_line(exc))
+                self._fail(batch["id"], "internal_error", "an internal error stopped the batch")
             finally:
                 self._current = None
         self.session.close()
@@ -161,7 +179,7 @@ class BatchWorker(threading.Thread):
             # /v1/embeddings batches: the service's model as an embedding model, on an engine of its own
             # started by the first such batch (on a GPU, leave it room: --gpu-memory-utilization)
             self._session_run(source["path"], embed=batch["endpoint"] == EMBEDDINGS_URL, output_dir=folder,
-                              on_progress=on_progress, **{"progress": "log", **self.settings.job})
+                              on_progress=on_progress, **{"progress": "log", **self.settings.job, **BATCH_INPUT})
         except StopBatch as stop:
             if stop.reason == "shutdown":
                 log.info(f"serve: batch {batch_id} stopped by the shutdown; it resumes on the next start")
@@ -173,7 +191,8 @@ class BatchWorker(threading.Thread):
                 self._finalize(self.store.batch(batch_id), "expired")
             return
         except QbatchError as exc:
-            self._fail(batch_id, "run_failed", str(exc) + (f"; {exc.hint}" if exc.hint else ""))
+            log.error(f"serve: batch {batch_id} failed: {exc}" + (f"; {exc.hint}" if exc.hint else ""))
+            self._fail(batch_id, "run_failed", f"the batch could not run ({type(exc).__name__})")
             return
         if batch_id in self._cancel:  # cancelled after the last part: what is done is done
             self._cancel.discard(batch_id)
@@ -189,12 +208,19 @@ class BatchWorker(threading.Thread):
         return batch
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
+        """The batch fails with `message` (for API clients: the service's log has the details); what its run
+        finished is handed out, and its other requests get `batch_failed`."""
+        message = f"{message}; the service's log says why (batch {batch_id})"
         errors = {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
-        self._change(batch_id, "failed", errors=errors)
+        try:
+            self._finalize(self.store.batch(batch_id), "failed", errors=errors)
+        except Exception:  # noqa: BLE001 - its parts cannot be read: the batch fails without files
+            log.exception(f"serve: batch {batch_id}: its results could not be written")
+            self._change(batch_id, "failed", errors=errors)
 
-    def _finalize(self, batch: dict[str, Any], status: str) -> dict[str, Any]:
-        """Write the output and error files from the batch's folder, hand them out with the final status
-        (one transaction). Requests left undone by an expired batch get `batch_expired` errors."""
+    def _finalize(self, batch: dict[str, Any], status: str, **changes: Any) -> dict[str, Any]:
+        """Write the output and error files from the batch's folder, hand them out with the final status,
+        the counts and the usage (one transaction)."""
         batch_id = batch["id"]
         folder = self._folder(batch_id)
         out = folder / "out"
@@ -208,9 +234,8 @@ class BatchWorker(threading.Thread):
                 od.close()
         output_path, errors_path = folder / "output.jsonl", folder / "errors.jsonl"
         write_openai_jsonl(out, self.settings.model, results_path=output_path, errors_path=errors_path)
-        if status == "expired":
-            self._add_expired(batch, output_path, errors_path)
-        files, changes = [], {}
+        self._for_clients(batch, status, out, errors_path)
+        files = []
         counts = dict(batch["request_counts"])
         for key, path, purpose, count_key in (("output_file_id", output_path, "batch_output", "completed"),
                                               ("error_file_id", errors_path, "batch_output", "failed")):
@@ -221,28 +246,33 @@ class BatchWorker(threading.Thread):
                           "bytes": path.stat().st_size, "created_at": now(), "path": str(path), "num_requests": lines}
                 files.append(record)
                 changes[key] = record["id"]
-        changes.update(status=status, request_counts=counts, **{f"{status}_at": now()})
+        changes.update(status=status, request_counts=counts, usage=batch_usage(out / "results.parquet"),
+                       **{f"{status}_at": now()})
         batch = self.store.update_batch(batch_id, changes, new_files=files)
         log.info(f"serve: batch {batch_id} {status} ({counts['completed']} completed, {counts['failed']} failed)")
         return batch
 
-    def _add_expired(self, batch: dict[str, Any], output_path: Path, errors_path: Path) -> None:
+    def _for_clients(self, batch: dict[str, Any], status: str, out: Path, errors_path: Path) -> None:
+        """The error file as API clients get it: the run's messages in `client_text`, then a line for each
+        request the run did not reach (`NOT_RUN`), in input order."""
+        lines = []
+        with open(errors_path, "rb") as handle:
+            for raw in handle:
+                if raw.strip():
+                    line = json.loads(raw)
+                    line["error"]["message"] = client_text(line["error"]["message"])
+                    lines.append(line)
         source = self.store.file(batch["input_file_id"])
-        if source is None:
-            return
-        done = _custom_ids(output_path) | _custom_ids(errors_path)
-        undone = [cid for cid in _custom_ids(Path(source["path"]), ordered=True) if cid not in done]
-        old = errors_path.read_bytes()
+        if status in NOT_RUN and source is not None:
+            code, message = NOT_RUN[status]
+            done = _ids(out / "results.parquet") | _ids(out / "errors.parquet")
+            lines += [{"id": f"batch_req_{cid}", "custom_id": cid, "response": None,
+                       "error": {"code": code, "message": message}}
+                      for cid in custom_ids(source["path"]) if cid not in done]
 
         def write(tmp: Path) -> None:
-            with open(tmp, "wb") as handle:
-                handle.write(old)
-                for cid in undone:
-                    line = {"id": f"batch_req_{cid}", "custom_id": cid, "response": None,
-                            "error": {"code": "batch_expired",
-                                      "message": "This request could not be executed before the completion "
-                                                 "window expired."}}
-                    handle.write(json_line(line).encode())
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.writelines(json_line(line) for line in lines)
 
         atomic_write(errors_path, write)
 
@@ -252,10 +282,27 @@ def _count_lines(path: Path) -> int:
         return sum(1 for line in handle if line.strip())
 
 
-def _custom_ids(path: Path, *, ordered: bool = False) -> Any:
-    ids = []
-    with open(path, "rb") as handle:
-        for line in handle:
-            if line.strip():
-                ids.append(json.loads(line).get("custom_id"))
-    return ids if ordered else set(ids)
+def _ids(path: Path) -> set[str]:
+    """The row ids of an output folder's results.parquet or errors.parquet (the requests' custom_ids)."""
+    import polars as pl
+
+    return set(pl.read_parquet(path, columns=["id"])["id"].to_list())
+
+
+def batch_usage(results: Path) -> dict[str, Any]:
+    """`Batch.usage` from a run's results: a request's prompt (and its cached part) counts once, every
+    sample's output counts."""
+    import polars as pl
+
+    frame = pl.scan_parquet(results)
+    columns = frame.collect_schema().names()
+    first_sample = pl.col("sample_index").fill_null(0) == 0 if "sample_index" in columns else pl.lit(True)
+
+    def total(column: str, *, per_request: bool) -> pl.Expr:
+        if column not in columns:
+            return pl.lit(0).alias(column)
+        return (pl.col(column).filter(first_sample) if per_request else pl.col(column)).sum()
+
+    row = frame.select(total("prompt_tokens", per_request=True), total("completion_tokens", per_request=False),
+                       total("cached_tokens", per_request=True)).collect().row(0)
+    return usage(*(int(value or 0) for value in row))

@@ -4,6 +4,7 @@ and kill -9 mid-batch then a restart: every custom_id exactly once in the output
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 
@@ -39,6 +40,8 @@ def _mid_batch(client, batch_id: str):
 
 
 def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_qwen3, tmp_path):
+    from transformers import AutoTokenizer
+
     from qbatch.engines import factory
 
     factory.close_all()  # the service starts an engine of its own: this process's go first (memory)
@@ -47,15 +50,22 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_q
     wait_until(lambda: _healthy(base, proc), START_S, 1.0)
     client = client_for(base + "/v1")
 
-    # end to end, thinking switch and per-request sampling in the lines
-    data = requests_jsonl(4, max_tokens=8)
+    # end to end, thinking switch and per-request sampling in the lines; logit_bias reaches the engine
+    token = AutoTokenizer.from_pretrained(tiny_qwen3).encode("yes", add_special_tokens=False)[0]
+    biased = {"custom_id": "biased", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"messages": [{"role": "user", "content": "say no"}], "max_completion_tokens": 4,
+                       "temperature": 0, "ignore_eos": True, "logit_bias": {str(token): 100},
+                       "chat_template_kwargs": {"enable_thinking": False}}}
+    data = requests_jsonl(4, max_tokens=8) + (json.dumps(biased) + "\n").encode()
     file = client.files.create(file=("e2e.jsonl", data), purpose="batch")
     batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
     done = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b, 300, 0.5)
-    output = lines_of(client, done.output_file_id)
-    assert sorted(line["custom_id"] for line in output) == [f"req-{i}" for i in range(4)]
-    assert all(line["response"]["body"]["usage"]["completion_tokens"] <= 8 for line in output)
-    assert all(isinstance(line["response"]["body"]["choices"][0]["message"]["content"], str) for line in output)
+    output = {line.pop("custom_id"): line["response"]["body"] for line in lines_of(client, done.output_file_id)}
+    assert sorted(output) == ["biased", *(f"req-{i}" for i in range(4))]
+    assert all(body["usage"]["completion_tokens"] <= 8 for body in output.values())
+    assert all(isinstance(body["choices"][0]["message"]["content"], str) for body in output.values())
+    assert output["biased"]["choices"][0]["message"]["content"] == "yes" * 4
+    assert done.usage.output_tokens == sum(body["usage"]["completion_tokens"] for body in output.values())
 
     # cancel mid-run: the requests done so far are in the output file
     file = client.files.create(file=("cancel.jsonl", requests_jsonl(120, prefix="c", max_tokens=24)), purpose="batch")
@@ -65,6 +75,10 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_q
     cancelled = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status == "cancelled" and b, 300, 0.5)
     kept = lines_of(client, cancelled.output_file_id)
     assert 0 < len(kept) < 120 and cancelled.request_counts.completed == len(kept)
+    not_run = [line["custom_id"] for line in lines_of(client, cancelled.error_file_id)
+               if line["error"]["code"] == "batch_cancelled"]  # the rest: each request in one file
+    assert sorted(not_run + [line["custom_id"] for line in kept]) == sorted(f"c-{i}" for i in range(120))
+    assert cancelled.request_counts.failed == 120 - len(kept)
 
     # kill -9 mid-batch, a second batch queued behind it; restart: both finish, each request once
     big = client.files.create(file=("big.jsonl", requests_jsonl(120, prefix="k", max_tokens=24)), purpose="batch")

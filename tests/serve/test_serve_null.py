@@ -81,7 +81,7 @@ def test_batch_past_its_completion_window_expires(make_service):
 
 
 BAD_FILES = {
-    "non-JSONL": (b"custom_id,prompt\na,hello\n", "line 1 is not JSON"),
+    "non-JSONL": (b"custom_id,prompt\na,hello\n", "line 1 is not valid JSON"),
     "duplicate custom_id": (requests_jsonl(2) + requests_jsonl(1), "duplicate custom_id 'req-0' on line 3"),
     "unknown endpoint in a line": (requests_jsonl(1, url="/v1/moderations"), "line 1: unsupported url '/v1/moderations'"),
     "empty file": (b"\n", "the file holds no requests"),
@@ -120,7 +120,7 @@ def test_bad_requests_are_4xx_in_openais_shape_and_the_service_keeps_serving(mak
               headers={"content-type": "multipart/form-data; boundary=xyz"}), 400, "file"),
         (_raw(base_url, "POST", "/files", content=b"{}", headers={"content-type": "application/json"}), 400, "file"),
         (_raw(base_url, "POST", "/files", files={"file": ("x.jsonl", requests_jsonl(200))},
-              data={"purpose": "batch"}), 413, "over the limit of 2000 bytes"),
+              data={"purpose": "batch"}), 413, "over this service's limit of 2000 bytes"),
         (_raw(base_url, "POST", "/batches", json={"input_file_id": good.id, "endpoint": "/v1/moderations",
                                                  "completion_window": "24h"}), 400, "unsupported endpoint"),
         (_raw(base_url, "POST", "/batches", json={"input_file_id": good.id, "endpoint": "/v1/chat/completions",
