@@ -14,7 +14,7 @@ import dataclasses
 import time
 from typing import Any
 
-from qbatch.engines.base import NULL_EMBEDDING_SIZE, Engine, NullEngine, hidden_size
+from qbatch.engines.base import Engine, NullEngine, vector_size
 from qbatch.engines.processes import DataParallelEngine
 from qbatch.engines.ray_actors import RayEngine
 from qbatch.engines.vllm import VllmEngine
@@ -29,7 +29,7 @@ _CLOSING_AT_EXIT: list[bool] = []
 def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
     """The engine for a spec; one per process and settings, reused (engine start costs tens of seconds)."""
     if spec.backend == "null":
-        return NullEngine(hidden_size(model_path) or NULL_EMBEDDING_SIZE if spec.task == "embed" else None)
+        return NullEngine(vector_size(model_path, spec.backend) if spec.task == "embed" else None)
     if spec.backend == "ray":
         engine_class: Any = RayEngine
     elif spec.engine_count() > 1:

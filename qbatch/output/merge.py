@@ -24,6 +24,8 @@ from qbatch.output.folder import (
     input_change,
     input_identity,
 )
+from qbatch.output.schema import from_manifest as result_schema_of
+from qbatch.output.schema import to_manifest as schema_to_manifest
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError, SpecError
 from qbatch.spec import parse_shard
 
@@ -62,14 +64,16 @@ def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False)
             out, openai_jsonl=openai_jsonl,
             result_parts=[p for s in folders for p in s.part_files(RESULT_PREFIX)],
             error_parts=[p for s in folders for p in s.part_files(ERROR_PREFIX)],
-            model=shards[0].manifest.get("spec", {}).get("model"),
+            model=shards[0].manifest.get("spec", {}).get("model"), manifest=shards[0].manifest,
         )
         first = shards[0].manifest
+        schema = result_schema_of(first)
         fingerprint = dict(first["fingerprint"])
         fingerprint["settings"] = {**fingerprint["settings"], "shard": None}
         out.write_manifest({"status": "completed", "merged_from": [str(Path(s.folder).resolve()) for s in shards],
                             "fingerprint": fingerprint, "counts": counts, "spec": first.get("spec", {}),
-                            "input_rows": first["input_rows"], "limit": None, "covered_inputs": True})
+                            "input_rows": first["input_rows"], "limit": None, "covered_inputs": True,
+                            **({} if schema is None else schema_to_manifest(schema))})
         return counts
     finally:
         out.close()

@@ -62,6 +62,15 @@ def test_batch_failed_rows_as_exceptions(chat, calls):
     assert len(calls) == 1
 
 
+def test_every_conversation_failed(chat):
+    from qbatch.errors import InputError
+
+    with pytest.raises(InputError, match="empty_prompt"):
+        chat.invoke("   ")
+    answers = chat.batch(["", "   "], return_exceptions=True)
+    assert [type(a) for a in answers] == [InputError, InputError]
+
+
 def test_abatch_and_chains(chat, calls):
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate

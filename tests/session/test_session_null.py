@@ -114,6 +114,18 @@ def test_generate_and_chat_return_texts_in_order(session):
     assert exc.value.where == "prompt 1"
 
 
+def test_quick_paths_raise_input_error_when_every_prompt_failed(session):
+    with pytest.raises(InputError, match=r"2 of 2 prompts failed; the first: empty_prompt"):
+        session.generate(["", "   "])
+    with pytest.raises(InputError, match=r"1 of 1 prompts failed; the first: empty_prompt"):
+        session.chat([[{"role": "user", "content": ""}]])
+    replies = session.replies("prompt", ["", " "])
+    assert [r.error for r in replies] == ["empty_prompt", "empty_prompt"] and replies[0].text is None
+    result = session.run([{"id": "a", "prompt": "", "topic": 1}], progress="none")
+    assert result.results.columns == ["id", "source", "row_index", "topic", *RESULT_COLUMNS[3:]]
+    assert result.results.height == 0 and result.errors.height == 1
+
+
 def test_the_tokenizer_loads_once_per_model(session):
     from qbatch.inputs.prepare import load_tokenizer
 
