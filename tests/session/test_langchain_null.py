@@ -71,6 +71,13 @@ def test_every_conversation_failed(chat):
     assert [type(a) for a in answers] == [InputError, InputError]
 
 
+def test_several_answers_a_conversation_are_refused(chat):
+    from qbatch.errors import SpecError
+
+    with pytest.raises(SpecError, match="the quick paths return one"):
+        chat.batch(["a", "b"], n=2)
+
+
 def test_abatch_and_chains(chat, calls):
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
