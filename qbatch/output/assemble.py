@@ -17,6 +17,7 @@ from qbatch._fs import atomic_write
 from qbatch.output.embeddings import openai_embedding
 from qbatch.output.ranges import sink_by_ranges
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir
+from qbatch.output.reading import PART_HINT, reading
 from qbatch.output.schema import conform, empty_results
 from qbatch.output.schema import from_manifest as result_schema_of
 from qbatch.output.tables import ERROR_SCHEMA
@@ -93,8 +94,14 @@ def _sink_results(results: pl.LazyFrame | None, path: Path) -> None:
 
 
 def _scan(paths: list[Path]) -> pl.LazyFrame | None:
+    """The parts as one frame; a part that cannot be read is an OutputError naming it (footers read here)."""
+    import pyarrow.parquet as pq
+
     if not paths:
         return None
+    for path in paths:
+        with reading(path, PART_HINT):
+            pq.ParquetFile(path).close()
     return pl.concat([pl.scan_parquet(p) for p in paths], how="diagonal_relaxed")
 
 

@@ -108,3 +108,18 @@ def test_a_file_this_user_may_not_read_is_named(cli, completed, monkeypatch, tmp
     assert result.stderr.splitlines()[-2:] == [
         f"Error: cannot read {name}: Permission denied ({out / name})",
         "Hint: this user may not read it: check the file's owner and permissions"]
+
+
+def test_merge_names_a_damaged_part_of_a_shard(cli, bundled_model, write_jsonl, tmp_path):
+    path = write_jsonl([{"id": f"r{i}", "prompt": "" if i % 2 else "hi"} for i in range(8)])
+    shards = [tmp_path / f"s{i}" for i in range(2)]
+    for i, out in enumerate(shards):
+        result = cli("run", path, "-o", out, "--model", bundled_model, "--backend", "null", "--progress", "none",
+                     "--shard", f"{i}/2", "--max-tokens", "4")
+        assert result.exit_code == 0, result.output
+    part = sorted((shards[1] / "parts").glob("errors-*.parquet"))[0]
+    _garbage(part)
+    result = cli("merge", *shards, "-o", tmp_path / "all")
+    assert result.exit_code == EXIT_FATAL
+    assert f"Error: cannot read {part.name}: " in result.stderr and f"({part})" in result.stderr
+    assert "Hint: delete that part (its rows will be redone) and rerun" in result.stderr
