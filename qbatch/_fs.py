@@ -77,16 +77,24 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path, *, hint: str = "rerun with --restart to start this output over") -> Any:
+    """A JSON file's value; None when there is none. A file that cannot be read or is not JSON is
+    an OutputError naming it (`hint`: how to recover)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise output_error(f"read {path.name}", path, exc) from None
+        raise read_error(path, exc, hint) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OutputError(f"{path.name} is corrupt: {exc}", where=str(path),
-                          hint="rerun with --restart to start this output over") from None
+        raise OutputError(f"{path.name} is corrupt: {exc}", where=str(path), hint=hint) from None
+
+
+def read_error(path: Path, exc: OSError, hint: str) -> OutputError:
+    """'cannot read NAME: <reason> (path)'; the hint is `hint`, or for a permission error how to fix that."""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        hint = "this user may not read it: check the file's owner and permissions"
+    return OutputError(f"cannot read {path.name}: {exc.strerror or exc}", where=str(path), hint=hint)
 
 
 def atomic_folder(target: Path, write: Callable[[Path], None]) -> None:

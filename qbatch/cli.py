@@ -208,10 +208,13 @@ def _run_job(spec: JobSpec) -> None:
         except BaseException:
             session.close()
             raise
-        session.close()
-    print_summary(summary)
-    if spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed):
-        sys.exit(EXIT_ROW_ERRORS)
+        failed = spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed)
+        exit_code = EXIT_ROW_ERRORS if failed else 0
+        guard.completed(exit_code)  # the run is recorded as completed: a signal now only cuts the shutdown short
+        print_summary(summary)
+        guard.close_engines(session.close)
+    if exit_code:
+        sys.exit(exit_code)
 
 
 ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))

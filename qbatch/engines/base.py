@@ -84,3 +84,10 @@ def hidden_size(model_path: str) -> int | None:
     config = config.get("text_config") or config if isinstance(config, dict) else {}
     value = config.get("hidden_size") if isinstance(config, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def vector_size(model_path: str, backend: str) -> int | None:
+    """The size of the vectors an embedding engine returns (before --dimensions): the model's hidden
+    size; the null engine's stand-in size when the config does not say; None when unknown."""
+    size = hidden_size(model_path)
+    return NULL_EMBEDDING_SIZE if size is None and backend == "null" else size

@@ -11,10 +11,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from qbatch.engines.base import NULL_EMBEDDING_SIZE, Engine, NullEngine, hidden_size
+from qbatch.engines.base import Engine, NullEngine, vector_size
 from qbatch.engines.processes import DataParallelEngine
 from qbatch.engines.ray_actors import RayEngine
 from qbatch.engines.vllm import VllmEngine
@@ -29,7 +31,7 @@ _CLOSING_AT_EXIT: list[bool] = []
 def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
     """The engine for a spec; one per process and settings, reused (engine start costs tens of seconds)."""
     if spec.backend == "null":
-        return NullEngine(hidden_size(model_path) or NULL_EMBEDDING_SIZE if spec.task == "embed" else None)
+        return NullEngine(vector_size(model_path, spec.backend) if spec.task == "embed" else None)
     if spec.backend == "ray":
         engine_class: Any = RayEngine
     elif spec.engine_count() > 1:
@@ -39,7 +41,8 @@ def create(spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
     key = _key(spec, model_path, max_model_len)
     if key not in _ENGINES:
         _close_at_exit()
-        _ENGINES[key] = engine_class(spec, model_path, max_model_len)
+        with main_hidden_from_children():
+            _ENGINES[key] = engine_class(spec, model_path, max_model_len)
     engine = _ENGINES[key]
     getattr(engine, "wait_ready", lambda: None)()  # one started by prestart() may still be loading
     return engine
@@ -54,8 +57,34 @@ def prestart(spec: EngineSpec, model_path: str, max_model_len: int) -> float | N
         return None
     started = time.monotonic()
     _close_at_exit()
-    _ENGINES[key] = DataParallelEngine(spec, model_path, max_model_len, wait=False)
+    with main_hidden_from_children():
+        _ENGINES[key] = DataParallelEngine(spec, model_path, max_model_len, wait=False)
     return started
+
+
+@contextlib.contextmanager
+def main_hidden_from_children() -> Iterator[None]:
+    """Start processes without telling them of the main module.
+
+    An engine's processes are started with multiprocessing's spawn (vLLM's engine core on the CPU or
+    once CUDA is up, data-parallel workers always), which runs the main module again in every child:
+    a script read from standard input cannot be (its `__file__` is "<stdin>", no file), and a script
+    that starts a Session outside `if __name__ == "__main__":` would start it again in the child.
+    Nothing these processes run comes from the main module, so they are told of none, as under
+    `python -c` or in a notebook, while they start.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {name: vars(main)[name] for name in ("__file__", "__spec__") if name in vars(main)}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None  # multiprocessing reads it (a module run with -m is imported again by its name)
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def forks_on_create(spec: EngineSpec, model_path: str, max_model_len: int) -> bool:

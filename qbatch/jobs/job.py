@@ -111,7 +111,7 @@ class Job:
         files = expand_inputs(spec.input.inputs)
         for path in files:
             detect_format(path, spec.input.format)
-        model_path = models.resolve(spec.engine.model)
+        model_path = models.resolve(spec.engine.model, spec.engine.revision)
         if spec.engine.quantize:
             from qbatch.models.quantize import ensure_quantized
 

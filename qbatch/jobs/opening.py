@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from qbatch.engines.base import vector_size
 from qbatch.errors import InputError
 from qbatch.jobs.job import InputScan, Job
 from qbatch.jobs.manifest import input_rows, new_manifest, recording_stop
@@ -26,6 +27,8 @@ from qbatch.jobs.telemetry import Telemetry
 from qbatch.log import log
 from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_manifest
 from qbatch.output.folder import OutputDir
+from qbatch.output.schema import result_schema
+from qbatch.output.schema import to_manifest as schema_to_manifest
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class Opening:
         manifest.update(rows_total=scan.num_todo + len(self.done), input_rows=input_rows(job.files, scan.rows_read),
                         covered_inputs=False)
         manifest.update(to_manifest(column_types))
+        vectors = vector_size(job.model_path, spec.engine.backend) if spec.engine.task == "embed" else None
+        manifest.update(schema_to_manifest(result_schema(spec, column_types, vectors)))
         self.out.write_manifest(manifest)
         self._manifest = manifest
         progress = self._progress_class(spec.output.progress, scan.num_todo, stream=self._stream)

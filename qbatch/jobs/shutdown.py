@@ -40,6 +40,8 @@ class ProcessGuard:
         self._before = {p.pid for p in _descendants()}  # e.g. a test session's own engines: not ours
         self._reaper = reaper_of_this_process() if reaper else None
         self._previous: dict[int, Any] = {}
+        self._exit_code: int | None = None  # set once the command's work is done (completed())
+        self._cut_short = threading.Event()  # a signal came after that
 
     def __enter__(self) -> ProcessGuard:
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
@@ -61,6 +63,47 @@ class ProcessGuard:
         os.write(2, f"qbatch: {signal.Signals(signum).name} again: killing the engines and exiting now\n".encode())
         self.kill(grace_s=0)
         os._exit(128 + signum)
+
+    def completed(self, exit_code: int) -> None:
+        """The command's work is done and recorded: a signal from now on only cuts the engines' shutdown
+        short (close_engines), a second one kills them at once, and the command exits with `exit_code`,
+        its own status, whatever signal came."""
+        self._exit_code = exit_code
+        if self._previous:  # the handlers are ours (main thread)
+            for sig in SIGNALS:
+                signal.signal(sig, self._signal_after_completion)
+
+    def _signal_after_completion(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self._cut_short.is_set():
+            os.write(2, f"qbatch: {name} again: killing the engines and exiting now\n".encode())
+            self.kill(grace_s=0)
+            os._exit(self._exit_code or 0)
+        os.write(2, f"qbatch: {name} after the run completed (its results are written): "
+                    "stopping the engines now\n".encode())
+        self._cut_short.set()
+
+    def close_engines(self, close: Callable[[], None]) -> None:
+        """Shut the engines down with `close`, however long that takes, unless a signal after completed()
+        cuts it short: then they get GRACE_S seconds more, and whatever this command started is killed."""
+        failed: list[BaseException] = []
+
+        def run_close() -> None:
+            try:
+                close()
+            except BaseException as exc:
+                failed.append(exc)
+
+        closing = threading.Thread(target=run_close, name="qbatch-close", daemon=True)
+        closing.start()
+        while closing.is_alive() and not self._cut_short.is_set():
+            closing.join(0.1)  # short waits: the signal handler runs in this thread between them
+        if self._cut_short.is_set():
+            closing.join(GRACE_S)
+            self.kill(grace_s=1.0)
+            closing.join(1.0)
+        elif failed:  # a shutdown that failed on its own: as if close() had run here
+            raise failed[0]
 
     def started(self) -> list[Any]:
         """This command's processes still alive (not the reaper: it outlives us on purpose)."""

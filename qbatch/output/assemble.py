@@ -17,6 +17,9 @@ from qbatch._fs import atomic_write
 from qbatch.output.embeddings import openai_embedding
 from qbatch.output.ranges import sink_by_ranges
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir
+from qbatch.output.reading import PART_HINT, reading
+from qbatch.output.schema import conform, empty_results
+from qbatch.output.schema import from_manifest as result_schema_of
 from qbatch.output.tables import ERROR_SCHEMA
 
 ORDER = ["source_index", "row_index"]
@@ -26,33 +29,19 @@ MISSING_ID = "missing_id"
 
 
 def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[Path] | None = None,
-             error_parts: list[Path] | None = None, model: str | None = None) -> dict[str, int]:
+             error_parts: list[Path] | None = None, model: str | None = None,
+             manifest: dict[str, Any] | None = None) -> dict[str, int]:
     """Write results.parquet / errors.parquet (and results.jsonl); return row counts.
 
-    The parts default to OUT_DIR's own; `qbatch merge` passes those of several shards.
+    The parts default to OUT_DIR's own; `qbatch merge` passes those of several shards, and the
+    `manifest` of the first (default: OUT_DIR's), whose recorded schema the results take (schema.py).
     `model` (the job's --model as given) is the `model` of results.jsonl's responses.
     """
+    schema = result_schema_of(out.manifest() if manifest is None else manifest)
     results = _scan(out.part_files(RESULT_PREFIX) if result_parts is None else result_parts)
-    if results is None:
-        results_frame = pl.LazyFrame(schema={"id": pl.String, "source_index": pl.Int32, "row_index": pl.Int64})
-    else:
-        # is_first_distinct looks at the id column alone: unique(subset="id") holds every column
-        # in its hash table (twice the peak memory, same output).
-        # With n > 1 samples an id has several rows, one per sample_index: (id, sample_index) is then
-        # the key. Parts hold whole rows (every sample of an id, written together), so a redone chunk
-        # repeats all of an id's samples and the first copy of each is kept.
-        if "sample_index" in results.collect_schema().names():
-            results = results.with_columns(pl.col("sample_index").fill_null(0))  # parts of one-sample rows only
-            results_frame = results.filter(pl.struct("id", "sample_index").is_first_distinct()).sort(
-                [*ORDER, "sample_index"])
-        else:
-            results_frame = results.filter(pl.col("id").is_first_distinct()).sort(ORDER)
-    if results is not None and "embedding" in results.collect_schema().names():
-        # 4 KB a row: sorted a range at a time, never the whole corpus in memory (ranges.py)
-        atomic_write(out.path / "results.parquet", lambda tmp: sink_by_ranges(results, tmp))
-    else:
-        atomic_write(out.path / "results.parquet",
-                     lambda tmp: results_frame.drop("source_index").sink_parquet(tmp, compression="zstd"))
+    if schema is not None:
+        results = empty_results(schema) if results is None else conform(results, schema)
+    atomic_write(out.path / "results.parquet", lambda tmp: _sink_results(results, tmp))
 
     errors = _scan(out.part_files(ERROR_PREFIX) if error_parts is None else error_parts)
     if errors is None:
@@ -82,9 +71,37 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     return counts
 
 
+def _sink_results(results: pl.LazyFrame | None, path: Path) -> None:
+    """The results in input order, each id (with n > 1: each id and sample) once."""
+    if results is None:  # a folder from before the recorded schema, without results
+        results = pl.LazyFrame(schema={"id": pl.String, "source_index": pl.Int32, "row_index": pl.Int64})
+    names = results.collect_schema().names()
+    if "embedding" in names:
+        # 4 KB a row: sorted a range at a time, never the whole corpus in memory (ranges.py)
+        sink_by_ranges(results, path)
+        return
+    # is_first_distinct looks at the id column alone: unique(subset="id") holds every column
+    # in its hash table (twice the peak memory, same output).
+    # With n > 1 samples an id has several rows, one per sample_index: (id, sample_index) is then
+    # the key. Parts hold whole rows (every sample of an id, written together), so a redone chunk
+    # repeats all of an id's samples and the first copy of each is kept.
+    if "sample_index" in names:
+        results = results.with_columns(pl.col("sample_index").fill_null(0))  # parts of one-sample rows only
+        results = results.filter(pl.struct("id", "sample_index").is_first_distinct()).sort([*ORDER, "sample_index"])
+    else:
+        results = results.filter(pl.col("id").is_first_distinct()).sort(ORDER)
+    results.drop("source_index").sink_parquet(path, compression="zstd")
+
+
 def _scan(paths: list[Path]) -> pl.LazyFrame | None:
+    """The parts as one frame; a part that cannot be read is an OutputError naming it (footers read here)."""
+    import pyarrow.parquet as pq
+
     if not paths:
         return None
+    for path in paths:
+        with reading(path, PART_HINT):
+            pq.ParquetFile(path).close()
     return pl.concat([pl.scan_parquet(p) for p in paths], how="diagonal_relaxed")
 
 

@@ -124,12 +124,21 @@ def to_manifest(types: ColumnTypes) -> dict[str, Any]:
     fields = [pa.field(name, pa.string(), metadata=JSON_MARK) if kind is JSON_TEXT else pa.field(name, kind)
               for name, kind in types.items()]
     return {"columns": {name: describe(kind) for name, kind in types.items()},
-            "column_schema": base64.b64encode(pa.schema(fields).serialize().to_pybytes()).decode()}
+            "column_schema": encode_schema(pa.schema(fields))}
 
 
 def from_manifest(manifest: dict[str, Any] | None) -> ColumnTypes | None:
     """The decision an earlier run recorded, or None (no earlier run, or one from before the record)."""
     if not manifest or not manifest.get("column_schema"):
         return None
-    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(manifest["column_schema"])))
+    schema = decode_schema(manifest["column_schema"])
     return {field.name: JSON_TEXT if field.metadata == JSON_MARK else field.type for field in schema}
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    """An Arrow schema as manifest text (exact types: structs, lists, metadata)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

@@ -26,8 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from qbatch._fs import TMP_MARK, atomic_write, atomic_write_json, output_error, output_os_errors, read_json
+from qbatch._fs import TMP_MARK, atomic_write, atomic_write_json, output_error, output_os_errors
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
+from qbatch.output.reading import PART_HINT, read_manifest, reading
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
 from qbatch.spec import COMPRESSED_SUFFIXES
 
@@ -113,7 +114,8 @@ class OutputDir:
 
     # -- manifest ----------------------------------------------------------
     def manifest(self) -> dict[str, Any] | None:
-        return read_json(self.manifest_path)
+        """manifest.json, its fields checked (reading.py); None when there is none."""
+        return read_manifest(self.manifest_path)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         atomic_write_json(self.manifest_path, manifest)
@@ -192,11 +194,8 @@ class OutputDir:
 
     @staticmethod
     def _read_part(path: Path, columns: list[str]) -> pa.Table:
-        try:
+        with reading(path, PART_HINT):
             return pq.read_table(path, columns=columns)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise OutputError(f"part file is unreadable: {exc}", where=str(path),
-                              hint="delete that part (its rows will be redone) and rerun") from None
 
     def write_part(self, prefix: str, table: pa.Table) -> Path:
         path = self.parts / f"{prefix}{self._next_number(prefix):06d}.parquet"

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qbatch._fs import read_json
 from qbatch.output.assemble import assemble
 from qbatch.output.folder import (
     ERROR_PREFIX,
@@ -24,6 +23,9 @@ from qbatch.output.folder import (
     input_change,
     input_identity,
 )
+from qbatch.output.reading import read_manifest
+from qbatch.output.schema import from_manifest as result_schema_of
+from qbatch.output.schema import to_manifest as schema_to_manifest
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError, SpecError
 from qbatch.spec import parse_shard
 
@@ -62,14 +64,16 @@ def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False)
             out, openai_jsonl=openai_jsonl,
             result_parts=[p for s in folders for p in s.part_files(RESULT_PREFIX)],
             error_parts=[p for s in folders for p in s.part_files(ERROR_PREFIX)],
-            model=shards[0].manifest.get("spec", {}).get("model"),
+            model=shards[0].manifest.get("spec", {}).get("model"), manifest=shards[0].manifest,
         )
         first = shards[0].manifest
+        schema = result_schema_of(first)
         fingerprint = dict(first["fingerprint"])
         fingerprint["settings"] = {**fingerprint["settings"], "shard": None}
         out.write_manifest({"status": "completed", "merged_from": [str(Path(s.folder).resolve()) for s in shards],
                             "fingerprint": fingerprint, "counts": counts, "spec": first.get("spec", {}),
-                            "input_rows": first["input_rows"], "limit": None, "covered_inputs": True})
+                            "input_rows": first["input_rows"], "limit": None, "covered_inputs": True,
+                            **({} if schema is None else schema_to_manifest(schema))})
         return counts
     finally:
         out.close()
@@ -83,7 +87,7 @@ def _check_output_folder(output_dir: str, shard_dirs: list[str]) -> None:
         if target == shard or shard in target.parents:
             raise SpecError(f"the merge output {output_dir} is a shard's folder or inside one",
                             where=folder, hint="pass another -o/--output-dir, e.g. a sibling of the shards' folders")
-    manifest = read_json(target / "manifest.json")
+    manifest = read_manifest(target / "manifest.json")
     if manifest is not None and "merged_from" not in manifest:
         raise OutputError("the merge output folder holds a qbatch run, not a merge", where=output_dir,
                           hint="pass an empty folder (or an earlier merge's folder) with -o/--output-dir")
@@ -93,7 +97,7 @@ def _read_shards(shard_dirs: list[str]) -> list[Shard]:
     """The shards, in shard order (then folder), whatever the order they were passed in."""
     shards = []
     for folder in sorted(shard_dirs):
-        manifest = read_json(Path(folder) / "manifest.json")
+        manifest = read_manifest(Path(folder) / "manifest.json")
         if manifest is None:
             raise OutputError("not a qbatch output folder (no manifest.json)", where=folder,
                               hint="pass the -o folders of `qbatch run --shard I/N` runs")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from qbatch._fs import output_os_errors, read_json
 from qbatch.output.folder import RESULT_PREFIX, OutputDir
+from qbatch.output.reading import FINAL_HINT, PART_HINT, read_stats, reading
 from qbatch.errors import OutputError
 
 
@@ -15,7 +15,7 @@ RERUN_HINT = "the run was stopped before it finished: rerun the same `qbatch run
 def read_status(output_dir: str) -> dict[str, Any]:
     """Rows done / failed / remaining, last run's throughput, lock holder, completion."""
     folder = OutputDir(output_dir)
-    manifest = read_json(folder.manifest_path)
+    manifest = folder.manifest()
     holder = folder.lock_holder()
     if manifest is None and holder is None:
         raise OutputError("not a qbatch output folder (no manifest.json)", where=output_dir,
@@ -24,7 +24,9 @@ def read_status(output_dir: str) -> dict[str, Any]:
     status, hint = _run_state(manifest.get("status"), holder)
     merged_from = manifest.get("merged_from")
     done, failed = _merged_counts(folder) if merged_from else _part_counts(folder)
-    stats = read_json(folder.path / "stats.json") or {}
+    if status == "completed":
+        _check_final_files(folder)
+    stats = read_stats(folder.path / "stats.json") or {}
     total = done + failed if merged_from else manifest.get("rows_total")
     return {
         "output_dir": str(folder.path),
@@ -104,10 +106,14 @@ def _part_rates(folder: OutputDir) -> dict[str, Any]:
     """Rows/s over the last RATE_PARTS result parts, from their row counts and write times."""
     import pyarrow.parquet as pq
 
-    parts = sorted(folder.part_files(RESULT_PREFIX), key=lambda p: p.stat().st_mtime)[-RATE_PARTS:]
+    with reading(folder.parts, PART_HINT):
+        parts = sorted(folder.part_files(RESULT_PREFIX), key=lambda p: p.stat().st_mtime)[-RATE_PARTS:]
     if len(parts) < 2:
         return {"from": "parts"}
-    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in parts[1:])
+    rows = 0
+    for part in parts[1:]:
+        with reading(part, PART_HINT):
+            rows += pq.ParquetFile(part).metadata.num_rows
     span = parts[-1].stat().st_mtime - parts[0].stat().st_mtime
     return {"from": "parts", "rows_s": round(rows / span, 2) if span > 0 else None}
 
@@ -129,6 +135,17 @@ def _part_counts(folder: OutputDir) -> tuple[int, int]:
     return len(ok), len(folder.error_ids() - ok)
 
 
+def _check_final_files(folder: OutputDir) -> None:
+    """A completed run's results.parquet and errors.parquet can be read (their footers: cheap)."""
+    import pyarrow.parquet as pq
+
+    for name in ("results.parquet", "errors.parquet"):
+        path = folder.path / name
+        if path.exists() or path.is_symlink():
+            with reading(path, FINAL_HINT):
+                pq.ParquetFile(path).close()
+
+
 def _merged_counts(folder: OutputDir) -> tuple[int, int]:
     """A merge's rows are in its final files (its parts stay in the shards' folders)."""
     import pyarrow.parquet as pq
@@ -136,7 +153,7 @@ def _merged_counts(folder: OutputDir) -> tuple[int, int]:
     counts = []
     for name in ("results.parquet", "errors.parquet"):
         path = folder.path / name
-        with output_os_errors(f"read {name}", path):
+        with reading(path, FINAL_HINT):
             if not path.exists():
                 counts.append(0)
             elif "sample_index" in pq.ParquetFile(path).schema_arrow.names:  # n > 1: a result row a sample

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from qbatch._fs import TMP_MARK, atomic_write
+from qbatch.errors import OutputError
+from qbatch.output.reading import TELEMETRY_HINT, reading
 
 COMPACT_PARTS = 20
 MAX_ROWS = 250_000  # ~10 MB of Parquet; a day at 1 Hz with one GPU and two engines is ~350k rows
@@ -75,21 +77,28 @@ def part_files(folder: Path) -> list[Path]:
                   and TMP_MARK not in p.name)
 
 
-def read(folder: str | Path) -> Any:
+def read(folder: str | Path, *, skip_damaged: bool = False) -> Any:
     """Every telemetry row of an output folder (the compacted file and the parts of a live run), by time;
-    None when none was recorded."""
+    None when none was recorded. A file there that cannot be read is an OutputError naming it, or with
+    `skip_damaged` (a run compacting its own telemetry, which then replaces it) left out."""
     import polars as pl
 
     folder = Path(folder)
     files = [p for p in [folder / TELEMETRY_FILE, *part_files(folder)] if p.exists()]
-    if not files:
-        return None
     frames = []
     for path in files:
         try:
-            frames.append(pl.read_parquet(path))
-        except (OSError, pl.exceptions.ComputeError):  # a part removed by a compaction meanwhile
-            continue
+            with reading(path, TELEMETRY_HINT):
+                frame = pl.read_parquet(path)
+                missing = [name for name in ("time", "source", "device") if name not in frame.columns]
+                if missing:
+                    raise OutputError(f"{path.name} is not qbatch telemetry: no column {', '.join(missing)}",
+                                      where=str(path), hint=TELEMETRY_HINT)
+        except OutputError:
+            if skip_damaged or not path.exists():  # damaged, or a part a compaction removed meanwhile
+                continue
+            raise
+        frames.append(frame)
     if not frames:
         return None
     return pl.concat(frames, how="diagonal_relaxed").unique(["time", "source", "device"]).sort("time")
@@ -104,7 +113,7 @@ def compact(folder: str | Path, *, max_rows: int = MAX_ROWS, keep_recent_s: floa
     parts = part_files(folder)
     if not parts:
         return
-    frame = read(folder)
+    frame = read(folder, skip_damaged=True)
     if frame is None:
         return
     frame = thin(frame, max_rows=max_rows, keep_recent_s=keep_recent_s)

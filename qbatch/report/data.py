@@ -8,12 +8,14 @@ columns a chart needs: a million-row results.parquet becomes a few hundred numbe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from qbatch._fs import read_json
+from qbatch.output.reading import FINAL_HINT, PART_HINT, read_manifest, read_stats, reading
 from qbatch.output.telemetry import read as read_telemetry
 
+T = TypeVar("T")
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 GAP_BUCKETS = 5  # no sample for this many buckets: two runs, not one (the line breaks)
 MAX_POINTS = 600  # per time series: a day-long run is drawn from 600 buckets, not 86,400 samples
@@ -24,8 +26,8 @@ NUM_ERROR_EXAMPLES = 3
 def collect(output_dir: str | Path) -> dict[str, Any]:
     """Every section's data; None for what the folder does not hold."""
     folder = Path(output_dir)
-    manifest = read_json(folder / "manifest.json") or {}
-    stats = read_json(folder / "stats.json") or {}
+    manifest = read_manifest(folder / "manifest.json") or {}
+    stats = read_stats(folder / "stats.json") or {}
     telemetry = read_telemetry(folder)
     return {
         "output_dir": str(folder.resolve()),
@@ -179,31 +181,38 @@ def chunks(stats: dict[str, Any]) -> dict[str, Any] | None:
             "completion_tokens": [c.get("completion_tokens", 0) for c in items]}
 
 
-def _scan(folder: Path, final: str, prefix: str) -> Any:
-    """The rows of results.parquet / errors.parquet, or of the parts while a run has not assembled them."""
+def _query(folder: Path, final: str, prefix: str, query: Callable[[Any], T]) -> T | None:
+    """`query` on the rows of results.parquet / errors.parquet (a LazyFrame), or of the parts while a run
+    has not assembled them; None when there are none. A file that cannot be read is an OutputError."""
     import polars as pl
 
     path = folder / final
     if path.exists():
-        return pl.scan_parquet(path)
+        with reading(path, FINAL_HINT):
+            return query(pl.scan_parquet(path))
     parts = sorted((folder / "parts").glob(f"{prefix}*.parquet"))
     parts = [p for p in parts if ".tmp-" not in p.name]
-    return pl.scan_parquet(parts) if parts else None
+    if not parts:
+        return None
+    with reading(folder / "parts", PART_HINT):
+        return query(pl.scan_parquet(parts))
 
 
 def lengths(folder: Path) -> dict[str, Any] | None:
     """Histograms of prompt and output lengths (tokens) of the results."""
+    def token_counts(results: Any) -> Any:
+        columns = [c for c in ("prompt_tokens", "completion_tokens") if c in results.collect_schema().names()]
+        return results.select(columns).collect() if columns else None
+
+    frame = _query(folder, "results.parquet", "part-", token_counts)
+    return None if frame is None else _histograms(frame)
+
+
+def _histograms(frame: Any) -> dict[str, Any]:
     import polars as pl
 
-    results = _scan(folder, "results.parquet", "part-")
-    if results is None:
-        return None
-    columns = [c for c in ("prompt_tokens", "completion_tokens") if c in results.collect_schema().names()]
-    if not columns:
-        return None
-    frame = results.select(columns).collect()
     out: dict[str, Any] = {"rows": frame.height}
-    for column in columns:
+    for column in frame.columns:
         values = frame.get_column(column).drop_nulls()
         if values.len() == 0:
             out[column] = None
@@ -218,21 +227,22 @@ def lengths(folder: Path) -> dict[str, Any] | None:
 
 
 def finish_reasons(folder: Path) -> dict[str, int] | None:
-    results = _scan(folder, "results.parquet", "part-")
-    if results is None or "finish_reason" not in results.collect_schema().names():
-        return None
-    counts = results.group_by("finish_reason").len().collect().sort("len", descending=True)
-    return {str(reason): int(n) for reason, n in counts.iter_rows()}
+    def count(results: Any) -> Any:
+        if "finish_reason" not in results.collect_schema().names():
+            return None
+        return results.group_by("finish_reason").len().collect().sort("len", descending=True)
+
+    counts = _query(folder, "results.parquet", "part-", count)
+    return None if counts is None else {str(reason): int(n) for reason, n in counts.iter_rows()}
 
 
 def errors(folder: Path) -> list[dict[str, Any]] | None:
     """Error kinds, how many rows each, and a few example rows (id and message). [] when no row failed."""
     import polars as pl
 
-    scan = _scan(folder, "errors.parquet", "errors-")
-    if scan is None:
+    frame = _query(folder, "errors.parquet", "errors-", lambda scan: scan.select("id", "error", "message").collect())
+    if frame is None:
         return [] if (folder / "results.parquet").exists() else None
-    frame = scan.select("id", "error", "message").collect()
     kinds = []
     for (kind,), part in sorted(frame.group_by("error"), key=lambda kv: -kv[1].height):
         examples = part.head(NUM_ERROR_EXAMPLES).select(pl.col("id"), pl.col("message")).to_dicts()

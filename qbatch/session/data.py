@@ -23,6 +23,9 @@ DATA_HINT = ("pass a path or glob, a polars or pandas DataFrame, a list of dicts
 
 def input_paths(data: Any, folder: Path) -> list[str]:
     """The job's `inputs` for `data`: its own paths, or a file written into `folder`."""
+    if isinstance(data, str) and not _names_files(data):
+        raise InputError("a string is the path or glob of input files, and no file matches it", where=data[:80],
+                         hint="pass a list of strings for prompts or texts: run([text]), embed([text])")
     if isinstance(data, (str, os.PathLike)):
         return [os.fspath(data)]
     if _is_frame(data):
@@ -30,6 +33,14 @@ def input_paths(data: Any, folder: Path) -> list[str]:
     if isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray)):
         return _sequence_inputs(list(data), folder)
     raise InputError(f"cannot read data of type {type(data).__name__}", hint=DATA_HINT)
+
+
+def _names_files(text: str) -> bool:
+    """Whether a string names input files: a path that exists, a glob that matches, or standard input."""
+    import glob
+
+    path = os.path.expanduser(text)
+    return text == "-" or os.path.exists(path) or bool(glob.glob(path, recursive=True))
 
 
 def _sequence_inputs(items: list[Any], folder: Path) -> list[str]:
@@ -68,10 +79,40 @@ def _parquet_bytes(data: Any) -> bytes:
 def _from_pandas(frame: Any) -> Any:
     import polars as pl
 
+    frame = _index_as_columns(frame)
+    _check_column_names(list(frame.columns))
     try:
         return pl.from_pandas(frame)
     except Exception:  # object columns polars cannot type (mixed values): go through Python objects
         return pl.DataFrame(frame.to_dict(orient="records"), infer_schema_length=None)
+
+
+def _index_as_columns(frame: Any) -> Any:
+    """A pandas index that says something (a name, or labels other than the positions 0..n-1) becomes
+    columns, carried to the results as the frame's other columns are (an index named `id` is then the
+    rows' id); the default index is the rows' positions, which the results hold already (row_index)."""
+    import pandas as pd
+
+    index = frame.index
+    if isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1 and index.name is None:
+        return frame
+    try:
+        return frame.reset_index()
+    except ValueError as exc:  # "cannot insert NAME, already exists"
+        raise InputError(f"the DataFrame's index and one of its columns share a name: {exc}",
+                         hint="rename one of them, or frame.reset_index(drop=True) to leave the index out") from None
+
+
+def _check_column_names(names: list[Any]) -> None:
+    """Each column is one field of a row: it needs a name of its own, as text."""
+    for name in names:
+        if not isinstance(name, str):
+            raise InputError(f"DataFrame column names must be text, got {name!r} ({type(name).__name__})",
+                             hint="frame.columns = frame.columns.astype(str)")
+    doubled = sorted({name for name in names if names.count(name) > 1})
+    if doubled:
+        raise InputError(f"the DataFrame has several columns named {doubled[0]!r}",
+                         hint="rename them: each column becomes one field of a row")
 
 
 def _jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -159,16 +159,21 @@ class Session:
 
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
         """Completions of prompt strings, in order (each sent as a user turn through the chat template)."""
-        return _texts(self.replies("prompt", list(prompts), **settings))
+        return _texts(self.replies("prompt", prompts, **settings))
 
     def chat(self, conversations: Sequence[list[dict[str, Any]]], **settings: Any) -> list[str]:
         """Completions of conversations ({role, content} lists), in order."""
-        return _texts(self.replies("messages", list(conversations), **settings))
+        return _texts(self.replies("messages", conversations, **settings))
 
-    def replies(self, column: str, values: list[Any], **settings: Any) -> list[Reply]:
-        """One Reply per value of a `prompt` or `messages` column, in order, failed rows included."""
+    def replies(self, column: str, values: Sequence[Any], **settings: Any) -> list[Reply]:
+        """One Reply per value of a `prompt` or `messages` column, in order, failed rows included.
+
+        The quick paths (this, generate, chat, the LangChain model) build the rows themselves, one a
+        value, and return one answer a row: settings that choose other rows or columns, or more answers
+        a row (n > 1), are refused; run() takes them."""
         if column not in ("prompt", "messages"):
             raise SpecError(f"column must be 'prompt' or 'messages', got {column!r}")
+        values = _quick_values(column, values, settings)
         if not values:
             return []
         rows = [{"id": str(i), column: value} for i, value in enumerate(values)]
@@ -254,6 +259,36 @@ def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | 
     job = {k: v for k, v in settings.items() if k not in engine}
     with Session(model, **engine) as session:
         return session.run(data, output_dir=output_dir, **job)
+
+
+# Settings that choose the input's rows or columns: the quick paths' rows are their own.
+QUICK_PATH_REFUSED = ("format", "shape", "prompt_column", "messages_column", "id_column", "template", "limit", "shard",
+                      "dry_run")
+QUICK_PATH_HINT = "session.run(rows, ...) takes it and returns the results frame"
+
+
+def _quick_values(column: str, values: Any, settings: dict[str, Any]) -> list[Any]:
+    """A quick path's values as a list, checked (Session.replies): one a row (not one string, nor one
+    conversation), settings that keep one row a value and one answer a row."""
+    from qbatch.errors import InputError
+
+    one = "generate([text]) for one prompt" if column == "prompt" else "chat([conversation]) for one conversation"
+    what = "prompts" if column == "prompt" else "conversations"
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
+        raise InputError(f"expected a list of {what}, got {type(values).__name__}", hint=one)
+    for key, value in settings.items():
+        name = key.replace("-", "_")
+        if name in QUICK_PATH_REFUSED:
+            raise SpecError(f"{name} does not apply to the quick paths (generate, chat, replies): they make "
+                            "their own rows, one a value", where=f"{name}=", hint=QUICK_PATH_HINT)
+        if name == "n" and isinstance(value, int) and value > 1:
+            raise SpecError(f"n={value} asks for {value} answers a prompt; the quick paths return one",
+                            where="n=", hint="session.run(rows, n=...) returns every sample, one result row "
+                                             "each with its sample_index")
+    values = list(values)  # a list, tuple, pandas Series, generator...
+    if column == "messages" and values and all(isinstance(v, dict) for v in values):
+        raise InputError("expected a list of conversations, got one conversation (a list of messages)", hint=one)
+    return values
 
 
 _REPLY_COLUMNS = ("id", "text", "reasoning", "finish_reason", "prompt_tokens", "completion_tokens")

@@ -241,6 +241,7 @@ def test_dedupe_killed_before_the_kept_row_is_written_still_processes_it(cli, wr
 READ_ONLY_HINT = "Hint: the output folder is on a read-only file system: pass another -o/--output-dir"
 PERMISSION_HINT = ("Hint: this user may not write there: check the folder's owner and permissions, "
                    "or pass another -o/--output-dir")
+READ_PERMISSION_HINT = "Hint: this user may not read it: check the file's owner and permissions"
 
 
 def refuse(monkeypatch, target, name: str, code: int, applies) -> None:
@@ -284,4 +285,5 @@ def test_an_output_folder_that_cannot_be_written_is_an_error_with_its_path(cli, 
     assert result.exit_code == 1, result.output
     error, hint = result.stderr.splitlines()[:2]
     assert error.startswith("Error: cannot ") and f"({out}" in error
-    assert hint == (PERMISSION_HINT if case in ("mkdir", "parts listing", "manifest read") else READ_ONLY_HINT)
+    hints = {"mkdir": PERMISSION_HINT, "parts listing": PERMISSION_HINT, "manifest read": READ_PERMISSION_HINT}
+    assert hint == hints.get(case, READ_ONLY_HINT)

@@ -327,3 +327,56 @@ def test_a_process_killed_outright_takes_what_it_started_along(tmp_path):
     if alive:
         engine.kill()
     assert not alive
+
+
+SLOW_CLOSE = '''
+import subprocess, sys, time
+from qbatch.engines import factory as engine
+
+class SlowClose(engine.NullEngine):
+    """Generates at once, with a child process as its engine core; its shutdown takes 30 s."""
+
+    def __init__(self, *args):
+        self.core = subprocess.Popen(["sleep", "300"])
+
+    def close(self):
+        print("closing", file=sys.stderr, flush=True)
+        time.sleep(30)
+
+engine._ENGINES.clear()
+engine.create = lambda *args: engine._ENGINES.setdefault("x", SlowClose())
+from qbatch.cli import main
+main()
+'''
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_shutdown_of_a_completed_run_says_it_completed(small_run, tmp_path, signum):
+    script = tmp_path / "slow_close.py"
+    script.write_text(SLOW_CLOSE)
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr_file:
+        proc = subprocess.Popen([sys.executable, str(script), *small_run, "--fail-on-row-errors"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=stderr_file, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while "closing" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    core = psutil.Process(proc.pid).children()[0]
+    started = time.monotonic()
+    proc.send_signal(signum)
+    try:
+        stdout, _ = proc.communicate(timeout=30)
+    finally:
+        took = time.monotonic() - started
+        alive = _alive(core) and not psutil.wait_procs([core], timeout=5)[0]
+        if _alive(core):
+            core.kill()
+    stderr = log.read_text()
+    assert proc.returncode == 0, stderr
+    assert "Error" not in stderr and "Traceback" not in stderr
+    assert f"qbatch: {signum.name} after the run completed (its results are written): stopping the engines now" \
+        in stderr
+    assert "results" in stdout and took < 20 and not alive  # the summary; the 30 s shutdown was cut short
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["status"] == "completed"

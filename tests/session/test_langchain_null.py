@@ -62,6 +62,22 @@ def test_batch_failed_rows_as_exceptions(chat, calls):
     assert len(calls) == 1
 
 
+def test_every_conversation_failed(chat):
+    from qbatch.errors import InputError
+
+    with pytest.raises(InputError, match="empty_prompt"):
+        chat.invoke("   ")
+    answers = chat.batch(["", "   "], return_exceptions=True)
+    assert [type(a) for a in answers] == [InputError, InputError]
+
+
+def test_several_answers_a_conversation_are_refused(chat):
+    from qbatch.errors import SpecError
+
+    with pytest.raises(SpecError, match="the quick paths return one"):
+        chat.batch(["a", "b"], n=2)
+
+
 def test_abatch_and_chains(chat, calls):
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate

@@ -114,6 +114,57 @@ def test_generate_and_chat_return_texts_in_order(session):
     assert exc.value.where == "prompt 1"
 
 
+def test_quick_paths_raise_input_error_when_every_prompt_failed(session):
+    with pytest.raises(InputError, match=r"2 of 2 prompts failed; the first: empty_prompt"):
+        session.generate(["", "   "])
+    with pytest.raises(InputError, match=r"1 of 1 prompts failed; the first: empty_prompt"):
+        session.chat([[{"role": "user", "content": ""}]])
+    replies = session.replies("prompt", ["", " "])
+    assert [r.error for r in replies] == ["empty_prompt", "empty_prompt"] and replies[0].text is None
+    result = session.run([{"id": "a", "prompt": "", "topic": 1}], progress="none")
+    assert result.results.columns == ["id", "source", "row_index", "topic", *RESULT_COLUMNS[3:]]
+    assert result.results.height == 0 and result.errors.height == 1
+
+
+def test_quick_paths_refuse_what_would_lose_or_split_answers(session):
+    with pytest.raises(InputError, match="expected a list of prompts, got str") as exc:
+        session.generate("hello")
+    assert exc.value.hint == "generate([text]) for one prompt"
+    with pytest.raises(InputError, match="got one conversation"):
+        session.chat([{"role": "user", "content": "hi"}])
+    with pytest.raises(SpecError, match="n=3 asks for 3 answers a prompt; the quick paths return one") as exc:
+        session.generate(["hi"], n=3)
+    assert "sample_index" in exc.value.hint
+    for setting in ({"limit": 1}, {"id_column": "x"}, {"template": "Q: {x}"}, {"prompt_column": "text"},
+                    {"shard": "0/2"}, {"dry_run": True}):
+        with pytest.raises(SpecError, match=f"{next(iter(setting))} does not apply to the quick paths"):
+            session.generate(["a", "b"], **setting)
+    with pytest.raises(InputError, match="a string is the path or glob of input files, and no file matches it"):
+        session.run("What is the capital of France?")  # run and embed take paths as strings: a text is refused
+    import pandas as pd
+
+    assert len(session.generate(pd.Series(["a", "b"]), progress="none")) == 2  # any iterable of prompts
+    assert session.generate(["hi"], n=1, progress="none")
+
+
+def test_a_pandas_index_is_carried_or_is_the_id(session):
+    import pandas as pd
+
+    named = pd.DataFrame({"prompt": ["a", "b"]}, index=pd.Index(["x", "y"], name="doc"))
+    result = session.run(named, progress="none")
+    assert result.results["doc"].to_list() == ["x", "y"] and result.results["id"].to_list() == ["0", "1"]
+    sliced = pd.DataFrame({"prompt": ["a", "b", "c"]}).iloc[1:]
+    assert session.run(sliced, progress="none").results["index"].to_list() == [1, 2]
+    ids = pd.DataFrame({"prompt": ["a", "b"]}, index=pd.Index(["p", "q"], name="id"))
+    assert session.run(ids, progress="none").results["id"].to_list() == ["p", "q"]
+    plain = session.run(pd.DataFrame({"prompt": ["a", "b"]}), progress="none")
+    assert plain.results.columns == RESULT_COLUMNS  # the default index is the position: row_index holds it
+    with pytest.raises(InputError, match="column names must be text, got 0"):
+        session.run(pd.DataFrame([["a", 1]]))
+    with pytest.raises(InputError, match="several columns named 'prompt'"):
+        session.run(pd.DataFrame([["a", "b"]], columns=["prompt", "prompt"]))
+
+
 def test_the_tokenizer_loads_once_per_model(session):
     from qbatch.inputs.prepare import load_tokenizer
 
