@@ -62,7 +62,9 @@ class InputSpec:
     system_prompt: str | None = affects_results(None)
     raw: bool = affects_results(False)
     thinking: bool | None = affects_results(None)  # None: the chat template's own default
-    keep_columns: list[str] | None = affects_results(None)  # None: every non-prompt column
+    # The input columns carried to the results (the prompt's and messages' too): keep_columns None is all
+    keep_columns: list[str] | None = affects_results(None)
+    drop_columns: list[str] | None = affects_results(None)  # all but these
     on_bad_line: str = "error"
     dedupe: bool = affects_results(False)
     limit: int | None = None
@@ -293,6 +295,9 @@ class JobSpec:
             raise SpecError("--system-prompt needs the chat template; it cannot be combined with --raw")
         if self.input.shard is not None:
             parse_shard(self.input.shard)
+        if self.input.keep_columns is not None and self.input.drop_columns is not None:
+            raise SpecError("--keep-columns names the columns to carry, --drop-columns those to leave out: "
+                            "pass one of them")
         if self.output.restart and self.output.retry_errors:
             raise SpecError("--restart starts over; --retry-errors resumes: choose one")
 
