@@ -62,6 +62,15 @@ def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[
     return None if value is None else [item.strip() for item in value.split(",") if item.strip()]
 
 
+def _paths(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Path arguments in normal form (`out/x`, not `./out/x/` or `a/../out/x`): as every message prints them."""
+    from qbatch._fs import normal_path
+
+    if value is None:
+        return None
+    return tuple(normal_path(v) for v in value) if isinstance(value, tuple) else normal_path(value)
+
+
 # Flags of `qbatch run` that are job-spec settings (same names as the job file's keys).
 # Their defaults live in spec.py; a flag only overrides when given.
 RUN_OPTIONS = [
@@ -329,7 +338,7 @@ def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str 
 
 
 @cli.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("output_dir", type=click.Path(exists=True, file_okay=False), callback=_paths)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(output_dir: str, as_json: bool) -> None:
     """Show what an output folder holds: rows done, failed, remaining, and whether a run is live.
@@ -350,8 +359,8 @@ def status(output_dir: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("-o", "--output", "path", type=click.Path(dir_okay=False),
+@click.argument("output_dir", type=click.Path(exists=True, file_okay=False), callback=_paths)
+@click.option("-o", "--output", "path", type=click.Path(dir_okay=False), callback=_paths,
               help="Where to write the page.  [default: OUTPUT_DIR/report.html]")
 def report(output_dir: str, path: str | None) -> None:
     """Write one self-contained HTML page about a run (charts and data inline; opens offline).
@@ -518,8 +527,9 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
 
 
 @cli.command()
-@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the merged results.")
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False), callback=_paths)
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), callback=_paths,
+              help="Folder for the merged results.")
 @click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), default="parquet", show_default=True,
               help="Also write results.jsonl in OpenAI Batch format (jsonl-openai).")
 def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qbatch._fs import normal_path
 from qbatch.errors import RowError, SpecError
 from qbatch.sampling import SAMPLING_KEY_SET, check_params, check_structured
 
@@ -241,6 +242,7 @@ class JobSpec:
                 )
             sections[owners[key]][key] = _typed(raw_key, key, value, source)
         _normalize_gpus(sections["engine"])
+        _normalize_paths(sections["input"], sections["output"])
         spec = cls(**{name: SECTIONS[name](**kw) for name, kw in sections.items()})
         spec.validate()
         return spec
@@ -396,8 +398,16 @@ def _relative_to(base: Path, value: Any) -> Any:
     if isinstance(value, list):
         return [_relative_to(base, item) for item in value]
     if isinstance(value, str) and value != "-" and not Path(value).is_absolute():
-        return str(base / value)
+        return normal_path(base / value)
     return value
+
+
+def _normalize_paths(inputs: dict[str, Any], output: dict[str, Any]) -> None:
+    """Input and output paths in normal form (`normal_path`), so that every message prints them so."""
+    if inputs.get("inputs"):
+        inputs["inputs"] = [normal_path(path) for path in inputs["inputs"]]
+    if output.get("output_dir"):
+        output["output_dir"] = normal_path(output["output_dir"])
 
 
 def _normalize_gpus(engine: dict[str, Any]) -> None:
