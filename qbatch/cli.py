@@ -19,7 +19,7 @@ from qbatch import __version__
 from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
-from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, EngineSpec, SamplingSpec
+from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, GENERATION_ONLY, EngineSpec
 from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
 
 
@@ -248,10 +248,8 @@ def serve_run_options(func: Any) -> Any:
 
 
 # `qbatch embed` takes run's flags except those of generation (chat turns, sampling, constraints, thinking).
-EMBED_SKIPPED = {"messages_column", "system_prompt", "raw", "thinking", "reasoning_parser", "quantize",
-                 "structured_outputs_backend", "disable_any_whitespace", *(f.name for f in dataclasses.fields(SamplingSpec))}
 EMBED_OPTIONS = [
-    *(option for option in RUN_OPTIONS if _option_name(option) not in EMBED_SKIPPED),
+    *(option for option in RUN_OPTIONS if _option_name(option) not in GENERATION_ONLY),
     click.option("--dimensions", type=int, help="Keep the first N values of each vector (Matryoshka: Qwen3-Embedding), "
                  "then normalize.  [default: all, the model's hidden size]"),
     click.option("--normalize/--no-normalize", default=None, help="Scale each vector to unit L2 norm.  [default: normalize]"),

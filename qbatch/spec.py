@@ -214,6 +214,20 @@ class EmbedSpec:
     embedding_dtype: str = affects_results("float32")  # float16 halves the output
 
 
+# Settings of one task only: an embedding job takes none of generation's (chat turns, sampling,
+# constraints, thinking), a generation job none of embedding's. `qbatch embed` has no flags for the
+# first; fingerprints and reports leave out whichever does not apply.
+GENERATION_ONLY = frozenset({"messages_column", "system_prompt", "raw", "thinking", "reasoning_parser", "quantize",
+                             "structured_outputs_backend", "disable_any_whitespace",
+                             *(f.name for f in dataclasses.fields(SamplingSpec))})
+EMBEDDING_ONLY = frozenset(f.name for f in dataclasses.fields(EmbedSpec))
+
+
+def applies_to(name: str, task: str) -> bool:
+    """Whether the setting `name` means anything to a job of this task (generate or embed)."""
+    return name not in (GENERATION_ONLY if task == "embed" else EMBEDDING_ONLY)
+
+
 SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec,
             "embed": EmbedSpec}
 

@@ -4,6 +4,11 @@ Every section reads one file (telemetry, stats.json, manifest.json, the results 
 returns plain lists and numbers, or None when that file was not recorded (an output folder
 older than telemetry, a run still in progress). The results are read with polars, only the
 columns a chart needs: a million-row results.parquet becomes a few hundred numbers.
+
+Telemetry is sampled while a run generates (jobs/opening.py starts it when the engine is ready and
+stops it when the last chunk is written), so a run's samples are its generation. A folder holds
+the runs of one job (a first run, then resumes: manifest.json's `runs`); their samples are split by
+run and drawn back to back on one axis of time spent generating, each run labelled (timeline.py).
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from qbatch._fs import read_json
+from qbatch.output.folder import OutputDir
 from qbatch.output.telemetry import read as read_telemetry
+from qbatch.report.timeline import Timeline
 
-TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
-GAP_BUCKETS = 5  # no sample for this many buckets: two runs, not one (the line breaks)
-MAX_POINTS = 600  # per time series: a day-long run is drawn from 600 buckets, not 86,400 samples
 NUM_BINS = 40  # per length histogram
 NUM_ERROR_EXAMPLES = 3
+COUNTERS = ("generation_tokens", "finished_requests", "prompt_tokens", "cached_tokens")  # cumulative, per engine
 
 
 def collect(output_dir: str | Path) -> dict[str, Any]:
@@ -27,16 +32,22 @@ def collect(output_dir: str | Path) -> dict[str, Any]:
     manifest = read_json(folder / "manifest.json") or {}
     stats = read_json(folder / "stats.json") or {}
     telemetry = read_telemetry(folder)
+    timeline = Timeline.of(manifest, telemetry, live=OutputDir(folder).lock_holder() is not None)
+    embeds = (manifest.get("spec") or {}).get("task") == "embed"
+    for run in timeline.drawn():
+        run.update(run_numbers(timeline, run, embeds=embeds))
     return {
         "output_dir": str(folder.resolve()),
         "manifest": manifest,
         "stats": stats,
         "telemetry_recorded": telemetry is not None,
-        "throughput": throughput(telemetry),
-        "devices": devices(telemetry),
-        "host": host(telemetry),
-        "engines": engines(telemetry),
-        "phases": phases(stats),
+        "axis": timeline.axis(),
+        "runs": timeline.runs,
+        "glance": glance(manifest, stats, timeline),
+        "throughput": throughput(timeline),
+        "devices": devices(timeline),
+        "host": host(timeline),
+        "engines": engines(timeline),
         "lengths": lengths(folder),
         "finish_reasons": finish_reasons(folder),
         "errors": errors(folder),
@@ -44,67 +55,59 @@ def collect(output_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def _bucket_s(frame: Any) -> int:
-    """Seconds per point so that a series has at most MAX_POINTS points."""
-    span = (frame.get_column("time").max() - frame.get_column("time").min()).total_seconds()
-    return max(1, int(span // MAX_POINTS) + 1)
-
-
-def _rows(frame: Any, source: str) -> Any:
+def _with_rates(rows: Any) -> Any:
+    """Engine rows with their cumulative counters turned into increments since the engine's previous
+    sample of the same run; null at a run's first sample, which has no earlier one (an engine that was up
+    before the run counts from its own start, not the run's)."""
     import polars as pl
 
-    if frame is None:
-        return None
-    rows = frame.filter(pl.col("source") == source)
-    return rows if rows.height else None
+    return rows.sort("time").with_columns([pl.col(c).diff().over("run", "device").clip(lower_bound=0)
+                                           for c in COUNTERS])
 
 
-def throughput(frame: Any) -> dict[str, Any] | None:
+def throughput(timeline: Timeline) -> dict[str, Any] | None:
     """Output tok/s and rows/s over time, from the engines' counters (summed over engines)."""
     import polars as pl
 
-    rows = _rows(frame, "engine")
+    rows = timeline.rows("engine")
     if rows is None:
         return None
-    every = _bucket_s(rows)
-    per_engine = (rows.sort("time")
-                  .with_columns([pl.col(c).diff().over("device").clip(lower_bound=0).fill_null(0).alias(c)
-                                 for c in ("generation_tokens", "finished_requests", "prompt_tokens", "cached_tokens")]))
-    series = (per_engine.group_by_dynamic("time", every=f"{every}s")
-              .agg(pl.col("generation_tokens").sum(), pl.col("finished_requests").sum(),
-                   pl.col("prompt_tokens").sum(), pl.col("cached_tokens").sum())
-              .sort("time"))
-    hit = [None if p == 0 else round(100 * c / p, 1)
-           for p, c in zip(series["prompt_tokens"], series["cached_tokens"], strict=True)]
-    return _break_gaps({"time": _times(series), "output_tok_s": [round(v / every, 1) for v in series["generation_tokens"]],
-                        "rows_s": [round(v / every, 2) for v in series["finished_requests"]],
-                        "prefix_cache_hit_pct": hit}, every)
+    every = timeline.bucket_s
+    series = timeline.buckets(_with_rates(rows), [pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c)
+                                                  for c in COUNTERS])
+    series = series.with_columns(
+        (pl.col("generation_tokens") / every).round(1).alias("output_tok_s"),
+        (pl.col("prompt_tokens") / every).round(1).alias("input_tok_s"),
+        (pl.col("finished_requests") / every).round(2).alias("rows_s"),
+        pl.when(pl.col("prompt_tokens") > 0).then((100 * pl.col("cached_tokens") / pl.col("prompt_tokens")).round(1))
+        .alias("prefix_cache_hit_pct"))
+    return timeline.series(series, ["output_tok_s", "input_tok_s", "rows_s", "prefix_cache_hit_pct"])
 
 
-def devices(frame: Any) -> dict[str, Any] | None:
+def devices(timeline: Timeline) -> dict[str, Any] | None:
     """Per GPU: utilization %, memory used (GiB) and power (W) over time."""
-    rows = _rows(frame, "gpu")
+    rows = timeline.rows("gpu")
     if rows is None:
         return None
-    return {device: _series(part, {"gpu_util_pct": 1, "gpu_mem_used_bytes": 1 / 2**30, "gpu_power_w": 1})
+    return {device: _means(timeline, part, {"gpu_util_pct": 1, "gpu_mem_used_bytes": 1 / 2**30, "gpu_power_w": 1})
             for device, part in _by_device(rows)}
 
 
-def host(frame: Any) -> dict[str, Any] | None:
+def host(timeline: Timeline) -> dict[str, Any] | None:
     """This process tree's CPU % and RSS (GiB) over time."""
-    rows = _rows(frame, "host")
+    rows = timeline.rows("host")
     if rows is None:
         return None
-    return _series(rows, {"cpu_pct": 1, "rss_bytes": 1 / 2**30})
+    return _means(timeline, rows, {"cpu_pct": 1, "rss_bytes": 1 / 2**30})
 
 
-def engines(frame: Any) -> dict[str, Any] | None:
+def engines(timeline: Timeline) -> dict[str, Any] | None:
     """Per engine: requests in it (running / waiting with --enable-log-stats) and KV-cache usage %."""
-    rows = _rows(frame, "engine")
+    rows = timeline.rows("engine")
     if rows is None:
         return None
-    return {device: _series(part, {"requests_in_engine": 1, "requests_running": 1, "requests_waiting": 1,
-                                   "kv_cache_usage": 100})
+    return {device: _means(timeline, part, {"requests_in_engine": 1, "requests_running": 1, "requests_waiting": 1,
+                                            "kv_cache_usage": 100})
             for device, part in _by_device(rows)}
 
 
@@ -112,58 +115,112 @@ def _by_device(rows: Any) -> list[tuple[str, Any]]:
     return [(str(key[0]), part) for key, part in sorted(rows.group_by("device"), key=lambda kv: str(kv[0][0]))]
 
 
-def _series(rows: Any, columns: dict[str, float]) -> dict[str, Any]:
-    """Bucket means of the columns (scaled), over time; a column with no value at all is None."""
+def _means(timeline: Timeline, rows: Any, columns: dict[str, float]) -> dict[str, Any]:
+    """Bucket means of the columns, scaled; a column with no value at all is None."""
     import polars as pl
 
-    every = _bucket_s(rows)
-    series = rows.sort("time").group_by_dynamic("time", every=f"{every}s").agg(
-        [pl.col(c).cast(pl.Float64).mean() for c in columns]).sort("time")
-    out: dict[str, Any] = {"time": _times(series)}
-    for column, scale in columns.items():
-        values = series.get_column(column)
-        out[column] = None if values.null_count() == len(values) else [
-            None if v is None else round(v * scale, 3) for v in values]
-    return _break_gaps(out, every)
+    series = timeline.buckets(rows, [(pl.col(c).cast(pl.Float64).mean() * scale).round(3).alias(c)
+                                     for c, scale in columns.items()])
+    return timeline.series(series, list(columns))
 
 
-def _break_gaps(series: dict[str, Any], every: int) -> dict[str, Any]:
-    """A point of nulls where no sample came for GAP_BUCKETS buckets (between two runs of a resumed
-    job): the chart breaks its line there instead of drawing one across the gap."""
-    from datetime import datetime, timedelta
+# -- the header --------------------------------------------------------------
+def run_numbers(timeline: Timeline, run: dict[str, Any], *, embeds: bool) -> dict[str, Any]:
+    """One run's generation, from its samples: tok/s (the engines' counters: output tokens, or input
+    tokens for embeddings), mean GPU utilization (over its GPUs and time), mean power per GPU and the
+    energy of all GPUs, peak GPU memory, mean CPU % and peak RSS. None for what was not recorded."""
+    import polars as pl
 
-    times = [datetime.strptime(t, TIME_FORMAT) for t in series["time"]]
-    gaps = [i for i in range(1, len(times)) if (times[i] - times[i - 1]).total_seconds() > GAP_BUCKETS * every]
-    if not gaps:
-        return series
-    out: dict[str, Any] = {key: None if values is None else [] for key, values in series.items()}
-    previous = 0
-    for i in [*gaps, len(times)]:
-        for key, values in series.items():
-            if values is not None:
-                out[key].extend(values[previous:i])
-        if i < len(times):
-            for key, values in series.items():
-                if values is not None:
-                    out[key].append((times[i - 1] + timedelta(seconds=every)).strftime(TIME_FORMAT)
-                                    if key == "time" else None)
-        previous = i
+    seconds = run["seconds"] or 0.0
+    out: dict[str, Any] = {"tok_s": None, "gpus": 0, "gpu_util_pct": None, "cpu_pct": None}
+    engine = timeline.rows("engine", run=run["index"])
+    if engine is not None and seconds > 0:
+        tokens = _with_rates(engine).get_column("prompt_tokens" if embeds else "generation_tokens").sum()
+        out["tok_s"] = round(tokens / seconds, 1)
+    gpu = timeline.rows("gpu", run=run["index"])
+    if gpu is not None:
+        per_gpu = gpu.group_by("device").agg(
+            pl.col("gpu_util_pct").mean(), pl.col("gpu_power_w").mean(), pl.col("gpu_mem_used_bytes").max(),
+            pl.col("gpu_mem_total_bytes").max()).sort("device")
+        out["gpus"] = per_gpu.height
+        out["gpu_util_pct"] = _round(per_gpu["gpu_util_pct"].mean(), 1)
+        out["gpu_util_by_gpu"] = {str(d): _round(u, 1) for d, u in zip(per_gpu["device"], per_gpu["gpu_util_pct"])}
+        power = per_gpu["gpu_power_w"].drop_nulls()
+        if power.len():
+            out["gpu_power_w"] = _round(power.mean(), 1)
+            out["gpu_energy_wh"] = _round(power.sum() * seconds / 3600, 2)
+        out["gpu_mem_peak_gib"] = _round(_max_or_none(per_gpu["gpu_mem_used_bytes"]), 1, 1 / 2**30)
+        out["gpu_mem_total_gib"] = _round(_max_or_none(per_gpu["gpu_mem_total_bytes"]), 1, 1 / 2**30)
+    host_rows = timeline.rows("host", run=run["index"])
+    if host_rows is not None:
+        out["cpu_pct"] = _round(host_rows["cpu_pct"].mean(), 0)
+        out["rss_peak_gib"] = _round(_max_or_none(host_rows["rss_bytes"]), 1, 1 / 2**30)
     return out
 
 
-def _times(series: Any) -> list[str]:
-    return [t.strftime(TIME_FORMAT) for t in series.get_column("time")]
+def glance(manifest: dict[str, Any], stats: dict[str, Any], timeline: Timeline) -> dict[str, Any]:
+    """What someone who judges a deployment by nvidia-smi looks for first, for one run (the last that
+    generated): mean GPU (or CPU) utilization while it generated, output tok/s (per GPU too), GPU
+    power and energy, peak GPU memory; and the phase split of stats.json (the last completed run).
+
+    tok/s is stats.json's (what the run printed) when stats.json is that run's, else the engines'
+    counters over its samples (`tok_s_source` says which).
+    """
+    embeds = (manifest.get("spec") or {}).get("task") == "embed"
+    run = timeline.last_run()
+    out: dict[str, Any] = {"run": None, "runs": len(timeline.runs), "tokens_of": "input" if embeds else "output",
+                           "generate_s": None, "tok_s": None, "tok_s_source": None, "gpus": 0}
+    if run is not None:
+        out.update(run_numbers(timeline, run, embeds=embeds), run=run["label"], generate_s=run["seconds"])
+        out["tok_s_source"] = "telemetry" if out["tok_s"] is not None else None
+    if _stats_are_of(stats, manifest, run):
+        tokens = stats.get("prompt_tokens" if embeds else "completion_tokens") or 0
+        out.update(tok_s=round(tokens / stats["generate_s"], 1), tok_s_source="stats.json",
+                   generate_s=round(stats["generate_s"], 1))
+    if out["tok_s"] is not None and out["gpus"]:
+        out["tok_s_per_gpu"] = round(out["tok_s"] / out["gpus"], 1)
+    out["phases"] = phase_split(stats)
+    return out
 
 
-def phases(stats: dict[str, Any]) -> dict[str, float] | None:
-    """Seconds in setup / engine start / generate / assembly, and the wall time (stats.json)."""
-    if not stats or "wall_s" not in stats:
+def _stats_are_of(stats: dict[str, Any], manifest: dict[str, Any], run: dict[str, Any] | None) -> bool:
+    """Whether stats.json (written when a run completes) is this run's: the folder's last run, which completed
+    and generated. A run that found nothing to do writes a stats.json without generation; one that stopped
+    writes none, leaving an earlier run's."""
+    if not stats.get("generate_s"):
+        return False
+    if run is None:  # no telemetry: stats.json is all there is
+        return manifest.get("status") == "completed"
+    return run["is_last"] and run["status"] == "completed"
+
+
+def _round(value: Any, digits: int, scale: float = 1.0) -> float | None:
+    return None if value is None else round(float(value) * scale, digits)
+
+
+def _max_or_none(series: Any) -> Any:
+    series = series.drop_nulls()
+    return series.max() if series.len() else None
+
+
+def phase_split(stats: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The last completed run's wall time split into what it waited on, in order: setup (inputs, tokenizer,
+    the pre-scan), the engine's start beyond the setup (engines start early, beside the setup: only the
+    wait left after it counts), generation, and assembly. The parts add up to the wall time."""
+    if not stats or not stats.get("wall_s"):
         return None
-    return {name: round(float(stats.get(key) or 0.0), 2) for name, key in
-            (("setup", "setup_s"), ("engine start", "engine_start_s"), ("generate", "generate_s"),
-             ("assembly", "assemble_s"), ("wall", "wall_s"))}
+    wall = float(stats["wall_s"])
+    setup, generate, assemble = (float(stats.get(k) or 0.0) for k in ("setup_s", "generate_s", "assemble_s"))
+    waited = max(0.0, min(float(stats.get("engine_start_s") or 0.0), wall - setup - generate - assemble))
+    parts = [("setup", setup), ("engine start", waited), ("generate", generate), ("assembly", assemble)]
+    other = wall - sum(seconds for _, seconds in parts)
+    if other > 0.05 * wall:  # time the phases above do not cover (writing stats, the run's own overhead)
+        parts.append(("other", other))
+    return [{"name": name, "seconds": round(seconds, 2), "share": round(seconds / wall, 4)}
+            for name, seconds in parts if seconds > 0] + [{"name": "wall", "seconds": round(wall, 2), "share": 1.0}]
 
 
+# -- stats.json and the results ------------------------------------------------
 def chunks(stats: dict[str, Any]) -> dict[str, Any] | None:
     """Per chunk: rows, output tokens, and seconds since the previous chunk finished (stats.json)."""
     items = [c for c in (stats or {}).get("chunks") or [] if c.get("finished_s") is not None]
