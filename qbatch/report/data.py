@@ -66,22 +66,29 @@ def _with_rates(rows: Any) -> Any:
 
 
 def throughput(timeline: Timeline) -> dict[str, Any] | None:
-    """Output tok/s and rows/s over time, from the engines' counters (summed over engines)."""
+    """Output tok/s and rows/s over time, from the engines' counters (summed over engines), and the rows
+    saved so far (written to parts, all runs): a rate of rows that finish a few at a time jumps, their
+    count climbs, so a short run reads from it. Rows an interrupted run had finished but not written are
+    not saved: the next run redoes them."""
     import polars as pl
 
-    rows = timeline.rows("engine")
-    if rows is None:
+    if timeline.rows("engine") is None:
         return None
+    rows = timeline.frame.filter(pl.col("source").is_in(["engine", "run"]))
     every = timeline.bucket_s
-    series = timeline.buckets(_with_rates(rows), [pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c)
-                                                  for c in COUNTERS])
-    series = series.with_columns(
+    series = timeline.buckets(_with_rates(rows), [
+        *(pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c) for c in COUNTERS),
+        pl.col("rows_done").max()])
+    before = (series.group_by("run").agg(pl.col("rows_done").max().fill_null(0)).sort("run")
+              .with_columns(pl.col("rows_done").cum_sum().shift(1, fill_value=0).alias("saved_before")))
+    series = series.join(before.select("run", "saved_before"), on="run").sort("x").with_columns(
         (pl.col("generation_tokens") / every).round(1).alias("output_tok_s"),
         (pl.col("prompt_tokens") / every).round(1).alias("input_tok_s"),
         (pl.col("finished_requests") / every).round(2).alias("rows_s"),
         pl.when(pl.col("prompt_tokens") > 0).then((100 * pl.col("cached_tokens") / pl.col("prompt_tokens")).round(1))
-        .alias("prefix_cache_hit_pct"))
-    return timeline.series(series, ["output_tok_s", "input_tok_s", "rows_s", "prefix_cache_hit_pct"])
+        .alias("prefix_cache_hit_pct"),
+        (pl.col("saved_before") + pl.col("rows_done").forward_fill().over("run").fill_null(0)).alias("rows_saved"))
+    return timeline.series(series, ["output_tok_s", "input_tok_s", "rows_s", "prefix_cache_hit_pct", "rows_saved"])
 
 
 def devices(timeline: Timeline) -> dict[str, Any] | None:
@@ -206,8 +213,9 @@ def _max_or_none(series: Any) -> Any:
 def phase_split(stats: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The last completed run's wall time split into what it waited on, in order: setup (inputs, tokenizer,
     the pre-scan), the engine's start beyond the setup (engines start early, beside the setup: only the
-    wait left after it counts), generation, and assembly. The parts add up to the wall time."""
-    if not stats or not stats.get("wall_s"):
+    wait left after it counts), generation, and assembly. The parts add up to the wall time. None when
+    that run generated nothing (a rerun that found every row done)."""
+    if not stats or not stats.get("wall_s") or not stats.get("generate_s"):
         return None
     wall = float(stats["wall_s"])
     setup, generate, assemble = (float(stats.get(k) or 0.0) for k in ("setup_s", "generate_s", "assemble_s"))

@@ -58,7 +58,8 @@ def render(info: dict[str, Any]) -> str:
     tokens_of = glance["tokens_of"]
     sections = [
         _section("Throughput", "throughput", _throughput(info["throughput"], axis, tokens_of) or missing, figures,
-                 f"{tokens_of} tokens/s and rows/s, from the engines' counters"),
+                 f"{tokens_of} tokens/s from the engines' counters (rows/s: click its legend), and rows written "
+                 "to the results"),
         _section("GPU utilization, memory and power" if info["devices"] else "CPU and memory (no GPU recorded)",
                  "devices", _devices(info["devices"], info["host"], axis), figures,
                  "per GPU (NVML), or this run's processes"),
@@ -92,7 +93,7 @@ def _glance(info: dict[str, Any]) -> str:
     cards = []
     if g["gpus"]:
         by_gpu = g.get("gpu_util_by_gpu") or {}
-        detail = ", ".join(f"GPU {d}: {_pct(u)}" for d, u in by_gpu.items()) if len(by_gpu) > 1 else f"GPU {next(iter(by_gpu), '?')}"
+        detail = ", ".join(f"GPU {d}: {_pct(u)}" if len(by_gpu) > 1 else f"GPU {d}" for d, u in by_gpu.items())
         cards.append(("gpu-util", _pct(g["gpu_util_pct"]), "mean GPU utilization while generating", detail))
     elif g.get("cpu_pct") is not None:
         cards.append(("cpu-util", _pct(g["cpu_pct"]), "mean CPU while generating",
@@ -121,14 +122,15 @@ def _glance(info: dict[str, Any]) -> str:
                         f'<div class="what">{html.escape(what)}</div><div class="detail">{html.escape(detail)}</div></div>'
                         for key, value, what, detail in cards)
     return (f'<section class="glance">{_table(facts)}<div class="cards">{card_html}</div>{which}'
-            f'{_phase_bar(g["phases"])}</section>')
+            f'{_phase_bar(g["phases"], stats)}</section>')
 
 
-def _phase_bar(phases: list[dict[str, Any]] | None) -> str:
+def _phase_bar(phases: list[dict[str, Any]] | None, stats: dict[str, Any]) -> str:
     """Where the wall time went, as one bar of proportional parts with their seconds and shares."""
     if not phases:
-        return ('<p class="missing" data-glance="phases">where the time went: not recorded (no stats.json: '
-                'the run has not completed yet)</p>')
+        why = ("the last completed run found every row done" if stats.get("wall_s")
+               else "no stats.json: the run has not completed yet")
+        return f'<p class="missing" data-glance="phases">where the time went: not recorded ({why})</p>'
     parts = [p for p in phases if p["name"] != "wall"]
     wall = phases[-1]["seconds"]
     bar = "".join(f'<span style="flex-grow:{max(p["share"], 0.002):.4f};background:{PHASE_COLORS[p["name"]]}" '
@@ -152,12 +154,18 @@ def _runs_section(runs: list[dict[str, Any]], glance: dict[str, Any]) -> str:
         util = run.get("gpu_util_pct") if gpu else run.get("cpu_pct")
         rows = "" if run.get("rows_ok") is None else f"{run['rows_ok']:,} / {run.get('rows_failed') or 0:,}"
         cells = [run["label"], run.get("started_at") or "", run.get("ended_at") or "",
-                 "no telemetry" if run.get("seconds") is None else _secs(run["seconds"]), rows,
+                 _generating(run), rows,
                  "" if run.get("tok_s") is None else f"{run['tok_s']:,.0f}", "" if util is None else _pct(util)]
         lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     return (f'<section><h2>Runs</h2><p class="note">this folder\'s runs of the job: the charts draw them back to '
             f'back, each labelled</p><table class="runs"><tr>{header}</tr>{"".join(lines)}</table></section>')
+
+
+def _generating(run: dict[str, Any]) -> str:
+    if run.get("seconds") is not None:
+        return _secs(run["seconds"])
+    return "nothing to do" if run.get("rows_ok") == 0 and run.get("rows_failed") == 0 else "no telemetry"
 
 
 # -- charts ------------------------------------------------------------------
@@ -196,6 +204,13 @@ def _time_layout(axis: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return layout
 
 
+def _right_axis(title: str, **extra: Any) -> dict[str, Any]:
+    """A second y axis on the right, over the first: ticks of its own (not those of the left one's, which make
+    counts read 4.44, 8.89), no grid of its own."""
+    return {"title": {"text": title}, "overlaying": "y", "side": "right", "tickmode": "auto", "showgrid": False,
+            **extra}
+
+
 def _line(name: str, series: dict[str, Any], column: str, **extra: Any) -> dict[str, Any]:
     """A line over the time axis (with a marker at each point for a short series)."""
     mode = "lines+markers" if len(series["x"]) < MARKERS_BELOW else "lines"
@@ -208,10 +223,10 @@ def _throughput(series: dict[str, Any] | None, axis: dict[str, Any], tokens_of: 
         return None
     column = f"{tokens_of}_tok_s"
     return {"data": [_line(f"{tokens_of} tok/s", series, column),
-                     _line("rows/s", series, "rows_s", yaxis="y2", line={"dash": "dot"})],
+                     _line("rows/s", series, "rows_s", visible="legendonly"),
+                     _line("rows saved (all runs)", series, "rows_saved", yaxis="y2", line={"dash": "dot"})],
             "layout": _time_layout(axis, yaxis={"title": {"text": f"{tokens_of} tok/s"}, "rangemode": "tozero"},
-                                   yaxis2={"title": {"text": "rows/s"}, "overlaying": "y", "side": "right",
-                                           "rangemode": "tozero", "showgrid": False})}
+                                   yaxis2=_right_axis("rows saved", rangemode="tozero"))}
 
 
 def _devices(gpus: dict[str, Any] | None, host: dict[str, Any] | None, axis: dict[str, Any]) -> dict[str, Any] | str:
@@ -255,8 +270,7 @@ def _engines(engines: dict[str, Any] | None, throughput: dict[str, Any] | None,
         traces.append(_line("prefix-cache hit %", throughput, "prefix_cache_hit_pct", yaxis="y2",
                             line={"dash": "dash"}))
     return {"data": traces, "layout": _time_layout(axis, yaxis={"title": {"text": "requests"}, "rangemode": "tozero"},
-                                                   yaxis2={"title": {"text": "%"}, "overlaying": "y", "side": "right",
-                                                           "range": [0, 105], "showgrid": False})}
+                                                   yaxis2=_right_axis("%", range=[0, 105]))}
 
 
 def _lengths(lengths: dict[str, Any] | None) -> dict[str, Any] | str:
@@ -293,9 +307,7 @@ def _chunks(chunks: dict[str, Any] | None) -> dict[str, Any] | str:
          "yaxis": "y2"},
     ], "layout": _layout(hovermode="closest", xaxis={"title": {"text": "finished at (s after generation began)"},
                                                      "rangemode": "tozero"},
-                         yaxis={"title": {"text": "seconds"}}, yaxis2={"title": {"text": "rows"}, "overlaying": "y",
-                                                                       "side": "right", "rangemode": "tozero",
-                                                                       "showgrid": False})}
+                         yaxis={"title": {"text": "seconds"}}, yaxis2=_right_axis("rows", rangemode="tozero"))}
 
 
 NO_TELEMETRY = "this folder has no telemetry.parquet (a run before telemetry, or run with --no-telemetry)"

@@ -154,6 +154,13 @@ def test_the_header_takes_the_runs_printed_throughput_and_splits_its_wall_time(t
         ("setup", 10.0), ("engine start", 38.0), ("generate", 50.0), ("assembly", 2.0), ("wall", 100.0)]
     assert phase_split({"wall_s": 10.0, "setup_s": 1.0, "generate_s": 2.0})[-2:] == [
         {"name": "other", "seconds": 7.0, "share": 0.7}, {"name": "wall", "seconds": 10.0, "share": 1.0}]
+    # a rerun that found every row done writes a stats.json of its own: the throughput and split are then
+    # the run that generated (from its telemetry), and the header says why the split is missing
+    (tmp_path / "stats.json").write_text(json.dumps({"wall_s": 17.0, "setup_s": 0.1, "generate_s": 0.0}))
+    info = collect(tmp_path)
+    assert (info["glance"]["tok_s"], info["glance"]["tok_s_source"], info["glance"]["phases"]) == (
+        20_000.0, "telemetry", None)
+    assert "not recorded (the last completed run found every row done)" in render(info)
 
 
 def test_a_cpu_run_shows_cpu_use_and_no_gpu_numbers(tmp_path):
@@ -192,6 +199,8 @@ def test_runs_are_drawn_back_to_back_and_labelled(tmp_path):
     x, tok_s = info["throughput"]["x"], info["throughput"]["output_tok_s"]
     assert max(x) < 100  # the hour between the runs is not on the axis
     assert tok_s[60] is None and x[59] < x[60] < x[61] == 60.335  # the line breaks between the runs
+    saved = [n for n in info["throughput"]["rows_saved"] if n is not None]
+    assert saved == sorted(saved) and saved[-1] == 59 * 10 + 30 * 10  # rows saved climbs across the runs
     assert info["glance"]["run"] == "run 3 (resumed): completed"
     page = render(info)
     assert "run 2 (resumed): interrupted by SIGTERM" in page and "<h2>Runs</h2>" in page
@@ -269,26 +278,54 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)
 
 
+def _h200_run(start: datetime, seconds: int, *, gpus: int, saved: int) -> list[dict]:
+    """Synthetic telemetry shaped like a real H200 run, one engine per GPU: busy within seconds, draining at
+    the end (the last rows); power follows utilization, memory is taken whole at the engine's start."""
+    import math
+
+    rows, tokens, finished = [], [0.0] * gpus, [0.0] * gpus
+    for s in range(seconds):
+        t = start + timedelta(seconds=s)
+        ramp, tail = min(1.0, (s + 1) / 4), max(0.0, (s - (seconds - 8)) / 8)
+        rows.append({"time": t, "source": "host", "device": "", "cpu_pct": 160.0 + 20 * math.sin(s), "rss_bytes": 9 * GiB})
+        for g in range(gpus):
+            util = max(0.0, min(100.0, 95 * ramp * (1 - 0.75 * tail) + 3 * math.sin(1.3 * s + g) - 2 * g))
+            tokens[g] += 17_000 * util / 95
+            finished[g] += 17_000 * util / 95 / 240
+            in_engine = int(512 * (1 - tail))
+            rows.append({"time": t, "source": "gpu", "device": str(g), "gpu_util_pct": round(util),
+                         "gpu_mem_used_bytes": 128 * GiB, "gpu_mem_total_bytes": 143_771 << 20,
+                         "gpu_power_w": round(90 + 5.8 * util, 1)})
+            rows.append({"time": t, "source": "engine", "device": f"worker {g} (GPU {g})", "requests_in_engine": in_engine,
+                         "requests_running": min(256, in_engine), "requests_waiting": max(0, in_engine - 256),
+                         "kv_cache_usage": 0.05 + 0.5 * (1 - tail), "finished_requests": int(finished[g]),
+                         "prompt_tokens": int(finished[g]) * 180, "cached_tokens": int(finished[g]) * 40,
+                         "generation_tokens": int(tokens[g])})
+        rows.append({"time": t, "source": "run", "device": "", "rows_total": 4096,
+                     "rows_done": min(saved, int(sum(finished)) // 128 * 128)})
+    return rows
+
+
 def gpu_folder(folder: Path) -> Path:
-    """An output folder of a two-GPU job, interrupted then resumed, from synthetic telemetry."""
+    """An output folder of a job on two GPUs, interrupted then resumed, from synthetic telemetry (`_h200_run`)."""
     folder.mkdir(parents=True, exist_ok=True)
     second = START + timedelta(minutes=30)
-    rows = [row for s in range(40) for row in _gpu_rows(START + timedelta(seconds=s), s, gpus=2, engines=2)]
-    rows += [row for s in range(25) for row in _gpu_rows(second + timedelta(seconds=s), s, gpus=2, engines=2)]
-    write_part(folder, rows)
+    write_part(folder, _h200_run(START, 40, gpus=2, saved=2304) + _h200_run(second, 25, gpus=2, saved=1792))
     compact(folder)
     _manifest(folder, [{"started_at": _stamp(START - timedelta(seconds=50)),
                         "interrupted_at": _stamp(START + timedelta(seconds=40)), "interrupted_by": "SIGTERM"},
                        {"started_at": _stamp(second - timedelta(seconds=30)),
-                        "finished_at": _stamp(second + timedelta(seconds=26)), "rows_ok": 1000, "rows_failed": 0}],
-              counts={"rows_ok": 2000, "rows_failed": 1})
+                        "finished_at": _stamp(second + timedelta(seconds=26)), "rows_ok": 1792, "rows_failed": 0}],
+              counts={"rows_ok": 4096, "rows_failed": 0}, updated_at=_stamp(second + timedelta(seconds=26)),
+              spec={"model": "Qwen/Qwen3-0.6B", "task": "generate", "data_parallel_size": 2, "max_tokens": 2048},
+              versions={"qbatch": "synthetic telemetry", "vllm": "-"})
     (folder / "stats.json").write_text(json.dumps({"wall_s": 58.0, "setup_s": 5.0, "engine_start_s": 28.0,
-                                                   "generate_s": 24.0, "assemble_s": 1.0, "completion_tokens": 960_000,
-                                                   "chunks": [{"index": i, "rows": 125, "finished_s": 3.0 * i + 3}
+                                                   "generate_s": 24.0, "assemble_s": 1.0, "completion_tokens": 700_000,
+                                                   "chunks": [{"index": i, "rows": 224, "finished_s": 3.0 * i + 3}
                                                               for i in range(8)]}))
-    pl.DataFrame({"id": [str(i) for i in range(2000)], "finish_reason": ["stop", "length"] * 1000,
-                  "prompt_tokens": [i % 300 + 20 for i in range(2000)],
-                  "completion_tokens": [i * 7 % 512 + 1 for i in range(2000)]}).write_parquet(folder / "results.parquet")
+    pl.DataFrame({"id": [str(i) for i in range(4096)], "finish_reason": ["stop"] * 3500 + ["length"] * 596,
+                  "prompt_tokens": [i % 300 + 20 for i in range(4096)],
+                  "completion_tokens": [i * 7 % 512 + 1 for i in range(4096)]}).write_parquet(folder / "results.parquet")
     return folder
 
 
@@ -304,7 +341,7 @@ def test_report_renders_in_headless_chromium_with_no_overlaps(tmp_path):
     assert 'id="js-errors"></pre>' in dom.stdout  # window.onerror wrote nothing
     assert not re.search(r"CONSOLE.*(Uncaught|Error)", dom.stderr), dom.stderr[-2000:]
     assert 'data-overlaps="none"' in dom.stdout, re.search(r'data-overlaps="[^"]*"', dom.stdout)
-    assert dom.stdout.count("run 2 (resumed): completed") >= 4  # the runs table and each time chart's label
+    assert dom.stdout.count("run 2 (resumed): completed") >= 5  # the header, the runs table, each time chart
     shot = tmp_path / "report.png"
     _chromium(tmp_path, f"--screenshot={shot}", page.as_uri())
     from PIL import Image
