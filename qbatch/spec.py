@@ -337,6 +337,10 @@ class JobSpec:
         # Folders written before per-row seeds recorded the engine's seed, 0 by default: no seed is
         # still that (they resume); a seed now seeds every row, which an old folder's value never did.
         settings["seed"] = 0 if self.engine.seed is None else f"row seeds from {self.engine.seed}"
+        # Folders written before the prompt and messages columns were carried by default hold results
+        # without them: resuming one would leave those columns null in its earlier rows.
+        if self.input.keep_columns is None:
+            settings["carried_columns"] = "every input column, the prompt's and messages' too"
         return settings
 
     def _check_sampling(self) -> None:

@@ -65,6 +65,20 @@ def test_drop_columns_is_a_job_file_key_and_changes_the_fingerprint(run_null, wr
     assert result.exit_code == EXIT_MISMATCH and "drop_columns was ['prompt'], now None" in result.stderr
 
 
+def test_a_folder_written_before_the_prompt_was_carried_is_not_resumed_without_it(run_null, write_jsonl, tmp_path):
+    path = write_jsonl([{"id": "a", "prompt": "hi"}, {"id": "b", "prompt": "yo"}])
+    out = tmp_path / "out"
+    assert run_null(path, "-o", out, "--limit", 1).exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["fingerprint"]["settings"]["carried_columns"]  # as a folder of an earlier qbatch
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = run_null(path, "-o", out)  # its first row has no prompt column: the second would have one
+    assert result.exit_code == EXIT_MISMATCH and "carried_columns was None" in result.stderr
+    assert "Hint: rerun with --restart" in result.stderr
+    assert run_null(path, "-o", out, "--restart").exit_code == 0
+    assert _results(out)["prompt"].to_list() == ["hi", "yo"]
+
+
 def test_a_column_named_like_a_result_column_is_carried_as_input_name(run_null, write_jsonl, tmp_path):
     rows = [{"id": 1, "title": "Cats", "text": "They purr.", "finish_reason": "kept"}]
     out = tmp_path / "template"
