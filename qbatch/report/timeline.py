@@ -17,6 +17,7 @@ MAX_POINTS = 600  # per series: a day-long run is drawn from 600 buckets, not 86
 GAP_BUCKETS = 5  # no sample for this many buckets inside a run: the line breaks there
 RUN_SPACE = 0.015  # the space between two runs on the axis, as a share of the axis
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+COUNTERS = ("generation_tokens", "finished_requests", "prompt_tokens", "cached_tokens")  # cumulative, per engine
 # The axis' unit by the time drawn: seconds for short runs (a run of a few seconds reads 0-5 s)
 UNITS = ((600, "s", 1), (36_000, "min", 60), (float("inf"), "h", 3600))
 
@@ -132,6 +133,16 @@ class Timeline:
         return {"unit": name, "title": f"time generating ({name})" + (", runs back to back" if len(drawn) > 1 else ""),
                 "runs": [{"label": run["label"], "x0": round(run["x0"] / scale, 4), "x1": round(run["x1"] / scale, 4)}
                          for run in drawn] if marked else []}
+
+
+def increments(rows: Any) -> Any:
+    """Engine rows with their cumulative counters turned into increments since the engine's previous
+    sample of the same run; null at a run's first sample, which has no earlier one (an engine that was up
+    before the run counts from its own start, not the run's)."""
+    import polars as pl
+
+    return rows.sort("time").with_columns([pl.col(c).diff().over("run", "device").clip(lower_bound=0)
+                                           for c in COUNTERS])
 
 
 def _describe(record: dict[str, Any], index: int, count: int, status: str | None, live: bool) -> dict[str, Any]:

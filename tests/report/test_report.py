@@ -18,8 +18,10 @@ import pytest
 
 from qbatch.output.telemetry import compact, write_part
 from qbatch.output.telemetry import read as read_telemetry
-from qbatch.report.data import collect, glance, phase_split
-from qbatch.report.page import CHARTS, MARKERS_BELOW, render, write_report
+from qbatch.report.data import collect
+from qbatch.report.glance import glance, phase_split
+from qbatch.report.charts import MARKERS_BELOW
+from qbatch.report.page import CHARTS, render, write_report
 from qbatch.report.timeline import Timeline
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
