@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/qbatch run --job jobs/quickstart.toml
 	$(BIN)/python -c "import polars as pl; df = pl.read_parquet('out/quickstart/results.parquet'); \
-	[print(f'--- {r[\"id\"]}: {r[\"prompt\"][:70]!r}\n{r[\"text\"][:300]}\n') for r in df.join(pl.read_ndjson('sample_data/prompts.jsonl').select('id','prompt'), on='id').head(4).iter_rows(named=True)]"
+	[print(f'--- {r[\"id\"]}: {r[\"prompt\"][:70]!r}\n{r[\"text\"][:300]}\n') for r in df.head(4).iter_rows(named=True)]"
 	@echo "Results: out/quickstart/results.parquet (errors: out/quickstart/errors.parquet)"
 
 test: setup

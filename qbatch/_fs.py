@@ -24,6 +24,15 @@ from qbatch.errors import OutputError
 TMP_MARK = ".tmp-"
 
 
+def normal_path(path: str | os.PathLike[str]) -> str:
+    """A path as qbatch keeps and prints it: `out/quickstart`, not `jobs/../out/quickstart` or `./out/`.
+
+    Lexical, as a shell's `cd` is: `a/..` goes, symbolic links are not followed. `-` (standard input) stays.
+    """
+    text = os.fspath(path)
+    return text if text == "-" else os.path.normpath(text)
+
+
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Write through `write(tmp_path)`, fsync, rename into place, fsync the folder."""
     tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")

@@ -19,7 +19,7 @@ from qbatch import __version__
 from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
-from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, EngineSpec, SamplingSpec
+from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, GENERATION_ONLY, EngineSpec
 from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
 
 
@@ -62,6 +62,15 @@ def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[
     return None if value is None else [item.strip() for item in value.split(",") if item.strip()]
 
 
+def _paths(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Path arguments in normal form (`out/x`, not `./out/x/` or `a/../out/x`): as every message prints them."""
+    from qbatch._fs import normal_path
+
+    if value is None:
+        return None
+    return tuple(normal_path(v) for v in value) if isinstance(value, tuple) else normal_path(value)
+
+
 # Flags of `qbatch run` that are job-spec settings (same names as the job file's keys).
 # Their defaults live in spec.py; a flag only overrides when given.
 RUN_OPTIONS = [
@@ -75,7 +84,8 @@ RUN_OPTIONS = [
     click.option("--system-prompt", help="Add a system turn to every chat."),
     click.option("--raw", is_flag=True, default=None, help="Send prompt text as is, without the chat template."),
     click.option("--thinking/--no-thinking", default=None, help="Chat template enable_thinking (Qwen3)."),
-    click.option("--keep-columns", callback=_csv, help="Input columns to carry to the output (comma list).  [default: all]"),
+    click.option("--keep-columns", callback=_csv, help="Input columns to carry to the results (comma list).  [default: all, the prompt's and messages' too]"),
+    click.option("--drop-columns", callback=_csv, help="Input columns not to carry to the results (comma list), e.g. prompt,messages."),
     click.option("--on-bad-line", type=click.Choice(ON_BAD_LINE), help="Malformed JSONL line: stop, or record and go on.  [default: error]"),
     click.option("--dedupe", is_flag=True, default=None, help="Keep the first row of each duplicated id."),
     click.option("--limit", type=int, help="Process only the first N rows."),
@@ -241,10 +251,8 @@ def serve_run_options(func: Any) -> Any:
 
 
 # `qbatch embed` takes run's flags except those of generation (chat turns, sampling, constraints, thinking).
-EMBED_SKIPPED = {"messages_column", "system_prompt", "raw", "thinking", "reasoning_parser", "quantize",
-                 "structured_outputs_backend", "disable_any_whitespace", *(f.name for f in dataclasses.fields(SamplingSpec))}
 EMBED_OPTIONS = [
-    *(option for option in RUN_OPTIONS if _option_name(option) not in EMBED_SKIPPED),
+    *(option for option in RUN_OPTIONS if _option_name(option) not in GENERATION_ONLY),
     click.option("--dimensions", type=int, help="Keep the first N values of each vector (Matryoshka: Qwen3-Embedding), "
                  "then normalize.  [default: all, the model's hidden size]"),
     click.option("--normalize/--no-normalize", default=None, help="Scale each vector to unit L2 norm.  [default: normalize]"),
@@ -331,7 +339,7 @@ def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str 
 
 
 @cli.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("output_dir", type=click.Path(exists=True, file_okay=False), callback=_paths)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(output_dir: str, as_json: bool) -> None:
     """Show what an output folder holds: rows done, failed, remaining, and whether a run is live.
@@ -352,8 +360,8 @@ def status(output_dir: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("-o", "--output", "path", type=click.Path(dir_okay=False),
+@click.argument("output_dir", type=click.Path(exists=True, file_okay=False), callback=_paths)
+@click.option("-o", "--output", "path", type=click.Path(dir_okay=False), callback=_paths,
               help="Where to write the page.  [default: OUTPUT_DIR/report.html]")
 def report(output_dir: str, path: str | None) -> None:
     """Write one self-contained HTML page about a run (charts and data inline; opens offline).
@@ -520,8 +528,9 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
 
 
 @cli.command()
-@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the merged results.")
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False), callback=_paths)
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), callback=_paths,
+              help="Folder for the merged results.")
 @click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), default="parquet", show_default=True,
               help="Also write results.jsonl in OpenAI Batch format (jsonl-openai).")
 def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> None:

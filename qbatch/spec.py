@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qbatch._fs import normal_path
 from qbatch.errors import RowError, SpecError
 from qbatch.sampling import SAMPLING_KEY_SET, check_params, check_structured
 
@@ -62,7 +63,9 @@ class InputSpec:
     system_prompt: str | None = affects_results(None)
     raw: bool = affects_results(False)
     thinking: bool | None = affects_results(None)  # None: the chat template's own default
-    keep_columns: list[str] | None = affects_results(None)  # None: every non-prompt column
+    # The input columns carried to the results (the prompt's and messages' too): keep_columns None is all
+    keep_columns: list[str] | None = affects_results(None)
+    drop_columns: list[str] | None = affects_results(None)  # all but these
     on_bad_line: str = "error"
     dedupe: bool = affects_results(False)
     limit: int | None = None
@@ -211,6 +214,20 @@ class EmbedSpec:
     embedding_dtype: str = affects_results("float32")  # float16 halves the output
 
 
+# Settings of one task only: an embedding job takes none of generation's (chat turns, sampling,
+# constraints, thinking), a generation job none of embedding's. `qbatch embed` has no flags for the
+# first; fingerprints and reports leave out whichever does not apply.
+GENERATION_ONLY = frozenset({"messages_column", "system_prompt", "raw", "thinking", "reasoning_parser", "quantize",
+                             "structured_outputs_backend", "disable_any_whitespace",
+                             *(f.name for f in dataclasses.fields(SamplingSpec))})
+EMBEDDING_ONLY = frozenset(f.name for f in dataclasses.fields(EmbedSpec))
+
+
+def applies_to(name: str, task: str) -> bool:
+    """Whether the setting `name` means anything to a job of this task (generate or embed)."""
+    return name not in (GENERATION_ONLY if task == "embed" else EMBEDDING_ONLY)
+
+
 SECTIONS = {"input": InputSpec, "sampling": SamplingSpec, "plan": PlanSpec, "engine": EngineSpec, "output": OutputSpec,
             "embed": EmbedSpec}
 
@@ -239,6 +256,7 @@ class JobSpec:
                 )
             sections[owners[key]][key] = _typed(raw_key, key, value, source)
         _normalize_gpus(sections["engine"])
+        _normalize_paths(sections["input"], sections["output"])
         spec = cls(**{name: SECTIONS[name](**kw) for name, kw in sections.items()})
         spec.validate()
         return spec
@@ -293,6 +311,9 @@ class JobSpec:
             raise SpecError("--system-prompt needs the chat template; it cannot be combined with --raw")
         if self.input.shard is not None:
             parse_shard(self.input.shard)
+        if self.input.keep_columns is not None and self.input.drop_columns is not None:
+            raise SpecError("--keep-columns names the columns to carry, --drop-columns those to leave out: "
+                            "pass one of them")
         if self.output.restart and self.output.retry_errors:
             raise SpecError("--restart starts over; --retry-errors resumes: choose one")
 
@@ -316,6 +337,10 @@ class JobSpec:
         # Folders written before per-row seeds recorded the engine's seed, 0 by default: no seed is
         # still that (they resume); a seed now seeds every row, which an old folder's value never did.
         settings["seed"] = 0 if self.engine.seed is None else f"row seeds from {self.engine.seed}"
+        # Folders written before the prompt and messages columns were carried by default hold results
+        # without them: resuming one would leave those columns null in its earlier rows.
+        if self.input.keep_columns is None:
+            settings["carried_columns"] = "every input column, the prompt's and messages' too"
         return settings
 
     def _check_sampling(self) -> None:
@@ -391,8 +416,16 @@ def _relative_to(base: Path, value: Any) -> Any:
     if isinstance(value, list):
         return [_relative_to(base, item) for item in value]
     if isinstance(value, str) and value != "-" and not Path(value).is_absolute():
-        return str(base / value)
+        return normal_path(base / value)
     return value
+
+
+def _normalize_paths(inputs: dict[str, Any], output: dict[str, Any]) -> None:
+    """Input and output paths in normal form (`normal_path`), so that every message prints them so."""
+    if inputs.get("inputs"):
+        inputs["inputs"] = [normal_path(path) for path in inputs["inputs"]]
+    if output.get("output_dir"):
+        output["output_dir"] = normal_path(output["output_dir"])
 
 
 def _normalize_gpus(engine: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ def test_job_file_paths_are_relative_to_the_file(tmp_path):
     job = tmp_path / "jobs" / "a.toml"
     job.write_text('inputs = ["../data/x.jsonl"]\noutput_dir = "../out"\nmax-tokens = 7\n')
     values = load_job_file(job)
-    assert values["inputs"] == [str(tmp_path / "jobs" / "../data/x.jsonl")]
+    assert values["inputs"] == [str(tmp_path / "data" / "x.jsonl")] and values["output_dir"] == str(tmp_path / "out")
     assert values["max-tokens"] == 7
 
 

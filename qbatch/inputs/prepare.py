@@ -28,6 +28,8 @@ from qbatch.inputs.validate import (
 from qbatch.sampling import check_params, row_seed, to_vllm
 
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# The body key an OpenAI batch line's input is in, by url: carried under that name (Preparer._openai_extra)
+OPENAI_INPUT_KEYS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", EMBEDDINGS_URL: "input"}
 Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (its `.ids`)
 
 
@@ -199,33 +201,31 @@ class Preparer:
         if shape == "chat":
             messages = check_messages(data.get(self.input.messages_column), self.input.messages_column)
             messages = self._with_system(messages)
-            return Draft(row, rid, messages, None, overrides, thinking, self._extra(data, self.input.messages_column))
+            return Draft(row, rid, messages, None, overrides, thinking, self._extra(data))
         if shape == "template":
             text = render_template(self.input.template or "", data)
-            used = None
         else:
             text = check_text(data.get(self.input.prompt_column), self.input.prompt_column, data)
-            used = self.input.prompt_column
         if self.input.raw:
-            return Draft(row, rid, None, text, overrides, thinking, self._extra(data, used))
+            return Draft(row, rid, None, text, overrides, thinking, self._extra(data))
         messages = self._with_system([{"role": "user", "content": text}])
-        return Draft(row, rid, messages, None, overrides, thinking, self._extra(data, used))
+        return Draft(row, rid, messages, None, overrides, thinking, self._extra(data))
 
     def _draft_embed(self, row: Row, rid: str, data: dict[str, Any], shape: str) -> Draft:
         """An embedding row: its text as is (no chat template), the query instruction in front of it."""
         if shape == "openai":
             text = self._openai_input(row, data)
-            extra: dict[str, Any] = {"url": data["url"]}
+            extra = self._openai_extra(data)
         elif shape == "chat":
             raise RowError("unsupported_shape", f"'{self.input.messages_column}' holds chat messages; an embedding "
                                                 f"takes text: a '{self.input.prompt_column}' column (--prompt-column), "
                                                 "--template or OpenAI /v1/embeddings lines")
         elif shape == "template":
             text = render_template(self.input.template or "", data)
-            extra = self._extra(data, None)
+            extra = self._extra(data)
         else:
             text = check_text(data.get(self.input.prompt_column), self.input.prompt_column, data)
-            extra = self._extra(data, self.input.prompt_column)
+            extra = self._extra(data)
         instruction = self.spec.embed.instruction
         if instruction:  # Qwen3-Embedding's query format (its model card); documents go without one
             text = f"Instruct: {instruction}\nQuery:{text}"
@@ -281,9 +281,9 @@ class Preparer:
         thinking = thinking_flag(kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, self.input.thinking)
         if OPENAI_URLS[url] == "completion":
             text = check_text(body.get("prompt"), "body.prompt", body)
-            return Draft(row, rid, None, text, overrides, thinking, {"url": url})
+            return Draft(row, rid, None, text, overrides, thinking, self._openai_extra(data))
         messages = self._with_system(check_messages(body.get("messages"), "body.messages"))
-        return Draft(row, rid, messages, None, overrides, thinking, {"url": url})  # url: the response's object
+        return Draft(row, rid, messages, None, overrides, thinking, self._openai_extra(data))
 
     def _shape(self, data: dict[str, Any]) -> str:
         if self.input.template:
@@ -323,20 +323,29 @@ class Preparer:
             shape = self._shape(data)
         except RowError:
             return {}  # the row fails: it carries nothing
-        if shape == "openai":
-            return {"url": data["url"]} if data.get("url") in (*OPENAI_URLS, EMBEDDINGS_URL) else {}
-        used = {"chat": self.input.messages_column, "prompt": self.input.prompt_column}.get(shape)
-        return self._extra(data, used)
+        return self._openai_extra(data) if shape == "openai" else self._extra(data)
 
-    def _extra(self, data: dict[str, Any], used: str | None) -> dict[str, Any]:
-        """The columns carried to the results: all but the one the prompt came from, or --keep-columns."""
-        keep = self.input.keep_columns
+    def _extra(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The columns carried to the results: every input column, the prompt's or messages' included (a
+        result shows its question), or --keep-columns, less --drop-columns."""
+        keep, drop = self.input.keep_columns, self.input.drop_columns
         if keep is not None:
             return {name: data.get(name) for name in keep}
-        extra = data.copy()  # cheaper than a filtering comprehension, and this runs for every row
-        if used is not None:
-            extra.pop(used, None)
-        return extra
+        if drop:
+            return {name: value for name, value in data.items() if name not in drop}
+        return data  # rows are read once and never changed: no copy for every row
+
+    def _openai_extra(self, data: dict[str, Any]) -> dict[str, Any]:
+        """What an OpenAI batch line carries: its body's input under the body's own name (`messages`,
+        `prompt` or `input`) and its url (which names the response's object). Not the whole body: its
+        other keys are the request's settings, which the job and the result columns already show, and
+        a file's bodies seldom share one type (schemas, stop lists), so it would be JSON text."""
+        url = data.get("url")
+        if url not in OPENAI_INPUT_KEYS:
+            return {}
+        body = data.get("body")
+        key = OPENAI_INPUT_KEYS[url]
+        return {**self._extra({key: body.get(key) if isinstance(body, dict) else None}), "url": url}
 
     # -- bulk render + tokenize -------------------------------------------
     def render(self, rows: list[tuple[Row, str]]) -> tuple[list[Draft], list[Failure]]:

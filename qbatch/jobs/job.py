@@ -30,7 +30,7 @@ from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.folder import DUPLICATE_ID, input_identity
 from qbatch.records import Failure, Request, Row
 from qbatch.sampling import SAMPLING_KEY_SET
-from qbatch.spec import EmbedSpec, JobSpec, SamplingSpec, parse_shard
+from qbatch.spec import EMBEDDING_ONLY, JobSpec, SamplingSpec, parse_shard
 
 MAX_LISTED_DUPLICATES = 10
 
@@ -159,7 +159,7 @@ class Job:
         manifest's fingerprint saw of each input, so that appended rows can resume)."""
         settings = self.spec.result_settings()
         if settings["task"] == "generate":  # the embedding settings change no generation: fingerprints as before them
-            for name in ("task", *(f.name for f in fields(EmbedSpec))):
+            for name in ("task", *EMBEDDING_ONLY):
                 settings.pop(name)
         structured = self.spec.sampling.structured_outputs()
         if structured is not None:  # the schema or grammar files' content, not their names

@@ -6,9 +6,9 @@ off, or the null engine's), and every vector is finished here, in one place, the
 the engine: keep the first `dimensions` values, then scale to unit L2 norm. Truncating a normalized
 vector and normalizing again gives the same vector, so nothing depends on what the engine did.
 
-Columns: id, source, source_index (dropped at assembly), row_index, the carried input columns,
-prompt (optional), `embedding` (a FixedSizeList of float32 or float16: polars reads it as an
-Array, DuckDB and LanceDB as vectors) and prompt_tokens.
+Columns: id, source, source_index (dropped at assembly), row_index, the carried input columns (one
+named like a column below is `input_<name>`), prompt (optional), `embedding` (a FixedSizeList of
+float32 or float16: polars reads it as an Array, DuckDB and LanceDB as vectors) and prompt_tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from qbatch.output.tables import carried_columns
+from qbatch.output.tables import carried_columns, own_columns
 from qbatch.errors import SpecError
 from qbatch.records import Embedding
 from qbatch.spec import EmbedSpec
@@ -50,7 +50,7 @@ def embeddings_table(embeddings: list[Embedding], sources: list[str], settings: 
         "source_index": pa.array([r.source_index for r in requests], type=pa.int32()),
         "row_index": pa.array([r.row_index for r in requests], type=pa.int64()),
     }
-    columns.update(carried_columns(requests, column_types, skip=EMBEDDING_COLUMNS))
+    columns.update(carried_columns(requests, column_types, own=own_columns(EMBEDDING_COLUMNS, include_prompt)))
     if include_prompt:
         columns["prompt"] = pa.array([r.prompt for r in requests], type=pa.string())
     columns["embedding"] = vector_array(np.stack([e.vector for e in embeddings]), settings)

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from qbatch._fs import TMP_MARK, atomic_write, atomic_write_json, output_error, output_os_errors
+from qbatch._fs import TMP_MARK, atomic_write, atomic_write_json, normal_path, output_error, output_os_errors
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
 from qbatch.output.reading import PART_HINT, read_manifest, reading
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
@@ -41,7 +41,7 @@ class OutputDir:
     """One run's view of OUT_DIR; holds the lock from open() until close()."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = Path(normal_path(path))
         self.parts = self.path / "parts"
         self._lock_fd: int | None = None
         self._last_number: dict[str, int] = {}  # per part prefix, once the folder was listed

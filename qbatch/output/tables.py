@@ -1,8 +1,9 @@
 """Parquet tables of results and failed rows: one chunk's rows as Arrow tables, and their schemas.
 
 Result columns: id, source, source_index (dropped at assembly), row_index, the carried input
-columns (types decided for the whole input: columns.py), prompt (optional), then the
-generation's text, reasoning, finish_reason and token counts.
+columns (types decided for the whole input: columns.py; one named like a result column is
+`input_<name>`), prompt (optional), then the generation's text, reasoning, finish_reason and
+token counts.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
         "source_index": [r.source_index for r in requests],
         "row_index": [r.row_index for r in requests],
     }
-    columns.update(carried_columns(requests, column_types, skip=RESULT_COLUMNS))
+    columns.update(carried_columns(requests, column_types, own=own_columns(RESULT_COLUMNS, include_prompt)))
     if include_prompt:
         columns["prompt"] = [r.prompt for r in requests]
     if any(r.thinking is not None for r in requests):
@@ -80,9 +81,9 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
 
 
 def carried_columns(requests: list[Any], column_types: dict[str, pa.DataType | None] | None, *,
-                    skip: set[str]) -> dict[str, pa.Array]:
+                    own: set[str]) -> dict[str, pa.Array]:
     """The requests' carried input columns as arrays, in the types decided for the whole input
-    (None: inferred from these rows alone); columns named in `skip` (the result's own) are left out."""
+    (None: inferred from these rows alone), by their results' names (`carried_name`)."""
     if column_types is None:
         key_orders = dict.fromkeys(tuple(r.extra) for r in requests)  # rows mostly share one: cheaper than per-row dicts
         names = list(dict.fromkeys(name for order in key_orders for name in order))
@@ -90,11 +91,29 @@ def carried_columns(requests: list[Any], column_types: dict[str, pa.DataType | N
         names = list(column_types)
     carried: dict[str, pa.Array] = {}
     for name in names:
-        if name in skip:
+        if name == ID_COLUMN:
             continue
         values = [r.extra.get(name) for r in requests]
-        carried[name] = _array(name, values) if column_types is None else _typed_array(values, column_types[name])
+        carried[carried_name(name, own)] = (_array(name, values) if column_types is None
+                                            else _typed_array(values, column_types[name]))
     return carried
+
+
+ID_COLUMN = "id"  # an input's `id` column is the results' id (as text): not carried again
+
+
+def carried_name(name: str, own: set[str]) -> str:
+    """A carried input column's name in the results: its own, or `input_<name>` where the results
+    use the name for a column of their own (an input's `text`, or `prompt` with --include-prompt),
+    so that neither hides the other."""
+    while name in own:
+        name = f"input_{name}"
+    return name
+
+
+def own_columns(columns: set[str], include_prompt: bool) -> set[str]:
+    """The names a results table uses for its own columns: `prompt` only with --include-prompt."""
+    return columns if include_prompt else columns - {"prompt"}
 
 
 RESULT_COLUMNS = {"id", "source", "source_index", "row_index", "prompt", *(name for name, _ in RESULT_TAIL),

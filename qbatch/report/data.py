@@ -4,6 +4,11 @@ Every section reads one file (telemetry, stats.json, manifest.json, the results 
 returns plain lists and numbers, or None when that file was not recorded (an output folder
 older than telemetry, a run still in progress). The results are read with polars, only the
 columns a chart needs: a million-row results.parquet becomes a few hundred numbers.
+
+Telemetry is sampled while a run generates (jobs/opening.py starts it when the engine is ready and
+stops it when the last chunk is written), so a run's samples are its generation. A folder holds
+the runs of one job (a first run, then resumes: manifest.json's `runs`); their samples are split by
+run and drawn back to back on one axis of time spent generating, each run labelled (timeline.py).
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from qbatch.output.folder import OutputDir
 from qbatch.output.reading import FINAL_HINT, PART_HINT, read_manifest, read_stats, reading
 from qbatch.output.telemetry import read as read_telemetry
+from qbatch.report.glance import glance, run_numbers
+from qbatch.report.timeline import COUNTERS, Timeline, increments
 
 T = TypeVar("T")
-TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
-GAP_BUCKETS = 5  # no sample for this many buckets: two runs, not one (the line breaks)
-MAX_POINTS = 600  # per time series: a day-long run is drawn from 600 buckets, not 86,400 samples
 NUM_BINS = 40  # per length histogram
 NUM_ERROR_EXAMPLES = 3
 
@@ -29,16 +34,22 @@ def collect(output_dir: str | Path) -> dict[str, Any]:
     manifest = read_manifest(folder / "manifest.json") or {}
     stats = read_stats(folder / "stats.json") or {}
     telemetry = read_telemetry(folder)
+    timeline = Timeline.of(manifest, telemetry, live=OutputDir(folder).lock_holder() is not None)
+    embeds = (manifest.get("spec") or {}).get("task") == "embed"
+    for run in timeline.drawn():
+        run.update(run_numbers(timeline, run, embeds=embeds))
     return {
         "output_dir": str(folder.resolve()),
         "manifest": manifest,
         "stats": stats,
         "telemetry_recorded": telemetry is not None,
-        "throughput": throughput(telemetry),
-        "devices": devices(telemetry),
-        "host": host(telemetry),
-        "engines": engines(telemetry),
-        "phases": phases(stats),
+        "axis": timeline.axis(),
+        "runs": timeline.runs,
+        "glance": glance(manifest, stats, timeline),
+        "throughput": throughput(timeline),
+        "devices": devices(timeline),
+        "host": host(timeline),
+        "engines": engines(timeline),
         "lengths": lengths(folder),
         "finish_reasons": finish_reasons(folder),
         "errors": errors(folder),
@@ -46,67 +57,56 @@ def collect(output_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def _bucket_s(frame: Any) -> int:
-    """Seconds per point so that a series has at most MAX_POINTS points."""
-    span = (frame.get_column("time").max() - frame.get_column("time").min()).total_seconds()
-    return max(1, int(span // MAX_POINTS) + 1)
-
-
-def _rows(frame: Any, source: str) -> Any:
+def throughput(timeline: Timeline) -> dict[str, Any] | None:
+    """Output tok/s and rows/s over time, from the engines' counters (summed over engines), and the rows
+    saved so far (written to parts, all runs): a rate of rows that finish a few at a time jumps, their
+    count climbs, so a short run reads from it. Rows an interrupted run had finished but not written are
+    not saved: the next run redoes them."""
     import polars as pl
 
-    if frame is None:
+    if timeline.rows("engine") is None:
         return None
-    rows = frame.filter(pl.col("source") == source)
-    return rows if rows.height else None
+    rows = timeline.frame.filter(pl.col("source").is_in(["engine", "run"]))
+    every = timeline.bucket_s
+    series = timeline.buckets(increments(rows), [
+        *(pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c) for c in COUNTERS),
+        pl.col("rows_done").max()])
+    before = (series.group_by("run").agg(pl.col("rows_done").max().fill_null(0)).sort("run")
+              .with_columns(pl.col("rows_done").cum_sum().shift(1, fill_value=0).alias("saved_before")))
+    series = series.join(before.select("run", "saved_before"), on="run").sort("x").with_columns(
+        (pl.col("generation_tokens") / every).round(1).alias("output_tok_s"),
+        (pl.col("prompt_tokens") / every).round(1).alias("input_tok_s"),
+        (pl.col("finished_requests") / every).round(2).alias("rows_s"),
+        pl.when(pl.col("prompt_tokens") > 0).then((100 * pl.col("cached_tokens") / pl.col("prompt_tokens")).round(1))
+        .alias("prefix_cache_hit_pct"),
+        (pl.col("saved_before") + pl.col("rows_done").forward_fill().over("run").fill_null(0)).alias("rows_saved"))
+    return timeline.series(series, ["output_tok_s", "input_tok_s", "rows_s", "prefix_cache_hit_pct", "rows_saved"])
 
 
-def throughput(frame: Any) -> dict[str, Any] | None:
-    """Output tok/s and rows/s over time, from the engines' counters (summed over engines)."""
-    import polars as pl
-
-    rows = _rows(frame, "engine")
-    if rows is None:
-        return None
-    every = _bucket_s(rows)
-    per_engine = (rows.sort("time")
-                  .with_columns([pl.col(c).diff().over("device").clip(lower_bound=0).fill_null(0).alias(c)
-                                 for c in ("generation_tokens", "finished_requests", "prompt_tokens", "cached_tokens")]))
-    series = (per_engine.group_by_dynamic("time", every=f"{every}s")
-              .agg(pl.col("generation_tokens").sum(), pl.col("finished_requests").sum(),
-                   pl.col("prompt_tokens").sum(), pl.col("cached_tokens").sum())
-              .sort("time"))
-    hit = [None if p == 0 else round(100 * c / p, 1)
-           for p, c in zip(series["prompt_tokens"], series["cached_tokens"], strict=True)]
-    return _break_gaps({"time": _times(series), "output_tok_s": [round(v / every, 1) for v in series["generation_tokens"]],
-                        "rows_s": [round(v / every, 2) for v in series["finished_requests"]],
-                        "prefix_cache_hit_pct": hit}, every)
-
-
-def devices(frame: Any) -> dict[str, Any] | None:
+def devices(timeline: Timeline) -> dict[str, Any] | None:
     """Per GPU: utilization %, memory used (GiB) and power (W) over time."""
-    rows = _rows(frame, "gpu")
+    rows = timeline.rows("gpu")
     if rows is None:
         return None
-    return {device: _series(part, {"gpu_util_pct": 1, "gpu_mem_used_bytes": 1 / 2**30, "gpu_power_w": 1})
+    return {device: _means(timeline, part, {"gpu_util_pct": 1, "gpu_mem_used_bytes": 1 / 2**30, "gpu_power_w": 1})
             for device, part in _by_device(rows)}
 
 
-def host(frame: Any) -> dict[str, Any] | None:
+def host(timeline: Timeline) -> dict[str, Any] | None:
     """This process tree's CPU % and RSS (GiB) over time."""
-    rows = _rows(frame, "host")
+    rows = timeline.rows("host")
     if rows is None:
         return None
-    return _series(rows, {"cpu_pct": 1, "rss_bytes": 1 / 2**30})
+    return _means(timeline, rows, {"cpu_pct": 1, "rss_bytes": 1 / 2**30})
 
 
-def engines(frame: Any) -> dict[str, Any] | None:
+def engines(timeline: Timeline) -> dict[str, Any] | None:
     """Per engine: requests in it (running / waiting with --enable-log-stats) and KV-cache usage %."""
-    rows = _rows(frame, "engine")
+    rows = timeline.rows("engine")
     if rows is None:
         return None
-    return {device: _series(part, {"requests_in_engine": 1, "requests_running": 1, "requests_waiting": 1,
-                                   "kv_cache_usage": 100})
+    return {device: _means(timeline, part, {"requests_in_engine": 1, "requests_running": 1, "requests_waiting": 1,
+                                            "kv_cache_usage": 100})
             for device, part in _by_device(rows)}
 
 
@@ -114,58 +114,16 @@ def _by_device(rows: Any) -> list[tuple[str, Any]]:
     return [(str(key[0]), part) for key, part in sorted(rows.group_by("device"), key=lambda kv: str(kv[0][0]))]
 
 
-def _series(rows: Any, columns: dict[str, float]) -> dict[str, Any]:
-    """Bucket means of the columns (scaled), over time; a column with no value at all is None."""
+def _means(timeline: Timeline, rows: Any, columns: dict[str, float]) -> dict[str, Any]:
+    """Bucket means of the columns, scaled; a column with no value at all is None."""
     import polars as pl
 
-    every = _bucket_s(rows)
-    series = rows.sort("time").group_by_dynamic("time", every=f"{every}s").agg(
-        [pl.col(c).cast(pl.Float64).mean() for c in columns]).sort("time")
-    out: dict[str, Any] = {"time": _times(series)}
-    for column, scale in columns.items():
-        values = series.get_column(column)
-        out[column] = None if values.null_count() == len(values) else [
-            None if v is None else round(v * scale, 3) for v in values]
-    return _break_gaps(out, every)
+    series = timeline.buckets(rows, [(pl.col(c).cast(pl.Float64).mean() * scale).round(3).alias(c)
+                                     for c, scale in columns.items()])
+    return timeline.series(series, list(columns))
 
 
-def _break_gaps(series: dict[str, Any], every: int) -> dict[str, Any]:
-    """A point of nulls where no sample came for GAP_BUCKETS buckets (between two runs of a resumed
-    job): the chart breaks its line there instead of drawing one across the gap."""
-    from datetime import datetime, timedelta
-
-    times = [datetime.strptime(t, TIME_FORMAT) for t in series["time"]]
-    gaps = [i for i in range(1, len(times)) if (times[i] - times[i - 1]).total_seconds() > GAP_BUCKETS * every]
-    if not gaps:
-        return series
-    out: dict[str, Any] = {key: None if values is None else [] for key, values in series.items()}
-    previous = 0
-    for i in [*gaps, len(times)]:
-        for key, values in series.items():
-            if values is not None:
-                out[key].extend(values[previous:i])
-        if i < len(times):
-            for key, values in series.items():
-                if values is not None:
-                    out[key].append((times[i - 1] + timedelta(seconds=every)).strftime(TIME_FORMAT)
-                                    if key == "time" else None)
-        previous = i
-    return out
-
-
-def _times(series: Any) -> list[str]:
-    return [t.strftime(TIME_FORMAT) for t in series.get_column("time")]
-
-
-def phases(stats: dict[str, Any]) -> dict[str, float] | None:
-    """Seconds in setup / engine start / generate / assembly, and the wall time (stats.json)."""
-    if not stats or "wall_s" not in stats:
-        return None
-    return {name: round(float(stats.get(key) or 0.0), 2) for name, key in
-            (("setup", "setup_s"), ("engine start", "engine_start_s"), ("generate", "generate_s"),
-             ("assembly", "assemble_s"), ("wall", "wall_s"))}
-
-
+# -- stats.json and the results ------------------------------------------------
 def chunks(stats: dict[str, Any]) -> dict[str, Any] | None:
     """Per chunk: rows, output tokens, and seconds since the previous chunk finished (stats.json)."""
     items = [c for c in (stats or {}).get("chunks") or [] if c.get("finished_s") is not None]

@@ -1,10 +1,12 @@
 """`qbatch report`: one self-contained HTML page about a run (Plotly's script and the data inline).
 
 The page works offline: plotly.min.js (from the `plotly` package) and every chart's data are
-written into it; nothing loads from a CDN. Charts are Plotly figure dicts built here from the
-aggregates of data.py, so the page's size does not grow with the rows (a million-row run is a
-few hundred numbers per chart, plus the ~4.8 MB script). A section whose data the folder does
-not hold says "not recorded" and why.
+written into it; nothing loads from a CDN. It opens with what a deployment is judged by (GPU or
+CPU utilization while generating, tok/s and tok/s per GPU, power, memory, where the time went:
+glance.py), then the runs of the folder, then the charts: Plotly figure dicts (charts.py) built from
+the aggregates of data.py, so the page's size does not grow with the rows (a million-row run is a few hundred
+numbers per chart, plus the ~4.8 MB script). A section whose data the folder does not hold says
+"not recorded" and why.
 """
 
 from __future__ import annotations
@@ -14,22 +16,26 @@ import json
 from pathlib import Path
 from typing import Any
 
-from qbatch._fs import atomic_write
+from qbatch._fs import atomic_write, normal_path
 from qbatch.errors import MissingDependency, OutputError
-from qbatch.report import data as report_data
+from qbatch.report import charts, data as report_data
+from qbatch.report.charts import NO_ENGINE, NO_TELEMETRY
+from qbatch.spec import applies_to
 
 REPORT_NAME = "report.html"
 # every chart the page can hold, in page order: tests check that each one renders
-CHARTS = ("throughput", "devices", "engines", "phases", "lengths", "finish_reasons", "chunks")
+CHARTS = ("throughput", "devices", "engines", "lengths", "finish_reasons", "chunks")
+PHASE_COLORS = {"setup": "#4c78a8", "engine start": "#f58518", "generate": "#54a24b", "assembly": "#e45756",
+                "other": "#bab0ac"}
 
 
 def write_report(output_dir: str | Path, path: str | Path | None = None) -> Path:
     """Build the report of OUT_DIR into `path` (default OUT_DIR/report.html), atomically; its path."""
-    folder = Path(output_dir)
+    folder = Path(normal_path(output_dir))
     if not (folder / "manifest.json").exists():
         raise OutputError("not a qbatch output folder (no manifest.json)", where=str(folder),
                           hint="pass the -o folder of a qbatch run")
-    target = Path(path) if path else folder / REPORT_NAME
+    target = Path(normal_path(path)) if path else folder / REPORT_NAME
     page = render(report_data.collect(folder))
     atomic_write(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))
     return target
@@ -45,36 +51,121 @@ def plotly_js() -> str:
 
 
 def render(info: dict[str, Any]) -> str:
-    manifest, stats = info["manifest"], info["stats"]
+    manifest, glance = info["manifest"], info["glance"]
     missing = NO_ENGINE if info["telemetry_recorded"] else NO_TELEMETRY
+    axis = info["axis"]
     figures: dict[str, Any] = {}
+    tokens_of = glance["tokens_of"]
     sections = [
-        _section("Throughput", "throughput", _throughput(info["throughput"]) or missing, figures,
-                 "output tokens/s and rows/s, from the engines' counters"),
-        _section("GPU utilization and memory" if info["devices"] else "CPU and memory (no GPU recorded)",
-                 "devices", _devices(info["devices"], info["host"]), figures, "per GPU, or this host's processes"),
-        _section("Engines: KV cache and requests", "engines", _engines(info["engines"], info["throughput"]) or missing, figures,
-                 "requests in each engine; running/waiting and KV-cache usage with --enable-log-stats"),
-        _section("Where the time went", "phases", _phases(info["phases"]), figures, "stats.json, the last run"),
-        _section("Prompt and output lengths", "lengths", _lengths(info["lengths"]), figures, "tokens per row"),
-        _section("Finish reasons", "finish_reasons", _finish(info["finish_reasons"]), figures, "rows per reason"),
-        _section("Per-chunk timings", "chunks", _chunks(info["chunks"]), figures,
-                 "seconds between chunk completions, and rows per chunk (stats.json)"),
+        _section("Throughput", "throughput", charts.throughput(info["throughput"], axis, tokens_of) or missing, figures,
+                 f"{tokens_of} tokens/s from the engines' counters (rows/s: click its legend), and rows written "
+                 "to the results"),
+        _section("GPU utilization, memory and power" if info["devices"] else "CPU and memory (no GPU recorded)",
+                 "devices", charts.devices(info["devices"], info["host"], axis), figures,
+                 "per GPU (NVML), or this run's processes"),
+        _section("Engines: KV cache and requests", "engines", charts.engines(info["engines"], info["throughput"], axis)
+                 or missing, figures, "requests in each engine; running/waiting and KV-cache usage with --enable-log-stats"),
+        _section("Prompt and output lengths", "lengths", charts.lengths(info["lengths"]), figures, "tokens per row"),
+        _section("Finish reasons", "finish_reasons", charts.finish(info["finish_reasons"]), figures, "rows per reason"),
+        _section("Per-chunk timings", "chunks", charts.chunks(info["chunks"]), figures,
+                 "seconds between chunk completions, and rows per chunk (stats.json: the last completed run)"),
         _errors_section(info["errors"]),
         _settings_section(manifest),
     ]
-    counts = manifest.get("counts") or {}
-    summary = [("status", manifest.get("status", "unknown")), ("model", (manifest.get("spec") or {}).get("model")),
-               ("rows ok / failed", f"{counts.get('rows_ok', stats.get('rows_ok', '?'))} / "
-                                    f"{counts.get('rows_failed', stats.get('rows_failed', '?'))}"),
-               ("output tok/s (generate)", stats.get("output_tok_s")), ("wall", _seconds(stats.get("wall_s"))),
-               ("updated", manifest.get("updated_at"))]
     title = f"qbatch report: {info['output_dir']}"
     return TEMPLATE.format(
-        title=html.escape(title), heading=html.escape(title), summary=_table(summary),
-        sections="\n".join(sections), plotly=plotly_js(),
+        title=html.escape(title), heading=html.escape(title), glance=_glance(info),
+        runs=_runs_section(info["runs"], glance), sections="\n".join(sections), plotly=plotly_js(),
         figures=json.dumps(figures, separators=(",", ":")).replace("</", "<\\/"),
     )
+
+
+# -- the header --------------------------------------------------------------
+def _glance(info: dict[str, Any]) -> str:
+    """The header: status and rows, then one card per number a deployment is judged by, then the phase split."""
+    manifest, stats, g = info["manifest"], info["stats"], info["glance"]
+    counts = manifest.get("counts") or {}
+    spec = manifest.get("spec") or {}
+    facts = [("status", manifest.get("status", "unknown")), ("model", spec.get("model")),
+             ("rows ok / failed", f"{_count(counts.get('rows_ok', stats.get('rows_ok')))} / "
+                                  f"{_count(counts.get('rows_failed', stats.get('rows_failed')))}"),
+             ("updated", manifest.get("updated_at"))]
+    cards = []
+    if g["gpus"]:
+        by_gpu = g.get("gpu_util_by_gpu") or {}
+        detail = ", ".join(f"GPU {d}: {_pct(u)}" if len(by_gpu) > 1 else f"GPU {d}" for d, u in by_gpu.items())
+        cards.append(("gpu-util", _pct(g["gpu_util_pct"]), "mean GPU utilization while generating", detail))
+    elif g.get("cpu_pct") is not None:
+        cards.append(("cpu-util", _pct(g["cpu_pct"]), "mean CPU while generating",
+                      "this run's processes, % of one core (no GPU recorded)"))
+    if g["tok_s"] is not None:
+        source = "stats.json" if g["tok_s_source"] == "stats.json" else "the engines' counters"
+        cards.append(("tok-s", f"{g['tok_s']:,.0f}", f"{g['tokens_of']} tok/s while generating",
+                      f"over {_secs(g['generate_s'])}, from {source}"))
+    if g.get("tok_s_per_gpu") is not None:
+        cards.append(("tok-s-gpu", f"{g['tok_s_per_gpu']:,.0f}", f"{g['tokens_of']} tok/s per GPU",
+                      f"{g['gpus']} GPU{'s' if g['gpus'] > 1 else ''}"))
+    if g.get("gpu_power_w") is not None:
+        cards.append(("gpu-power", f"{g['gpu_power_w']:,.0f} W", "mean power per GPU",
+                      f"{g['gpu_energy_wh']:,.2f} Wh while generating, all GPUs"))
+    if g.get("gpu_mem_peak_gib") is not None:
+        total = f" of {g['gpu_mem_total_gib']:,.1f}" if g.get("gpu_mem_total_gib") else ""
+        cards.append(("gpu-mem", f"{g['gpu_mem_peak_gib']:,.1f} GiB", "peak GPU memory used",
+                      f"{total.strip()} GiB per GPU" if total else ""))
+    elif g.get("rss_peak_gib") is not None:
+        cards.append(("rss", f"{g['rss_peak_gib']:,.1f} GiB", "peak memory (RSS)", "this run's processes"))
+    which = (f'<p class="note">numbers of {html.escape(g["run"])} (the last run that generated, of {g["runs"]})</p>'
+             if g["run"] and g["runs"] > 1 else "")
+    if not cards:
+        which = '<p class="missing">not recorded: no telemetry and no stats.json with generation</p>'
+    card_html = "".join(f'<div class="card" data-glance="{key}"><div class="big">{html.escape(value)}</div>'
+                        f'<div class="what">{html.escape(what)}</div><div class="detail">{html.escape(detail)}</div></div>'
+                        for key, value, what, detail in cards)
+    return (f'<section class="glance">{_table(facts)}<div class="cards">{card_html}</div>{which}'
+            f'{_phase_bar(g["phases"], stats)}</section>')
+
+
+def _phase_bar(phases: list[dict[str, Any]] | None, stats: dict[str, Any]) -> str:
+    """Where the wall time went, as one bar of proportional parts with their seconds and shares."""
+    if not phases:
+        why = ("the last completed run found every row done" if stats.get("wall_s")
+               else "no stats.json: the run has not completed yet")
+        return f'<p class="missing" data-glance="phases">where the time went: not recorded ({why})</p>'
+    parts = [p for p in phases if p["name"] != "wall"]
+    wall = phases[-1]["seconds"]
+    bar = "".join(f'<span style="flex-grow:{max(p["share"], 0.002):.4f};background:{PHASE_COLORS[p["name"]]}" '
+                  f'title="{p["name"]} {p["seconds"]:.1f}s"></span>' for p in parts)
+    legend = " ".join(f'<span class="key"><i style="background:{PHASE_COLORS[p["name"]]}"></i>{html.escape(p["name"])} '
+                      f'{p["seconds"]:.1f}s ({p["share"]:.0%})</span>' for p in parts)
+    return (f'<div class="phases" data-glance="phases"><div class="what">where the time went: wall {wall:.1f}s '
+            f'(the last completed run; engine start counts the wait after the setup)</div>'
+            f'<div class="bar">{bar}</div><div class="keys">{legend}</div></div>')
+
+
+def _runs_section(runs: list[dict[str, Any]], glance: dict[str, Any]) -> str:
+    """The folder's runs, one line each: how it ended and what it generated. Only when there are several."""
+    if len(runs) < 2:
+        return ""
+    gpu = glance["gpus"] > 0
+    head = ["run", "started", "ended", "generating", "rows ok / failed", f"{glance['tokens_of']} tok/s",
+            "mean GPU util" if gpu else "mean CPU"]
+    lines = []
+    for run in runs:
+        util = run.get("gpu_util_pct") if gpu else run.get("cpu_pct")
+        rows = "" if run.get("rows_ok") is None else f"{run['rows_ok']:,} / {run.get('rows_failed') or 0:,}"
+        cells = [run["label"], run.get("started_at") or "", run.get("ended_at") or "",
+                 _generating(run), rows,
+                 "" if run.get("tok_s") is None else f"{run['tok_s']:,.0f}", "" if util is None else _pct(util)]
+        lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return (f'<section><h2>Runs</h2><p class="note">this folder\'s runs of the job: the charts draw them back to '
+            f'back, each labelled</p><table class="runs"><tr>{header}</tr>{"".join(lines)}</table></section>')
+
+
+def _generating(run: dict[str, Any]) -> str:
+    if run.get("seconds") is not None:
+        return _secs(run["seconds"])
+    return "nothing to do" if run.get("rows_ok") == 0 and run.get("rows_failed") == 0 else "no telemetry"
 
 
 def _section(title: str, key: str, figure: dict[str, Any] | str, figures: dict[str, Any], note: str) -> str:
@@ -87,117 +178,7 @@ def _section(title: str, key: str, figure: dict[str, Any] | str, figures: dict[s
     return f'<section><h2>{html.escape(title)}</h2><p class="note">{html.escape(note)}</p>{body}</section>'
 
 
-def _layout(**changes: Any) -> dict[str, Any]:
-    layout = {"margin": {"l": 60, "r": 60, "t": 30, "b": 50}, "height": 320, "legend": {"orientation": "h", "y": -0.28},
-              "template": None, "hovermode": "x unified"}
-    layout.update(changes)
-    return layout
-
-
-NO_TELEMETRY = "this folder has no telemetry.parquet (a run before telemetry, or run with --no-telemetry)"
-NO_ENGINE = "telemetry.parquet holds no engine counters (the null engine keeps none)"
-
-
-def _throughput(series: dict[str, Any] | None) -> dict[str, Any] | None:
-    if series is None:
-        return None
-    return {"data": [
-        {"type": "scatter", "mode": "lines", "name": "output tok/s", "x": series["time"], "y": series["output_tok_s"]},
-        {"type": "scatter", "mode": "lines", "name": "rows/s", "x": series["time"], "y": series["rows_s"], "yaxis": "y2"},
-    ], "layout": _layout(yaxis={"title": {"text": "output tok/s"}, "rangemode": "tozero"},
-                         yaxis2={"title": {"text": "rows/s"}, "overlaying": "y", "side": "right", "rangemode": "tozero"})}
-
-
-def _devices(gpus: dict[str, Any] | None, host: dict[str, Any] | None) -> dict[str, Any] | str:
-    if gpus:
-        traces = []
-        for device, s in gpus.items():
-            traces.append({"type": "scatter", "mode": "lines", "name": f"GPU {device} util %", "x": s["time"],
-                           "y": s["gpu_util_pct"]})
-            traces.append({"type": "scatter", "mode": "lines", "name": f"GPU {device} memory GiB", "x": s["time"],
-                           "y": s["gpu_mem_used_bytes"], "yaxis": "y2", "line": {"dash": "dot"}})
-        return {"data": traces, "layout": _layout(yaxis={"title": {"text": "utilization %"}, "range": [0, 105]},
-                                                  yaxis2={"title": {"text": "memory used GiB"}, "overlaying": "y",
-                                                          "side": "right", "rangemode": "tozero"})}
-    if host is None:
-        return NO_TELEMETRY
-    return {"data": [
-        {"type": "scatter", "mode": "lines", "name": "CPU % (of one core)", "x": host["time"], "y": host["cpu_pct"]},
-        {"type": "scatter", "mode": "lines", "name": "RSS GiB", "x": host["time"], "y": host["rss_bytes"], "yaxis": "y2",
-         "line": {"dash": "dot"}},
-    ], "layout": _layout(yaxis={"title": {"text": "CPU %"}, "rangemode": "tozero"},
-                         yaxis2={"title": {"text": "RSS GiB"}, "overlaying": "y", "side": "right", "rangemode": "tozero"})}
-
-
-def _engines(engines: dict[str, Any] | None, throughput: dict[str, Any] | None) -> dict[str, Any] | None:
-    if engines is None:
-        return None
-    traces = []
-    for label, s in engines.items():
-        for column, name in (("requests_in_engine", "requests in engine"), ("requests_running", "running"),
-                             ("requests_waiting", "waiting")):
-            if s[column] is not None:
-                traces.append({"type": "scatter", "mode": "lines", "name": f"{label}: {name}", "x": s["time"],
-                               "y": s[column]})
-        if s["kv_cache_usage"] is not None:
-            traces.append({"type": "scatter", "mode": "lines", "name": f"{label}: KV cache %", "x": s["time"],
-                           "y": s["kv_cache_usage"], "yaxis": "y2", "line": {"dash": "dot"}})
-    if throughput is not None:
-        traces.append({"type": "scatter", "mode": "lines", "name": "prefix-cache hit %", "x": throughput["time"],
-                       "y": throughput["prefix_cache_hit_pct"], "yaxis": "y2", "line": {"dash": "dash"}})
-    return {"data": traces, "layout": _layout(yaxis={"title": {"text": "requests"}, "rangemode": "tozero"},
-                                              yaxis2={"title": {"text": "%"}, "overlaying": "y", "side": "right",
-                                                      "range": [0, 105]})}
-
-
-def _phases(phases: dict[str, float] | None) -> dict[str, Any] | str:
-    if phases is None:
-        return "no stats.json (the run has not finished yet, or it stopped before its end)"
-    names = [n for n in phases if n != "wall"]
-    return {"data": [{"type": "bar", "orientation": "h", "name": n, "y": ["run"], "x": [phases[n]],
-                      "text": [f"{n} {phases[n]:.1f}s"], "textposition": "inside"} for n in names],
-            "layout": _layout(barmode="stack", height=200, hovermode="closest",
-                              xaxis={"title": {"text": f"seconds (wall {phases['wall']:.1f}s; engine start "
-                                                       "overlaps setup when engines start early)"}})}
-
-
-def _lengths(lengths: dict[str, Any] | None) -> dict[str, Any] | str:
-    if lengths is None:
-        return "no results yet"
-    traces = []
-    for column, name, axis in (("prompt_tokens", "prompt tokens", "x"), ("completion_tokens", "output tokens", "x2")):
-        h = lengths.get(column)
-        if h:
-            traces.append({"type": "bar", "name": f"{name} (mean {h['mean']}, max {h['max']})",
-                           "x": [b + h["width"] / 2 for b in h["bin"]], "y": h["count"], "width": h["width"],
-                           "xaxis": axis, "yaxis": "y" if axis == "x" else "y2"})
-    return {"data": traces, "layout": _layout(grid={"rows": 1, "columns": 2, "pattern": "independent"},
-                                              hovermode="closest", xaxis={"title": {"text": "prompt tokens"}},
-                                              xaxis2={"title": {"text": "output tokens"}},
-                                              yaxis={"title": {"text": "rows"}})}
-
-
-def _finish(reasons: dict[str, int] | None) -> dict[str, Any] | str:
-    if not reasons:
-        return "no results yet"
-    return {"data": [{"type": "bar", "x": list(reasons), "y": list(reasons.values()), "text": list(reasons.values()),
-                      "textposition": "auto"}], "layout": _layout(height=260, hovermode="closest",
-                                                                  yaxis={"title": {"text": "rows"}})}
-
-
-def _chunks(chunks: dict[str, Any] | None) -> dict[str, Any] | str:
-    if chunks is None:
-        return "no per-chunk timings in stats.json (the run has not finished yet)"
-    return {"data": [
-        {"type": "bar", "name": "seconds since the previous chunk", "x": chunks["finished_s"], "y": chunks["seconds"],
-         "customdata": chunks["index"], "hovertemplate": "chunk %{customdata}: %{y:.2f}s"},
-        {"type": "scatter", "mode": "markers", "name": "rows", "x": chunks["finished_s"], "y": chunks["rows"],
-         "yaxis": "y2"},
-    ], "layout": _layout(hovermode="closest", xaxis={"title": {"text": "finished at (s after generation began)"}},
-                         yaxis={"title": {"text": "seconds"}}, yaxis2={"title": {"text": "rows"}, "overlaying": "y",
-                                                                       "side": "right", "rangemode": "tozero"})}
-
-
+# -- tables ------------------------------------------------------------------
 def _errors_section(kinds: list[dict[str, Any]] | None) -> str:
     if kinds is None:
         body = '<p class="missing">not recorded: no errors.parquet or error parts yet</p>'
@@ -213,10 +194,13 @@ def _errors_section(kinds: list[dict[str, Any]] | None) -> str:
 
 
 def _settings_section(manifest: dict[str, Any]) -> str:
+    """The run's settings that were set and apply to its task (an embedding job's sampling does not), and versions."""
     spec = manifest.get("spec") or {}
+    task = spec.get("task") or "generate"
     versions = manifest.get("versions") or {}
-    settings = _table([(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in sorted(spec.items())
-                       if v is not None]) if spec else '<p class="missing">not recorded</p>'
+    shown = [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in sorted(spec.items())
+             if v is not None and applies_to(k, task)]
+    settings = _table(shown) if spec else '<p class="missing">not recorded</p>'
     versions_table = _table(sorted(versions.items())) if versions else '<p class="missing">not recorded</p>'
     return (f"<section><h2>Settings and versions</h2><div class=\"two\"><div><h3>Settings</h3>{settings}</div>"
             f"<div><h3>Versions</h3>{versions_table}</div></div></section>")
@@ -228,23 +212,39 @@ def _table(rows: list[tuple[str, Any]]) -> str:
     return f'<table class="kv">{body}</table>'
 
 
-def _seconds(value: Any) -> str | None:
-    return None if value is None else f"{float(value):.1f}s"
+def _count(value: Any) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}%"
+
+
+def _secs(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.1f}s"
 
 
 TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; }}
+body {{ font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; padding: 0 12px; }}
 h1 {{ font-size: 20px; }} h2 {{ font-size: 17px; margin-bottom: 2px; }} h3 {{ font-size: 14px; }}
 section {{ border-top: 1px solid #ddd; padding-top: 6px; margin-top: 14px; }}
 .note {{ color: #666; font-size: 12px; margin-top: 0; }} .missing {{ color: #a05a00; font-style: italic; }}
 table {{ border-collapse: collapse; font-size: 13px; }} td, th {{ border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }}
-table.kv th {{ background: #f6f6f6; font-weight: 600; }} .two {{ display: flex; gap: 24px; flex-wrap: wrap; }}
+table.kv th, table.runs th {{ background: #f6f6f6; font-weight: 600; }} .two {{ display: flex; gap: 24px; flex-wrap: wrap; }}
+.glance {{ border-top: none; }} .cards {{ display: flex; gap: 12px; flex-wrap: wrap; margin: 12px 0 4px; }}
+.card {{ border: 1px solid #ddd; border-radius: 6px; padding: 8px 14px; min-width: 150px; }}
+.card .big {{ font-size: 26px; font-weight: 600; }} .card .what {{ font-size: 13px; }}
+.card .detail, .phases .what {{ font-size: 12px; color: #666; }}
+.phases {{ margin-top: 10px; }} .phases .bar {{ display: flex; height: 18px; border-radius: 3px; overflow: hidden; margin: 4px 0; }}
+.phases .keys {{ font-size: 12px; display: flex; gap: 14px; flex-wrap: wrap; }}
+.phases .key i {{ display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: -1px; }}
 #js-errors {{ color: #b00; }}
 </style></head><body>
 <h1>{heading}</h1>
-{summary}
+{glance}
+{runs}
 {sections}
 <pre id="js-errors"></pre>
 <script>window.onerror = function (m) {{ document.getElementById("js-errors").textContent += "error: " + m + "\\n"; }};</script>
@@ -256,7 +256,7 @@ table.kv th {{ background: #f6f6f6; font-weight: 600; }} .two {{ display: flex; 
   var drawn = 0;
   Object.keys(figures).forEach(function (key) {{
     var el = document.getElementById("chart-" + key);
-    Plotly.newPlot(el, figures[key].data, figures[key].layout, {{displaylogo: false, responsive: true}});
+    Plotly.newPlot(el, figures[key].data, figures[key].layout, {{displaylogo: false, responsive: true, displayModeBar: false}});
     if (el.querySelector(".main-svg")) {{ el.setAttribute("data-rendered", "1"); drawn += 1; }}
   }});
   document.body.setAttribute("data-charts-drawn", String(drawn));

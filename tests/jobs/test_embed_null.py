@@ -39,7 +39,7 @@ def test_vectors_unit_norm_identical_texts_and_schema(embed_null, write_jsonl, t
     assert result.exit_code == 0, result.output
     assert "qbatch embed completed" in result.stdout and "input tok/s" in result.stdout
     schema = pq.read_schema(out / "results.parquet")
-    assert schema.names == ["id", "source", "row_index", "topic", "embedding", "prompt_tokens"]
+    assert schema.names == ["id", "source", "row_index", "prompt", "topic", "embedding", "prompt_tokens"]
     assert schema.field("embedding").type == pa.list_(pa.float32(), HIDDEN)  # a FixedSizeList
     df = pl.read_parquet(out / "results.parquet")
     assert df["id"].to_list() == ["r0", "r1", "r2", "r3"] and df["topic"].to_list() == [0, 1, 2, 3]

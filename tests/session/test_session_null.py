@@ -33,7 +33,7 @@ def test_run_reads_every_kind_of_data_into_the_cli_schema(session, kind, write_j
     data = {"polars": lambda: pl.DataFrame(rows), "pandas": lambda: pl.DataFrame(rows).to_pandas(),
             "dicts": lambda: rows, "path": lambda: write_jsonl(rows)}[kind]()
     result = session.run(data, max_tokens=8, progress="none")
-    assert result.results.columns == ["id", "source", "row_index", "topic", *RESULT_COLUMNS[3:]]
+    assert result.results.columns == ["id", "source", "row_index", "prompt", "topic", *RESULT_COLUMNS[3:]]
     assert result.results["id"].to_list() == [f"r{i}" for i in range(20)]
     assert result.results["topic"].to_list() == list(range(20))
     assert result.errors.columns == ERROR_COLUMNS and result.errors.height == 0
@@ -42,8 +42,9 @@ def test_run_reads_every_kind_of_data_into_the_cli_schema(session, kind, write_j
 
 def test_list_of_strings_gets_positions_as_ids(session):
     result = session.run(["hello", "world", "again"], progress="none")
-    assert result.results.columns == RESULT_COLUMNS
+    assert result.results.columns == [*RESULT_COLUMNS[:3], "prompt", *RESULT_COLUMNS[3:]]
     assert result.results["id"].to_list() == ["0", "1", "2"]
+    assert result.results["prompt"].to_list() == ["hello", "world", "again"]
 
 
 def test_bad_rows_become_error_rows(session):
