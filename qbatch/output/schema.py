@@ -22,7 +22,7 @@ import pyarrow as pa
 from qbatch.output.columns import JSON_TEXT, ColumnTypes, decode_schema, encode_schema
 from qbatch.output.embeddings import ARROW_TYPES, EMBEDDING_COLUMNS
 from qbatch.output.samples import COLUMN_TYPES
-from qbatch.output.tables import RESULT_COLUMNS, RESULT_TAIL
+from qbatch.output.tables import ID_COLUMN, RESULT_COLUMNS, RESULT_TAIL, carried_name, own_columns
 from qbatch.spec import JobSpec
 
 MANIFEST_KEY = "result_schema"
@@ -33,9 +33,9 @@ def result_schema(spec: JobSpec, column_types: ColumnTypes, vector_size: int | N
     """The columns and types of a job's results.parquet (`vector_size`: the embedding engine's
     vectors before --dimensions; None when unknown, then the vectors are a list of any size)."""
     embed = spec.engine.task == "embed"
-    skip = EMBEDDING_COLUMNS if embed else RESULT_COLUMNS
-    fields = [*HEAD, *((name, pa.string() if kind is JSON_TEXT else kind)
-                       for name, kind in column_types.items() if name not in skip)]
+    own = own_columns(EMBEDDING_COLUMNS if embed else RESULT_COLUMNS, spec.output.include_prompt)
+    fields = [*HEAD, *((carried_name(name, own), pa.string() if kind is JSON_TEXT else kind)
+                       for name, kind in column_types.items() if name != ID_COLUMN)]
     if spec.output.include_prompt:
         fields.append(("prompt", pa.string()))
     if embed:

@@ -123,7 +123,7 @@ def test_quick_paths_raise_input_error_when_every_prompt_failed(session):
     replies = session.replies("prompt", ["", " "])
     assert [r.error for r in replies] == ["empty_prompt", "empty_prompt"] and replies[0].text is None
     result = session.run([{"id": "a", "prompt": "", "topic": 1}], progress="none")
-    assert result.results.columns == ["id", "source", "row_index", "topic", *RESULT_COLUMNS[3:]]
+    assert result.results.columns == ["id", "source", "row_index", "prompt", "topic", *RESULT_COLUMNS[3:]]
     assert result.results.height == 0 and result.errors.height == 1
 
 
@@ -159,7 +159,7 @@ def test_a_pandas_index_is_carried_or_is_the_id(session):
     ids = pd.DataFrame({"prompt": ["a", "b"]}, index=pd.Index(["p", "q"], name="id"))
     assert session.run(ids, progress="none").results["id"].to_list() == ["p", "q"]
     plain = session.run(pd.DataFrame({"prompt": ["a", "b"]}), progress="none")
-    assert plain.results.columns == RESULT_COLUMNS  # the default index is the position: row_index holds it
+    assert plain.results.columns == [*RESULT_COLUMNS[:3], "prompt", *RESULT_COLUMNS[3:]]  # the default index is the position: row_index holds it
     with pytest.raises(InputError, match="column names must be text, got 0"):
         session.run(pd.DataFrame([["a", 1]]))
     with pytest.raises(InputError, match="several columns named 'prompt'"):
