@@ -464,7 +464,8 @@ def _show(value: Any) -> str:
         return repr(value)
 
 
-SETTING_FILE_SUFFIXES = (".json", ".gbnf", ".lark", ".ebnf", ".txt")  # a json schema's or grammar's file, not the text itself
+# a json schema's or grammar's file, not the text itself
+SETTING_FILE_SUFFIXES = (".json", ".gbnf", ".lark", ".ebnf", ".txt")
 
 
 def _file_or_text(value: str, name: str) -> str:
