@@ -22,6 +22,7 @@ from typing import Any
 from qbatch.errors import OutputError
 
 TMP_MARK = ".tmp-"
+OUTPUT_LOCK = ".qbatch.lock"  # held by the live run of an output folder; there, it marks a qbatch output folder
 
 
 def normal_path(path: str | os.PathLike[str]) -> str:

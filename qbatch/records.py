@@ -20,6 +20,8 @@ class Row:
     line: int | None  # 1-based line number for JSONL, None for Parquet
     data: dict[str, Any] | None  # None when the line could not be parsed
     error: str | None = None  # why `data` is None
+    # why the row cannot be sent although it was read: `data` holds text that is not Unicode (its id may be kept)
+    bad_text: str | None = None
 
 
 @dataclass(slots=True)

@@ -497,14 +497,24 @@ def _show(value: Any) -> str:
         return repr(value)
 
 
+# a json schema's or grammar's file, not the text itself
+SETTING_FILE_SUFFIXES = (".json", ".gbnf", ".lark", ".ebnf", ".txt")
+
+
 def _file_or_text(value: str, name: str) -> str:
-    """A setting given as a file or as the text itself: an existing file's content, else the text."""
+    """A setting given as a file or as the text itself: an existing file's content, else the text.
+    A one-line value named like a file (schema.json, grammar.gbnf) that does not exist is a missing
+    file, not text to parse."""
     path = Path(value)
+    one_line = len(value) < 4096 and "\n" not in value
     try:
-        if len(value) < 4096 and "\n" not in value and path.is_file():
+        if one_line and path.is_file():
             return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read the {name.replace('_', ' ')} file: {exc}", where=value) from None
+    if one_line and path.suffix.lower() in SETTING_FILE_SUFFIXES and not value.lstrip().startswith(("{", "[")):
+        raise SpecError(f"the {name.replace('_', ' ')} file does not exist", where=value,
+                        hint=f"check the path, or pass the {name.replace('_', ' ')} itself")
     return value
 
 

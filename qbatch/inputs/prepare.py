@@ -12,18 +12,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qbatch.errors import ModelError, RowError, SpecError, first_line
 from qbatch.records import EMBED_SAMPLING, Failure, Request, Row
+from qbatch.inputs.shapes import BATCH_URLS, fallback_id, is_openai, own_id, positional_id, row_shape
 from qbatch.inputs.splice import ChatSplicer
+from qbatch.inputs.text import escaped
 from qbatch.spec import JobSpec
 from qbatch.inputs.validate import (
-    BODY_SAMPLING_KEYS, EMBEDDINGS_URL, OPENAI_URLS, check_body_keys, check_messages, check_text, keys, render_template,
-    response_format, sampling_overrides, thinking_flag,
+    BODY_SAMPLING_KEYS, EMBEDDINGS_URL, OPENAI_URLS, check_body_keys, check_messages, check_text, prompt_or_tokens,
+    render_template, response_format, sampling_overrides, thinking_flag,
 )
 from qbatch.sampling import check_params, row_seed, to_vllm
 
@@ -44,6 +45,7 @@ class Draft:
     overrides: dict[str, Any]
     thinking: bool | None
     extra: dict[str, Any]
+    ids: list[int] | None = None  # token ids the row gives (OpenAI's token-array prompt or input): not encoded
 
 
 @functools.lru_cache(maxsize=8)
@@ -71,57 +73,6 @@ def generation_defaults(model_path: str) -> dict[str, Any]:
         return {}
     config = json.loads(path.read_text())
     return {key: config[key] for key in GENERATION_CONFIG_KEYS if config.get(key) is not None}
-
-
-def row_id(row: Row, id_column: str | None, positional_prefix: bool) -> str:
-    """The row's id: its id column, else `id`, else OpenAI's `custom_id`, else its position.
-
-    Raises RowError("missing_id") when the row has the id column but no usable value in it:
-    its position in place of the id could equal another row's real id.
-    """
-    if row.data is None:
-        return fallback_id(row)
-    rid = own_id(row.data, id_column)
-    return positional_id(row, positional_prefix) if rid is None else rid
-
-
-def own_id(data: dict[str, Any], id_column: str | None) -> str | None:
-    """The id the row gives itself, or None when it has no id column (`--id-column` must be there)."""
-    if id_column:
-        return id_text(data.get(id_column), id_column, data, hint="set by --id-column")
-    for column in ("id", "custom_id"):
-        if column in data:
-            return id_text(data[column], column, data, hint="give every row an id, or drop the column to number "
-                                                            "rows by position, or pass --id-column")
-    return None
-
-
-def id_text(value: Any, column: str, data: dict[str, Any], *, hint: str) -> str:
-    """An id value as text: strings as they are, integers and integral floats (Parquet ints with
-    nulls arrive as floats) as integer text ("10"), other finite floats as Python's shortest repr."""
-    if isinstance(value, str) and value != "":
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float) and math.isfinite(value):
-        return str(int(value)) if value.is_integer() else repr(value)
-    if value is None:
-        problem = "is missing" if column not in data else "is null"
-    elif value == "":
-        problem = "is empty"
-    else:
-        problem = f"must be a string or a number, got {value!r}"
-    raise RowError("missing_id", f"'{column}' {problem} ({hint}); keys: {keys(data)}")
-
-
-def positional_id(row: Row, positional_prefix: bool) -> str:
-    """The id of a row without an id column: its position (prefixed by its file's name with several files)."""
-    return f"{Path(row.source).name}:{row.row_index}" if positional_prefix else str(row.row_index)
-
-
-def fallback_id(row: Row) -> str:
-    """An id for a row whose own id is missing or unreadable: file name and position."""
-    return f"{Path(row.source).name}#{row.row_index}"
 
 
 def _chat_template(tokenizer: Any) -> str | None:
@@ -178,11 +129,11 @@ class Preparer:
         if row.data is None:
             return fallback_id(row)
         try:
-            rid = own_id(row.data, self.input.id_column)
+            rid = own_id(row.data, self.input)
         except RowError:
             return fallback_id(row)
         if rid is None:
-            return fallback_id(row) if self._is_openai(row.data) else positional_id(row, self.positional_prefix)
+            return fallback_id(row) if is_openai(row.data, self.input) else positional_id(row, self.positional_prefix)
         return rid
 
     # -- one row -----------------------------------------------------------
@@ -190,8 +141,10 @@ class Preparer:
         if row.data is None:
             raise RowError("bad_line", row.error or "unreadable line")
         data = row.data
-        own_id(data, self.input.id_column)  # raises missing_id: an id column without a usable value
-        shape = self._shape(data)
+        if row.bad_text is not None:  # the id is kept when it is text: an error under its key
+            raise RowError("bad_text" if self._has_id(data) else "missing_id", row.bad_text)
+        own_id(data, self.input)  # raises missing_id: an id column without a usable value
+        shape = row_shape(data, self.input)
         if self.embeds:
             return self._draft_embed(row, rid, data, shape)
         if shape == "openai":
@@ -211,11 +164,24 @@ class Preparer:
         messages = self._with_system([{"role": "user", "content": text}])
         return Draft(row, rid, messages, None, overrides, thinking, self._extra(data))
 
+    def _has_id(self, data: dict[str, Any]) -> bool:
+        """Whether the row's id is its own or its position (not a stand-in: a batch line needs its custom_id)."""
+        try:
+            rid = own_id(data, self.input)
+        except RowError:
+            return False
+        return rid is not None or not is_openai(data, self.input)
+
     def _draft_embed(self, row: Row, rid: str, data: dict[str, Any], shape: str) -> Draft:
         """An embedding row: its text as is (no chat template), the query instruction in front of it."""
         if shape == "openai":
             text = self._openai_input(row, data)
             extra = self._openai_extra(data)
+            if not isinstance(text, str):
+                if self.spec.embed.instruction:
+                    raise RowError("bad_body", "body.input holds token ids; --instruction goes before text: "
+                                               "give the input as text")
+                return Draft(row, rid, None, None, {}, None, extra, text)
         elif shape == "chat":
             raise RowError("unsupported_shape", f"'{self.input.messages_column}' holds chat messages; an embedding "
                                                 f"takes text: a '{self.input.prompt_column}' column (--prompt-column), "
@@ -231,16 +197,10 @@ class Preparer:
             text = f"Instruct: {instruction}\nQuery:{text}"
         return Draft(row, rid, None, text, {}, None, extra)
 
-    def _openai_input(self, row: Row, data: dict[str, Any]) -> str:
-        """The text of an OpenAI /v1/embeddings batch line: one `input` string a line."""
+    def _openai_input(self, row: Row, data: dict[str, Any]) -> str | list[int]:
+        """The input of an OpenAI /v1/embeddings batch line: one text, or one list of token ids, a line."""
         body = self._openai_body(row, data, urls=(EMBEDDINGS_URL,))
         check_body_keys(body, "embedding")
-        value = body.get("input")
-        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-            value = value[0]
-        if isinstance(value, list):
-            raise RowError("bad_body", f"body.input holds {len(value)} items; qbatch embeds one input a line "
-                                       "(one custom_id a vector): split them into lines of their own")
         dimensions = body.get("dimensions")
         if dimensions is not None and dimensions != self.spec.embed.dimensions:
             raise RowError("bad_body", f"body.dimensions is {dimensions!r} but the job's --dimensions is "
@@ -248,7 +208,7 @@ class Preparer:
         if body.get("encoding_format") not in (None, "float"):
             raise RowError("bad_body", f"body.encoding_format {body['encoding_format']!r} is not supported; "
                                        "leave it out or use 'float'")
-        return check_text(value, "body.input", body)
+        return prompt_or_tokens(body.get("input"), "body.input", body, vocab_size=self._vocab_size)
 
     def _openai_body(self, row: Row, data: dict[str, Any], *, urls: Any) -> dict[str, Any]:
         """A batch line's body, once its custom_id and url are checked against the urls this job takes."""
@@ -280,49 +240,27 @@ class Preparer:
         kwargs = body.get("chat_template_kwargs") or {}
         thinking = thinking_flag(kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, self.input.thinking)
         if OPENAI_URLS[url] == "completion":
-            text = check_text(body.get("prompt"), "body.prompt", body)
-            return Draft(row, rid, None, text, overrides, thinking, self._openai_extra(data))
+            prompt = prompt_or_tokens(body.get("prompt"), "body.prompt", body, vocab_size=self._vocab_size)
+            if isinstance(prompt, list):
+                return Draft(row, rid, None, None, overrides, thinking, self._openai_extra(data), prompt)
+            return Draft(row, rid, None, prompt, overrides, thinking, self._openai_extra(data))
         messages = self._with_system(check_messages(body.get("messages"), "body.messages"))
         return Draft(row, rid, messages, None, overrides, thinking, self._openai_extra(data))
-
-    def _shape(self, data: dict[str, Any]) -> str:
-        if self.input.template:
-            return "template"
-        if self.input.shape != "auto":
-            return self.input.shape
-        if self._is_openai(data):
-            return "openai"
-        if self.input.messages_column in data and self.input.prompt_column not in data:
-            return "chat"
-        if self.input.prompt_column in data:
-            return "prompt"
-        raise RowError(
-            "missing_prompt",
-            f"row has no '{self.input.prompt_column}' or '{self.input.messages_column}' column; keys: {keys(data)}. "
-            "Use --prompt-column NAME or --template '...{column}...'",
-        )
-
-    def _is_openai(self, data: dict[str, Any]) -> bool:
-        """An OpenAI Batch API line: by --shape openai, or (auto) by its keys, with or without custom_id."""
-        if self.input.template or self.input.shape not in ("auto", "openai"):
-            return False
-        if self.input.shape == "openai":
-            return True
-        if "custom_id" in data:
-            return "body" in data or "url" in data
-        return isinstance(data.get("body"), dict) and data.get("url") in (*OPENAI_URLS, EMBEDDINGS_URL)  # lost its id
 
     def _with_system(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.input.system_prompt and not any(m["role"] == "system" for m in messages):
             return [{"role": "system", "content": self.input.system_prompt}, *messages]
         return messages
 
-    def carried(self, data: dict[str, Any]) -> dict[str, Any]:
+    def carried(self, row: Row) -> dict[str, Any]:
         """The columns a row carries to the results, as `_draft` keeps them (for the pre-scan's type decision)."""
-        try:
-            shape = self._shape(data)
-        except RowError:
+        data = row.data
+        if data is None or row.bad_text is not None:
             return {}  # the row fails: it carries nothing
+        try:
+            shape = row_shape(data, self.input)
+        except RowError:
+            return {}
         return self._openai_extra(data) if shape == "openai" else self._extra(data)
 
     def _extra(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -377,34 +315,50 @@ class Preparer:
                     draft.text = text
         return ([d for d in drafts if id(d) not in refused] if refused else drafts), failures
 
-    def encode(self, drafts: list[Draft]) -> list[Encoded]:
+    def encode(self, drafts: list[Draft]) -> list[Encoded | RowError]:
         """Encodings of rendered drafts, in at most two batch calls (chat templates carry their own special tokens).
 
         They are the fast tokenizer's own objects where it is used: turning them into lists
-        of ints (`requests`) is Python work, which the encoding thread leaves to another.
+        of ints (`requests`) is Python work, which the encoding thread leaves to another. A draft
+        with its own token ids keeps them; a text the tokenizer refuses gets a RowError in its place.
         """
-        templated = [d.messages is not None for d in drafts]
-        if all(templated) or not any(templated):
-            return self._encode([d.text for d in drafts], add_special_tokens=not templated[0]) if drafts else []
-        encoded: list[Encoded] = [[] for _ in drafts]
-        for flag in (True, False):
-            group = [i for i, t in enumerate(templated) if t == flag]
-            for i, item in zip(group, self._encode([drafts[i].text for i in group], add_special_tokens=not flag),
-                               strict=True):
-                encoded[i] = item
+        kinds = [None if d.ids is not None else d.messages is not None for d in drafts]  # None: ids given
+        if len(set(kinds)) == 1 and kinds[0] is not None:  # one batch call: the usual window
+            return self._encode([d.text for d in drafts], add_special_tokens=not kinds[0])
+        encoded: list[Encoded | RowError] = [d.ids for d in drafts]
+        for templated in (True, False):
+            group = [i for i, kind in enumerate(kinds) if kind is templated]
+            if group:
+                texts = [drafts[i].text for i in group]
+                for i, item in zip(group, self._encode(texts, add_special_tokens=not templated), strict=True):
+                    encoded[i] = item
         return encoded
 
-    def requests(self, drafts: list[Draft], encoded: list[Encoded]) -> tuple[list[Request], list[Failure]]:
-        """Requests for encoded drafts, and the rows whose prompts cannot be sent (empty, too long)."""
+    def requests(self, drafts: list[Draft], encoded: list[Encoded | RowError]) -> tuple[list[Request], list[Failure]]:
+        """Requests for encoded drafts, and the rows whose prompts cannot be sent (empty, too long, not encoded)."""
         requests, failures = [], []
         for draft, item in zip(drafts, encoded, strict=True):
             try:
+                if isinstance(item, RowError):
+                    raise item
                 requests.append(self._request(draft, item if isinstance(item, list) else item.ids))
             except RowError as exc:
                 failures.append(_failure(draft.row, draft.id, exc))
         return requests, failures
 
-    def _encode(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded]:
+    def _encode(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded | RowError]:
+        try:
+            return self._encode_batch(texts, add_special_tokens=add_special_tokens)
+        except Exception:  # one text the tokenizer refuses fails the whole call: encode one by one
+            return [self._encode_one(text, add_special_tokens) for text in texts]
+
+    def _encode_one(self, text: str, add_special_tokens: bool) -> Encoded | RowError:
+        try:
+            return self._encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        except Exception as exc:  # the tokenizer's errors have no one type (TypeError for text that is not Unicode)
+            return RowError("bad_text", f"the tokenizer cannot encode the prompt: {escaped(first_line(exc))}")
+
+    def _encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded]:
         """The fast tokenizer's Rust batch encoder, which uses every core.
 
         Skipping transformers' per-text wrapping of `tokenizer(list)` (attention masks, dicts)
@@ -481,6 +435,11 @@ class Preparer:
         if suffix and ids[-len(suffix):] == suffix:
             return ids[:self.max_model_len - len(suffix)] + suffix
         return ids[:self.max_model_len]
+
+    @functools.cached_property
+    def _vocab_size(self) -> int:
+        """Token ids a row may give: the model's vocabulary with the tokenizer's added tokens."""
+        return len(self.tokenizer)
 
     @functools.cached_property
     def _special_suffix(self) -> list[int]:

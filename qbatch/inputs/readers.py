@@ -2,7 +2,8 @@
 
 Nothing is read whole: JSONL goes line by line, Parquet in record batches.
 A line that cannot be parsed becomes a `Row` with an error (or stops the run
-with `--on-bad-line error`), so every line is accounted for.
+with `--on-bad-line error`), so every line is accounted for. A row whose text
+is not Unicode keeps its data and fails alone (text.py), whatever --on-bad-line says.
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import glob
 import gzip
 import io
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
+from qbatch._fs import OUTPUT_LOCK
 from qbatch.errors import InputError
-from qbatch.spec import COMPRESSED_SUFFIXES
+from qbatch.inputs.text import SURROGATE_ESCAPE, column_not_utf8, escaped, is_text, lone_surrogate, not_utf8
+from qbatch.log import log
 from qbatch.records import Row
+from qbatch.spec import COMPRESSED_SUFFIXES
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,25 +34,33 @@ try:  # parses a typical line several times faster than json (the input is parse
 except ImportError:  # json alone gives the same rows
     fast_loads = None
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")  # a file named as input
+FOLDER_SUFFIXES = (".jsonl", ".ndjson", ".parquet")  # a folder's files (other JSON files there are no rows)
 HUGE_FLOAT = float(2**63)  # orjson reads integers beyond 64 bits as floats; json keeps them exact
 PARQUET_BATCH_ROWS = 4096
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which Windows tools write at the start of a file
+TAIL_BLOCK_BYTES = 1 << 16
 
 
 def expand_inputs(inputs: list[str]) -> list[Path]:
-    """Turn files, folders and globs into a sorted, de-duplicated list of files, as `stable_path`s."""
+    """Turn files, folders and globs into a sorted, de-duplicated list of files, as `stable_path`s.
+
+    A folder gives its files of the documented suffixes. Folders and globs leave out the files of
+    qbatch output folders (parts, results, manifest: no inputs), so that an input folder may hold
+    the output folder and a rerun reads what the first run read. A file named as such is taken.
+    """
     if not inputs:
         raise InputError("no input files given", hint="pass files, folders or globs: `qbatch run prompts.jsonl -o out/`")
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
         if any(ch in item for ch in "*?["):
-            matches = sorted(Path(p) for p in glob.glob(item, recursive=True) if Path(p).is_file())
+            matches = _not_output(sorted(Path(p) for p in glob.glob(item, recursive=True) if Path(p).is_file()), item)
             if not matches:
                 raise InputError("no files match the pattern", where=item)
             files.extend(matches)
         elif path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.is_file() and detect_format(p, None, strict=False))
+            matches = _not_output(sorted(p for p in path.rglob("*") if p.is_file() and _folder_format(p)), item)
             if not matches:
                 raise InputError("folder holds no .jsonl/.ndjson/.parquet files", where=item)
             files.extend(matches)
@@ -54,8 +68,35 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
             files.append(path)
         else:
             raise InputError("input file not found", where=item, hint="check the path; globs must be quoted")
+    for file in files:
+        if not is_text(str(file)):
+            raise InputError("the input's file name is not valid UTF-8: results could not name their source",
+                             where=escaped(str(file)), hint="rename the file")
     seen: set[Path] = set()
     return [stable_path(f) for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+
+
+def _folder_format(path: Path) -> bool:
+    name = path.name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name.endswith(FOLDER_SUFFIXES)
+
+
+def _not_output(paths: list[Path], item: str) -> list[Path]:
+    """The paths outside qbatch output folders (a folder that holds OUTPUT_LOCK, as every run's does)."""
+    marked: dict[Path, bool] = {}
+
+    def in_output(folder: Path) -> bool:
+        if folder not in marked:
+            parent = folder.parent
+            marked[folder] = (folder / OUTPUT_LOCK).exists() or (parent != folder and in_output(parent))
+        return marked[folder]
+
+    kept = [p for p in paths if not in_output(p.parent.resolve())]
+    if len(kept) < len(paths):
+        log.info(f"{item}: {len(paths) - len(kept)} files of qbatch output folders are not inputs")
+    return kept
 
 
 def stable_path(path: Path) -> Path:
@@ -85,14 +126,48 @@ def detect_format(path: Path, override: str | None, *, strict: bool = True) -> s
     return None
 
 
-def read_rows(files: list[Path], *, fmt: str | None = None, on_bad_line: str = "error") -> Iterator[Row]:
-    """All rows of all files, in order."""
+def read_rows(files: list[Path], *, fmt: str | None = None, on_bad_line: str = "error",
+              sizes: list[int | None] | None = None) -> Iterator[Row]:
+    """All rows of all files, in order; with `sizes`, a JSONL file's rows in its first that many bytes
+    (`rows_size`, what the run's fingerprint hashed: rows appended meanwhile are the next run's)."""
     for source_index, path in enumerate(files):
         kind = detect_format(path, fmt)
         if kind == "parquet":
             yield from _read_parquet(path, source_index)
         else:
-            yield from _read_jsonl(path, source_index, on_bad_line)
+            yield from _read_jsonl(path, source_index, on_bad_line, sizes[source_index] if sizes else None)
+
+
+def rows_size(path: Path) -> int:
+    """The bytes of an uncompressed JSONL file that hold rows now: up to its last newline, and a last
+    line without one when it is complete JSON (a final row, as a one-off file may end). A last line
+    that is not complete JSON is one a writer is still writing: it is left for a later run (logged),
+    which reads it once it ends, as rows appended to the file."""
+    with open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        end = _after_last_newline(handle, size)
+        if end == size:
+            return size
+        handle.seek(end)
+        tail = handle.read(size - end)
+    if not tail.strip() or _parse_line(tail.removeprefix(BOM) if end == 0 else tail)[0] is not None:
+        return size
+    log.warning(f"the last line of {path} has no newline and is not complete JSON (a writer may still be "
+                "writing it): it is left for the next run")
+    return end
+
+
+def _after_last_newline(handle: IO[bytes], size: int) -> int:
+    """The offset just after the file's last newline (0: it has none), read from the end."""
+    end = size
+    while end > 0:
+        start = max(0, end - TAIL_BLOCK_BYTES)
+        handle.seek(start)
+        found = handle.read(end - start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        end = start
+    return 0
 
 
 def _open_text_bytes(path: Path) -> IO[bytes]:
@@ -112,46 +187,84 @@ def _open_text_bytes(path: Path) -> IO[bytes]:
     return raw
 
 
-def _read_jsonl(path: Path, source_index: int, on_bad_line: str) -> Iterator[Row]:
+def _read_jsonl(path: Path, source_index: int, on_bad_line: str, size: int | None) -> Iterator[Row]:
     row_index = 0
     with _open_text_bytes(path) as handle:
         try:
-            for line_no, raw in enumerate(handle, start=1):
-                if not raw.strip():
-                    continue
-                data, error = _parse_line(raw)
+            for line_no, raw in read_lines(handle if size is None else _first_bytes(handle, size)):
+                data, error, bad_text = _parse_line(raw)
                 if error is not None and on_bad_line == "error":
                     raise InputError(
                         error,
                         where=f"{path}:{line_no}",
                         hint="fix the line, or pass --on-bad-line skip to record it in errors.parquet and go on",
                     )
-                yield Row(str(path), source_index, row_index, line_no, data, error)
+                yield Row(str(path), source_index, row_index, line_no, data, error, bad_text)
                 row_index += 1
         except (OSError, EOFError) as exc:  # corrupt gzip/zstd stream
             raise InputError(f"cannot read compressed input: {exc}", where=str(path)) from None
 
 
-def _parse_line(raw: bytes) -> tuple[dict | None, str | None]:
+def _first_bytes(lines: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """The lines in the first `size` bytes (a boundary between lines, or the end of a final row)."""
+    for raw in lines:
+        if size <= 0:
+            return
+        yield raw[:size]
+        size -= len(raw)
+
+
+def read_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each line that is not blank, with a UTF-8 byte-order mark at the start of
+    the first line dropped: how qbatch splits a JSONL file (the service's upload check too)."""
+    for line_no, raw in enumerate(lines, start=1):
+        if line_no == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        if raw.strip():
+            yield line_no, raw
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLine:
+    """A JSONL line as the run reads it."""
+
+    data: dict[str, Any] | None  # None: the line is not a JSON object
+    error: str | None  # why `data` is None (the run stops, or with --on-bad-line skip records a bad_line row)
+    bad_text: str | None  # `data` holds text that is not Unicode, and where: the row fails alone (bad_text)
+
+
+def parse_line(raw: bytes) -> ParsedLine:
+    """One line of `read_lines`, parsed as the run parses it."""
+    return ParsedLine(*_parse_line(raw))
+
+
+def _parse_line(raw: bytes) -> tuple[dict | None, str | None, str | None]:
+    """(data, error, bad_text) as ParsedLine holds them; a tuple, since every line of every run takes this path."""
     if fast_loads is not None:
         try:
             data = fast_loads(raw)
         except FastJSONError:
             pass  # json says why, and accepts what orjson does not (NaN, Infinity, 1e400, lone surrogates)
-        else:
+        else:  # orjson takes UTF-8 and no lone surrogate: this data is text
             if isinstance(data, dict) and not _has_huge_number(data):
-                return data, None
+                return data, None, None
+    bad_byte = None
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return None, f"line is not valid UTF-8 (byte offset {exc.start})"
+    except UnicodeDecodeError as exc:  # the line may still be JSON: its row then fails alone, keeping its id
+        bad_byte, text = exc.start, raw.decode("utf-8", "surrogateescape")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        return None, f"line is not valid JSON: {exc.msg} at column {exc.colno}"
+        if bad_byte is not None:
+            return None, f"line is not valid UTF-8 (byte offset {bad_byte})", None
+        # json's messages may end in "at" ("Unterminated string starting at"): one "at" before the column
+        return None, f"line is not valid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}", None
     if not isinstance(data, dict):
-        return None, f"line is JSON {type(data).__name__}, expected an object"
-    return data, None
+        return None, f"line is JSON {type(data).__name__}, expected an object", None
+    if bad_byte is not None:
+        return data, None, not_utf8(data, bad_byte)
+    return data, None, lone_surrogate(data) if SURROGATE_ESCAPE.search(raw) else None
 
 
 def _has_huge_number(value: dict | list) -> bool:
@@ -184,6 +297,32 @@ def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:
     reader = _open_parquet(path)
     row_index = 0
     for batch in reader.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-        for data in batch.to_pylist():
-            yield Row(str(path), source_index, row_index, None, data)
+        try:
+            rows, bad = batch.to_pylist(), {}
+        except UnicodeDecodeError:  # text that is not UTF-8 (Arrow checks none when it reads): those rows fail
+            rows, bad = _rows_with_bad_text(batch)
+        for index, data in enumerate(rows):
+            yield Row(str(path), source_index, row_index, None, data, None, bad.get(index) if bad else None)
             row_index += 1
+
+
+def _rows_with_bad_text(batch: pa.RecordBatch) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    """A batch's rows, with None for each value that is not UTF-8, and why each such row fails (by index)."""
+    columns: dict[str, list[Any]] = {}
+    bad: dict[int, str] = {}
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        try:
+            columns[name] = column.to_pylist()
+            continue
+        except UnicodeDecodeError:
+            pass
+        values: list[Any] = []
+        for index in range(len(column)):
+            try:
+                values.append(column[index].as_py())
+            except UnicodeDecodeError:
+                values.append(None)
+                bad.setdefault(index, column_not_utf8(name))
+        columns[name] = values
+    names = list(columns)
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns.values(), strict=True)], bad

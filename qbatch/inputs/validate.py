@@ -43,6 +43,27 @@ def check_text(value: Any, column: str, data: dict[str, Any]) -> str:
     return value
 
 
+def prompt_or_tokens(value: Any, name: str, data: dict[str, Any], *, vocab_size: int) -> str | list[int]:
+    """OpenAI's `prompt` (completions) or `input` (embeddings): a string or a list of token ids, or a list
+    holding one of them. qbatch takes one input a line (one custom_id, one result): a list of several is refused."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if not isinstance(value, list):
+        return check_text(value, name, data)
+    if not value:
+        raise RowError("empty_prompt", f"'{name}' is empty")
+    if all(type(token) is int for token in value):
+        for index, token in enumerate(value):
+            if not 0 <= token < vocab_size:
+                raise RowError("bad_body", f"{name}[{index}] is {token}, not a token id of the model "
+                                           f"(0 to {vocab_size - 1})")
+        return value
+    if all(isinstance(item, (str, list)) for item in value):
+        raise RowError("bad_body", f"{name} holds {len(value)} inputs; qbatch takes one input a line (one custom_id "
+                                   "a result): split them into lines of their own")
+    raise RowError("bad_body", f"{name} must be a string, a list of token ids, or a list holding one of them")
+
+
 def check_messages(value: Any, column: str) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise RowError("bad_messages", f"'{column}' must be a non-empty list of {{role, content}} objects")

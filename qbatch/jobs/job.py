@@ -20,14 +20,15 @@ from qbatch.engines.base import hidden_size
 from qbatch.engines.placement import engines_per_gpu, shared_gpu_kv_cache_bytes
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
-from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows
+from qbatch.inputs.shapes import NamedColumns
+from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows, rows_size
 from qbatch.jobs.planning import FIRST_WINDOW, cut_group_chunks, order_groups
 from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
 from qbatch.log import log
 from qbatch.models import registry as models
 from qbatch.output.columns import ColumnScan, ColumnTypes
-from qbatch.output.folder import DUPLICATE_ID, input_identity
+from qbatch.output.folder import DUPLICATE_ID, input_identity, may_grow
 from qbatch.records import Failure, Request, Row
 from qbatch.sampling import SAMPLING_KEY_SET
 from qbatch.spec import EMBEDDING_ONLY, JobSpec, SamplingSpec, parse_shard
@@ -105,12 +106,15 @@ class Job:
     auto_chunk_tokens: bool = False  # chunk_tokens follows the engines (JobSpec.with_engines)
     auto_kv: bool = False  # the KV cache of engines sharing a GPU fixed here, not by the user (place_engines)
     weights_bytes: int | None = None
+    # Per input, the bytes of it this run reads (readers.rows_size), None: all of it. Decided once, here:
+    # the fingerprint hashes and the pre-scan and the run read those bytes, whatever a writer appends meanwhile.
+    input_sizes: tuple[int | None, ...] | None = None
 
     @classmethod
     def setup(cls, spec: JobSpec) -> Job:
         files = expand_inputs(spec.input.inputs)
-        for path in files:
-            detect_format(path, spec.input.format)
+        sizes = tuple(rows_size(path) if may_grow(path, detect_format(path, spec.input.format)) else None
+                      for path in files)
         model_path = models.resolve(spec.engine.model, spec.engine.revision)
         if spec.engine.quantize:
             from qbatch.models.quantize import ensure_quantized
@@ -137,7 +141,7 @@ class Job:
         if spec.engine.task == "embed":
             check_dimensions(spec, model_path)
             _warn_generation_settings(spec)
-        return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens, auto_kv, weights)
+        return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens, auto_kv, weights, sizes)
 
     @cached_property
     def preparer(self) -> Preparer:
@@ -168,13 +172,18 @@ class Job:
             settings["backend"] = "vllm"
         seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
-        inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())))
-                  for p, f in zip(self.files, formats, strict=True)]
+        inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())), size=size)
+                  for p, f, size in zip(self.files, formats, self.sizes, strict=True)]
         return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
                 "inputs": inputs}
 
+    @property
+    def sizes(self) -> list[int | None]:
+        return list(self.input_sizes) if self.input_sizes is not None else [None] * len(self.files)
+
     def rows(self) -> Iterator[Row]:
-        rows = read_rows(self.files, fmt=self.spec.input.format, on_bad_line=self.spec.input.on_bad_line)
+        rows = read_rows(self.files, fmt=self.spec.input.format, on_bad_line=self.spec.input.on_bad_line,
+                         sizes=self.sizes)
         return islice(rows, self.spec.input.limit) if self.spec.input.limit else rows
 
     def identified_rows(self, done: set[str]) -> Iterator[tuple[Row, str]]:
@@ -273,23 +282,27 @@ class Job:
 
     def scan(self, done: set[str]) -> InputScan:
         """The pre-scan of every input row, before the model loads: rows to process (refusing
-        duplicate ids unless --dedupe), rows read, and the carried columns' types.
+        duplicate ids unless --dedupe, and columns the job names that no row has), rows read, and
+        the carried columns' types.
 
         The types are decided on every row read, whatever its shard and whether it is done,
         so that shards and resumed runs decide alike.
         """
         shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
         columns = ColumnScan(self._parquet_schemas())
+        named = NamedColumns(self.spec.input)
         preparer = self.preparer
         counts: dict[str, int] = {}
         rows_read = [0] * len(self.files)
         for row in self.rows():
             rows_read[row.source_index] += 1
             if row.data is not None:
-                columns.add(preparer.carried(row.data), row.source_index)
+                columns.add(preparer.carried(row), row.source_index)
+                named.add(row)
             rid = preparer.row_id(row)
             if in_shard(rid, shard) and rid not in done:
                 counts[rid] = counts.get(rid, 0) + 1
+        named.check()
         self._refuse_duplicates(counts)
         return InputScan(sum(counts.values()), rows_read, columns.finish())
 

@@ -25,7 +25,7 @@ from qbatch.output.tables import ERROR_SCHEMA
 ORDER = ["source_index", "row_index"]
 JSONL_SLICE_ROWS = 10_000
 COMPLETIONS_URL = "/v1/completions"
-MISSING_ID = "missing_id"
+STAND_IN_ID_ERRORS = ("missing_id", "bad_line")  # error rows whose id qbatch made up: the request's key is unknown
 
 
 def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[Path] | None = None,
@@ -203,8 +203,8 @@ def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> d
 
 
 def _openai_error(row: dict[str, Any]) -> dict[str, Any]:
-    # A request without a custom_id has only the stand-in id qbatch gave its error row: report none.
-    custom_id = None if row["error"] == MISSING_ID else row["id"]
+    # A request without a readable custom_id has only the stand-in id qbatch gave its error row: report none.
+    custom_id = None if row["error"] in STAND_IN_ID_ERRORS else row["id"]
     return {"id": f"batch_req_{row['id']}", "custom_id": custom_id, "response": None,
             "error": {"code": row["error"], "message": row["message"]}}
 

@@ -26,13 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from qbatch._fs import TMP_MARK, atomic_write, atomic_write_json, normal_path, output_error, output_os_errors
+from qbatch._fs import OUTPUT_LOCK, TMP_MARK, atomic_write, atomic_write_json, normal_path, output_error, output_os_errors
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
 from qbatch.output.reading import PART_HINT, read_manifest, reading
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
 from qbatch.spec import COMPRESSED_SUFFIXES
 
-LOCK_NAME = ".qbatch.lock"
+LOCK_NAME = OUTPUT_LOCK
 RESULT_PREFIX, ERROR_PREFIX = "part-", "errors-"
 DUPLICATE_ID = "duplicate_id"  # the error of a row that --dedupe dropped
 
@@ -235,33 +235,44 @@ def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 HASH_BLOCK_BYTES = 1 << 20
 
 
-def input_identity(path: Path, fmt: str, *, seen_size: int | None = None) -> dict[str, Any]:
-    """Size and SHA-256 of the whole file, read once, block by block.
+def input_identity(path: Path, fmt: str, *, seen_size: int | None = None, size: int | None = None) -> dict[str, Any]:
+    """Size and SHA-256 of the file's first `size` bytes (None: the whole file), read once, block by block.
 
-    Any changed byte, anywhere, changes the hash: a hash of the start and end alone let a row
-    edited in the middle of a large file resume (and double). With `seen_size`, the size of the
-    file when the previous run hashed it, the same pass also hashes the file's first `seen_size`
-    bytes ("prefix"): when that equals the previous whole-file hash, the file only grew.
+    `size` is what the run reads as rows (readers.rows_size: a JSONL file's last line that a writer is
+    still writing is left for a later run, and is no part of this run's input). Any changed byte,
+    anywhere, changes the hash: a hash of the start and end alone let a row edited in the middle of
+    a large file resume (and double). With `seen_size`, the size the previous run hashed, the same
+    pass also hashes the first `seen_size` bytes ("prefix"): when that equals the previous hash, the
+    file only grew; the prefix also says whether the bytes after it start with a newline (a last
+    line the previous run read without its newline then ended unchanged).
     """
     import hashlib
 
     whole = hashlib.sha256()
     prefix: dict[str, Any] | None = None
-    size, last_byte = 0, b""
+    read, last_byte = 0, b""
     with open(path, "rb") as handle:
-        while block := handle.read(HASH_BLOCK_BYTES):
-            if seen_size is not None and prefix is None and size + len(block) >= seen_size:
+        while block := handle.read(HASH_BLOCK_BYTES if size is None else min(HASH_BLOCK_BYTES, size - read)):
+            if seen_size is not None and prefix is None and read + len(block) >= seen_size:
                 head = whole.copy()
-                head.update(block[:seen_size - size])
+                head.update(block[:seen_size - read])
                 prefix = {"size": seen_size, "sha256": head.hexdigest()}
             whole.update(block)
-            size += len(block)
+            read += len(block)
             last_byte = block[-1:]
-    identity = {"path": str(path.resolve()), "format": fmt, "size": size, "sha256": whole.hexdigest(),
+        if prefix is not None and seen_size != read:
+            handle.seek(seen_size)  # type: ignore[arg-type]
+            prefix["line_ended"] = handle.read(2).startswith((b"\n", b"\r\n"))
+    identity = {"path": str(path.resolve()), "format": fmt, "size": read, "sha256": whole.hexdigest(),
                 "ends_with_newline": last_byte == b"\n"}
-    if prefix is not None and seen_size != size:
+    if prefix is not None and seen_size != read:
         identity["prefix"] = prefix
     return identity
+
+
+def may_grow(path: str | Path, fmt: str) -> bool:
+    """Only uncompressed JSONL files may grow between runs (rows appended); other inputs must stay as they were."""
+    return fmt == "jsonl" and not str(path).lower().endswith(COMPRESSED_SUFFIXES)
 
 
 def recorded(fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -272,7 +283,8 @@ def recorded(fingerprint: dict[str, Any]) -> dict[str, Any]:
 
 def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     """Why `new` cannot resume the results of `old`, or None: unchanged, or an uncompressed
-    JSONL file that only grew by whole lines (its old bytes intact, its old last line ended)."""
+    JSONL file that only grew by whole lines (its old bytes intact, its old last line ended,
+    or ended now by the newline that follows it)."""
     if "sha256" not in old:
         return "the output was made by an older qbatch that hashed only the file's start and end"
     if old["format"] != new["format"]:
@@ -283,13 +295,13 @@ def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
         return f"it shrank from {old['size']:,} to {new['size']:,} bytes"
     if new["size"] == old["size"]:
         return f"same size ({new['size']:,} bytes), different content"
-    if old["format"] != "jsonl" or old["path"].lower().endswith(COMPRESSED_SUFFIXES):
+    if not may_grow(old["path"], old["format"]):
         return f"it grew from {old['size']:,} to {new['size']:,} bytes; only uncompressed JSONL files may grow"
     prefix = new.get("prefix")
     if prefix is None or prefix["size"] != old["size"]:  # two manifests compared (merge): no prefix hash
         return f"it grew from {old['size']:,} to {new['size']:,} bytes"
     if prefix["sha256"] != old["sha256"]:
         return f"its first {old['size']:,} bytes (what the last run read) differ"
-    if old["size"] and not old.get("ends_with_newline"):
+    if old["size"] and not old.get("ends_with_newline") and not prefix.get("line_ended"):
         return "rows were appended to a file that did not end with a newline, so its last row changed"
     return None

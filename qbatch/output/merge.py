@@ -194,7 +194,7 @@ def _only_appended(old: dict[str, Any], new: dict[str, Any]) -> bool:
     if old["size"] >= new["size"]:
         return False
     try:
-        now = input_identity(Path(new["path"]), new["format"], seen_size=old["size"])
+        now = input_identity(Path(new["path"]), new["format"], seen_size=old["size"], size=new["size"])
     except OSError:  # the input is gone or unreadable now: it cannot be told
         return False
     return now["sha256"] == new["sha256"] and input_change(old, now) is None

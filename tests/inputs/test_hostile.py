@@ -3,9 +3,11 @@ reason, every unreadable file stops with a message and exit code, and nothing is
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from qbatch.errors import EXIT_INPUT
@@ -24,7 +26,11 @@ def run_null(cli, bundled_model):
 
 ROW_CASES = {
     "malformed.jsonl": {"malformed.jsonl#1": "bad_line"},
-    "invalid_utf8.jsonl": {"invalid_utf8.jsonl#1": "bad_line"},
+    "invalid_utf8.jsonl": {"b": "bad_text"},
+    "lone_surrogates.jsonl": {"in_prompt": "bad_text", "lone_surrogates.jsonl#2": "missing_id", "in_column": "bad_text",
+                              "in_message": "bad_text", "in_key": "bad_text", "nested": "bad_text"},
+    "invalid_utf8.parquet": {"bad_prompt": "bad_text", "invalid_utf8.parquet#2": "missing_id",
+                             "bad_column": "bad_text"},
     "top_level_array.jsonl": {"top_level_array.jsonl#1": "bad_line", "top_level_array.jsonl#2": "bad_line"},
     "wrong_types.jsonl": {"int_prompt": "bad_prompt", "list_prompt": "bad_prompt", "str_temp": "bad_param",
                           "float_max": "bad_param", "bool_max": "bad_param", "int_stop": "bad_param",
@@ -47,9 +53,14 @@ def test_bad_rows_are_recorded_with_reasons(name, run_null, tmp_path):
     errors = pl.read_parquet(out / "errors.parquet")
     assert dict(zip(errors["id"], errors["error"])) == ROW_CASES[name]
     assert errors["message"].str.len_chars().min() > 10
-    total_lines = sum(1 for line in (HOSTILE / name).read_bytes().splitlines() if line.strip())
-    assert len(ok) + len(errors) == total_lines  # nothing lost
+    assert len(ok) + len(errors) == num_rows(HOSTILE / name)  # nothing lost
     assert set(ok["id"]).isdisjoint(errors["id"])  # nothing doubled
+
+
+def num_rows(path: Path) -> int:
+    if path.suffix == ".parquet":
+        return pq.ParquetFile(path).metadata.num_rows
+    return sum(1 for line in path.read_bytes().splitlines() if line.strip())
 
 
 def test_messages_say_how_to_fix(run_null, tmp_path):
@@ -61,8 +72,8 @@ def test_messages_say_how_to_fix(run_null, tmp_path):
     run_null(HOSTILE / "invalid_utf8.jsonl", "-o", tmp_path / "out2", "--on-bad-line", "skip")
     errors = pl.read_parquet(tmp_path / "out2" / "errors.parquet")
     assert errors.row(0, named=True) | {"source": None} == {
-        "id": "invalid_utf8.jsonl#1", "source": None, "row_index": 1, "line": 2, "error": "bad_line",
-        "message": "line is not valid UTF-8 (byte offset 26)"}
+        "id": "b", "source": None, "row_index": 1, "line": 2, "error": "bad_text",
+        "message": "line is not valid UTF-8 (byte offset 26, in 'prompt'); save the file as UTF-8"}
 
 
 FILE_CASES = [
@@ -96,3 +107,113 @@ def test_folder_given_as_input_file(run_null, tmp_path):
     (tmp_path / "dir.jsonl" / "x.txt").write_text("")
     result = run_null(tmp_path / "dir.jsonl", "-o", tmp_path / "out")
     assert result.exit_code == EXIT_INPUT and "folder holds no .jsonl/.ndjson/.parquet files" in result.stderr
+
+
+def test_text_that_is_not_unicode_fails_its_row_alone(run_null, tmp_path):
+    """Lone surrogate escapes (valid JSON, not text) and bytes that are not UTF-8, anywhere in a row (prompt,
+    message, id, carried column, key, nested value): that row is an error row with its line, whatever
+    --on-bad-line says; a row whose id is the bad text gets a stand-in id. A valid pair and NUL run."""
+    out = tmp_path / "out"
+    result = run_null(HOSTILE / "lone_surrogates.jsonl", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert sorted(pl.read_parquet(out / "results.parquet")["id"]) == ["nul", "ok", "pair"]
+    errors = pl.read_parquet(out / "errors.parquet")
+    by_id = {row["id"]: row for row in errors.iter_rows(named=True)}
+    assert by_id["in_prompt"]["line"] == 2 and by_id["in_prompt"]["message"] == (
+        "'prompt' holds the lone surrogate \\ud800 (half of a UTF-16 pair), which is not a character; "
+        "fix the line's \\u escapes")
+    assert by_id["lone_surrogates.jsonl#2"]["message"].startswith("'id' holds the lone surrogate \\udc00")
+    assert by_id["in_message"]["message"].startswith("'messages[0].content' holds")
+    assert by_id["in_key"]["message"].startswith("the key 'n\\ud800' of the row holds")
+    assert by_id["nested"]["message"].startswith("'meta.tags[1]' holds the lone surrogate \\ud834")
+    nul = pl.read_parquet(out / "results.parquet").filter(pl.col("id") == "nul")
+    assert nul["note"].to_list() == ["a\x00b"]
+
+
+def test_text_that_is_not_unicode_in_a_dry_run_and_an_embedding_job(run_null, cli, bundled_model, tmp_path):
+    result = run_null(HOSTILE / "lone_surrogates.jsonl", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    out = tmp_path / "embed"
+    result = cli("embed", HOSTILE / "lone_surrogates.jsonl", "-o", out, "--model", bundled_model,
+                 "--backend", "null", "--progress", "none")
+    assert result.exit_code == 0, result.output
+    assert len(pl.read_parquet(out / "errors.parquet")) == 6
+
+
+def test_a_parquet_file_with_text_that_is_not_utf8(run_null, tmp_path):
+    """Writers that do not check UTF-8 (polars refuses to read such a file) leave bytes Arrow cannot decode."""
+    out = tmp_path / "out"
+    result = run_null(HOSTILE / "invalid_utf8.parquet", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["ok"]
+    errors = pl.read_parquet(out / "errors.parquet")
+    assert dict(zip(errors["id"], errors["message"])) == {
+        "bad_prompt": "column 'prompt' is not valid UTF-8; save the file's text as UTF-8",
+        "invalid_utf8.parquet#2": "column 'id' is not valid UTF-8; save the file's text as UTF-8",
+        "bad_column": "column 'note' is not valid UTF-8; save the file's text as UTF-8"}
+
+
+def test_openai_lines_with_bad_text_keep_their_custom_id(run_null, write_jsonl, tmp_path):
+    """An answer keeps its request's key: a request whose content fails is reported under its custom_id;
+    one whose custom_id itself is not text has none to report."""
+    def line(custom_id: str, content: str) -> str:
+        return ('{"custom_id": "%s", "method": "POST", "url": "/v1/chat/completions", '
+                '"body": {"messages": [{"role": "user", "content": "%s"}]}}' % (custom_id, content))
+
+    path = write_jsonl([line("a", "hi"), line("b", "\\ud800"), line("c\\udfff", "hi")])
+    out = tmp_path / "out"
+    result = run_null(path, "-o", out, "--output-format", "jsonl-openai", "--max-tokens", 4)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]  # results, then errors
+    assert [(line["custom_id"], line["error"] and line["error"]["code"]) for line in lines] == [
+        ("a", None), ("b", "bad_text"), (None, "missing_id")]
+
+
+def test_a_byte_order_mark_is_read_in_files_compressed_files_and_stdin(run_null, tmp_path):
+    import gzip
+
+    out = tmp_path / "out"
+    result = run_null(HOSTILE / "bom.jsonl", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b"]
+    gz = tmp_path / "bom.jsonl.gz"
+    gz.write_bytes(gzip.compress((HOSTILE / "bom.jsonl").read_bytes()))
+    result = run_null(gz, "-o", tmp_path / "gz")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "gz" / "results.parquet")["id"].to_list() == ["a", "b"]
+
+
+def test_an_input_folder_may_hold_the_output_folder(run_null, tmp_path):
+    """The output folder's own files (parts, results, manifest) are no inputs: the same command resumes."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"id": "a", "prompt": "one"}) + "\n")
+    (folder / "notes.json").write_text(json.dumps({"id": "n", "prompt": "not an input"}))  # not a documented suffix
+    for out in ("out", "out", "another_out"):  # another run's folder in the input folder is no input either
+        result = run_null(folder, "-o", folder / out, "--output-format", "jsonl-openai")
+        assert result.exit_code == 0, result.output
+        assert pl.read_parquet(folder / out / "results.parquet")["id"].to_list() == ["a"]
+
+
+def test_a_glob_over_the_output_folder_leaves_its_files_out(run_null, tmp_path):
+    pl.DataFrame({"id": ["a"], "prompt": ["one"]}).write_parquet(tmp_path / "in.parquet")
+    for _ in range(2):
+        result = run_null(str(tmp_path / "**" / "*.parquet"), "-o", tmp_path / "out")
+        assert result.exit_code == 0, result.output
+        assert pl.read_parquet(tmp_path / "out" / "results.parquet")["id"].to_list() == ["a"]
+
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_before_the_run(run_null, tmp_path):
+    """Results name their source file: Arrow cannot write a name that is not text."""
+    import os
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / os.fsdecode(b"caf\xe9.jsonl")).write_text(json.dumps({"id": "a", "prompt": "one"}) + "\n")
+    result = run_null(folder, "-o", tmp_path / "out")
+    assert result.exit_code == EXIT_INPUT, result.output
+    assert "Error: the input's file name is not valid UTF-8: results could not name their source" in result.stderr
+    assert "caf\\udce9.jsonl" in result.stderr

@@ -31,3 +31,37 @@ def test_orjson_and_json_parse_lines_alike(line, monkeypatch):
     slow = readers._parse_line(line)
     assert repr(fast) == repr(slow)  # repr: NaN != NaN, and 1 == 1.0 would hide a type change
     assert [type(v) for v in (fast[0] or {}).values()] == [type(v) for v in (slow[0] or {}).values()]
+
+
+def test_lines_of_a_file_drop_a_leading_byte_order_mark_and_skip_blank_lines():
+    lines = [b"\xef\xbb\xbf" + b'{"id": 1}\n', b"\n", b'{"id": "\xef\xbb\xbf"}\n']  # a BOM inside a line stays
+    assert list(readers.read_lines(lines)) == [(1, b'{"id": 1}\n'), (3, b'{"id": "\xef\xbb\xbf"}\n')]
+    assert readers.parse_line(b'{"id": 1}').data == {"id": 1}
+
+
+def test_a_bad_line_message_names_its_column_once():
+    parsed = readers.parse_line(b'{"id": "a", "prompt": "unterminated')
+    assert parsed.data is None
+    assert parsed.error == "line is not valid JSON: Unterminated string starting at column 23"
+
+
+def test_reading_stops_at_the_bytes_the_run_hashed(tmp_path):
+    """Rows appended while a run reads the file are left for the next run, as its fingerprint says."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"id": "a"}\n{"id": "b"}\n{"id": "c"}\n')
+    rows = list(readers.read_rows([path], sizes=[24]))
+    assert [row.data for row in rows] == [{"id": "a"}, {"id": "b"}]
+
+
+@pytest.mark.parametrize(("content", "size"), [
+    (b'{"id": "a"}\n{"id": "b"}\n', 24),
+    (b'{"id": "a"}\n{"id": "b"}', 23),  # a complete last line without its newline is a row
+    (b'{"id": "a"}\n{"id": "b", "pro', 12),  # a half-written one is left for the next run
+    (b'{"id": "a"}\n  \n', 15),
+    (b'{"id": "b", "pro', 0),
+    (b"", 0),
+])
+def test_the_bytes_of_a_jsonl_file_that_hold_rows_now(tmp_path, content, size):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(content)
+    assert readers.rows_size(path) == size

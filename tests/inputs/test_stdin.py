@@ -143,3 +143,10 @@ def test_a_job_file_may_name_standard_input(tmp_path):
     job.write_text('inputs = ["-", "p.jsonl"]\noutput_dir = "out"\n')
     values = load_job_file(job)
     assert values["inputs"] == ["-", str(job.parent / "p.jsonl")]
+
+
+def test_a_byte_order_mark_on_standard_input(piped, tmp_path):
+    out = tmp_path / "out"
+    result = piped(b"\xef\xbb\xbf" + jsonl(ROWS), "-", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert ids(out) == [r["id"] for r in ROWS]

@@ -126,7 +126,7 @@ def test_openai_embedding_lines_and_response_format(embed_null, write_jsonl, tmp
     assert body["object"] == "list" and body["data"][0]["object"] == "embedding" and body["data"][0]["index"] == 0
     assert len(body["data"][0]["embedding"]) == 8 and body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
     assert by_id["d"]["error"] is None
-    assert by_id["b"]["error"]["code"] == "bad_body" and "2 items" in by_id["b"]["error"]["message"]
+    assert by_id["b"]["error"]["code"] == "bad_body" and "2 inputs" in by_id["b"]["error"]["message"]
     assert by_id["c"]["error"] == {"code": "unsupported_url", "message": "url must be one of /v1/embeddings; got "
                                    "'/v1/chat/completions' (/v1/chat/completions lines need `qbatch run`)"}
 

@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from qbatch.errors import EXIT_INPUT, EXIT_LOCKED, EXIT_MISMATCH, EXIT_ROW_ERRORS
+from qbatch.errors import EXIT_INPUT, EXIT_LOCKED, EXIT_MISMATCH, EXIT_ROW_ERRORS, EXIT_USAGE
 
 
 @pytest.fixture
@@ -283,3 +283,31 @@ def test_engines_in_processes_of_their_own_start_before_the_tokenizer_loads(run_
     events.clear()
     assert run_null(path, "-o", out).exit_code == 0  # rerun of a completed job: nothing to do
     assert events == ["tokenizer"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--prompt-column", "question"], "Error: no row of the input has the column 'question' (--prompt-column) or "
+                                      "'messages' (--messages-column); its columns: id, text, topic"),
+    (["--messages-column", "turns"], "Error: no row of the input has the column 'prompt' (--prompt-column) or "
+                                     "'turns' (--messages-column); its columns: id, text, topic"),
+    (["--prompt-column", "text", "--id-column", "key"], "Error: no row of the input has the column 'key' "
+                                                        "(--id-column); its columns: id, text, topic"),
+    (["--template", "{text} in {title}"], "Error: no row of the input has the column 'title' (--template); "
+                                          "its columns: id, text, topic"),
+])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_column_no_row_has_stops_the_run_before_the_engine(run_null, write_jsonl, tmp_path, flags, message, dry_run):
+    path = write_jsonl([{"id": "a", "text": "one"}, {"id": "b", "text": "two", "topic": 3}])
+    out = tmp_path / "out"
+    result = run_null(path, "-o", out, *flags, *(["--dry-run"] if dry_run else []))
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert message in result.stderr
+    assert "Hint: " in result.stderr
+    assert not (out / "manifest.json").exists()
+
+
+def test_a_column_some_rows_have_runs(run_null, write_jsonl, tmp_path):
+    path = write_jsonl([{"id": "a", "text": "one"}, {"id": "b", "question": "two"}])
+    result = run_null(path, "-o", tmp_path / "out", "--prompt-column", "question")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "out" / "errors.parquet")["id"].to_list() == ["a"]

@@ -171,5 +171,39 @@ def test_the_prefix_hash_of_one_pass_equals_the_old_files_hash(tmp_path, monkeyp
     old.write_bytes(data[:seen_size])
     new.write_bytes(data)
     grown = checkpoint.input_identity(new, "jsonl", seen_size=seen_size)
-    assert grown["prefix"] == {"size": seen_size, "sha256": checkpoint.input_identity(old, "jsonl")["sha256"]}
+    assert grown["prefix"] == {"size": seen_size, "sha256": checkpoint.input_identity(old, "jsonl")["sha256"],
+                               "line_ended": False}  # the byte after the prefix is no newline
     assert grown["sha256"] == checkpoint.input_identity(new, "jsonl")["sha256"] and grown["size"] == 30
+
+
+def test_a_half_written_last_line_is_left_for_the_next_run(run_null, tmp_path):
+    """A cron run that reads the file while its writer is mid-line: the unfinished line is no row and no
+    error (a log line says so); once the writer ends it, the next run resumes and reads it."""
+    path, out = tmp_path / "in.jsonl", tmp_path / "out"
+    path.write_text(json.dumps({"id": "a", "prompt": "one"}) + '\n{"id": "b", "pro')
+    for flags in ([], ["--on-bad-line", "skip"]):
+        result = run_null(path, "-o", out, *flags)
+        assert result.exit_code == 0, result.output
+        assert f"the last line of {path.resolve()} has no newline and is not complete JSON" in result.stderr
+        assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a"]
+        assert pl.read_parquet(out / "errors.parquet").is_empty()
+    with open(path, "a") as handle:
+        handle.write('mpt": "two"}\n' + json.dumps({"id": "c", "prompt": "three"}) + "\n")
+    result = run_null(path, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "rows ok (this run)              2" in result.stdout
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b", "c"]
+
+
+def test_a_last_line_without_newline_is_a_row_and_its_newline_then_counts_as_an_append(run_null, tmp_path):
+    path, out = tmp_path / "in.jsonl", tmp_path / "out"
+    path.write_text(json.dumps({"id": "a", "prompt": "one"}) + "\n" + json.dumps({"id": "b", "prompt": "two"}))
+    result = run_null(path, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b"]  # the final row is not lost
+    with open(path, "a") as handle:
+        handle.write("\n" + json.dumps({"id": "c", "prompt": "three"}) + "\n")
+    result = run_null(path, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "rows ok (this run)              1" in result.stdout
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b", "c"]

@@ -24,6 +24,8 @@ def run_null(cli, bundled_model):
 @pytest.mark.parametrize(("flags", "message"), [
     (["--json-schema", '{"type": "objekt"}'], "Error: invalid JSON schema at type: 'objekt' is not valid"),
     (["--json-schema", "{not json"], "Error: JSON schema is not valid JSON"),
+    (["--json-schema", "missing.json"], "Error: the json schema file does not exist (missing.json)"),
+    (["--grammar", "grammars/answer.gbnf"], "Error: the grammar file does not exist (grammars/answer.gbnf)"),
     (["--regex", "[a-"], "Error: invalid regex '[a-'"),
     (["--choice", "a,a"], "Error: choice lists a value twice"),
     (["--regex", "a", "--choice", "a,b"], "Error: --choice and --regex are two constraints; a job takes one"),
