@@ -35,7 +35,7 @@ from qbatch.session import Session
 IDLE_POLL_S = 1.0  # how often an idle worker looks at the queue's completion windows
 # How every batch's input is read: OpenAI batch lines, keyed by custom_id alone (a line's other keys,
 # an `id` too, are ignored, as OpenAI does); the upload check (requests.py) holds them to that.
-BATCH_INPUT = {"format": "jsonl", "shape": "openai", "id_column": "custom_id"}
+BATCH_INPUT = {"format": "jsonl", "shape": "openai"}
 # What a request the run did not reach gets in the error file, by how its batch ended.
 NOT_RUN = {
     "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled first."),

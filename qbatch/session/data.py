@@ -9,6 +9,7 @@ as it was, and the run's fingerprint (the input's size and hashes) lets it resum
 from __future__ import annotations
 
 import io
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -123,9 +124,18 @@ def _jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
         try:
             lines.append(orjson.dumps(row, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY))
         except TypeError as exc:
-            raise InputError(f"row {index} cannot be written as JSON: {exc}",
-                             hint="give rows of strings, numbers, lists and dicts") from None
+            lines.append(_escaped_json(row, index, exc))
     return b"\n".join(lines) + b"\n"
+
+
+def _escaped_json(row: dict[str, Any], index: int, error: TypeError) -> bytes:
+    """A row orjson refuses, as json writes it: text that is not Unicode (a lone surrogate) becomes its
+    escape, which the reader turns into that row's own error (bad_text) instead of failing the call."""
+    try:
+        return json.dumps(row, ensure_ascii=True).encode()
+    except (TypeError, ValueError):
+        raise InputError(f"row {index} cannot be written as JSON: {error}",
+                         hint="give rows of strings, numbers, lists and dicts") from None
 
 
 def _write(path: Path, content: bytes) -> str:

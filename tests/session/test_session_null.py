@@ -233,3 +233,9 @@ def test_progress_is_a_notebook_bar_in_jupyter(session, monkeypatch, capsys):
     assert "3 rows to process" in capsys.readouterr().err  # events: qbatch's logger, on stderr
     monkeypatch.undo()
     assert not progress.in_notebook()  # pytest is no Jupyter kernel
+
+
+def test_a_row_with_text_that_is_not_unicode_fails_alone(session):
+    result = session.run([{"id": "bad", "prompt": "a \ud800 b"}, {"id": "ok", "prompt": "fine"}], progress="none")
+    assert result.results["id"].to_list() == ["ok"]
+    assert result.errors["id"].to_list() == ["bad"] and result.errors["error"].to_list() == ["bad_text"]
