@@ -218,6 +218,7 @@ def test_a_second_signal_while_the_worker_finishes_exits_at_once(bundled_model, 
     import signal
     import subprocess
     import sys
+    import threading
     import time
 
     from tests.serve.conftest import ROOT, free_port
@@ -236,15 +237,20 @@ def test_a_second_signal_while_the_worker_finishes_exits_at_once(bundled_model, 
         "service.serve()\n")
     proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
     try:
-        for line in proc.stderr:
-            if "listening on" in line:
-                break
+        deadline = time.monotonic() + 60
+        while not any("listening on" in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         time.sleep(2)  # uvicorn has stopped; the worker is being waited for
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 128 + signal.SIGTERM
-        assert "second signal, exiting now" in proc.stderr.read()
+        reader.join(5)
+        assert "second signal, exiting now" in "".join(lines)
     finally:
         proc.kill()
