@@ -326,3 +326,36 @@ def test_the_coordinator_ticks_while_no_row_comes_back(monkeypatch):
     monkeypatch.setattr(dispatch, "REPORT_S", 0.0)
     items = list(InProcessWorkers(2).run(make_chunks(4)))
     assert None in items and sorted(item[0].index for item in items if item is not None) == [0, 1, 2, 3]
+
+
+def test_a_ray_actor_sends_rows_back_as_they_finish_and_counts_a_chunk_done_with_its_last():
+    """EngineActor's loop, without Ray: an engine that hands a chunk's rows back in two pieces."""
+    import threading
+    import time
+
+    from qbatch.engines.ray_actors import EngineActor
+
+    class Halves(NullEngine):
+        def sample(self):
+            return None
+
+        def run(self, chunks):
+            for chunk in chunks:
+                if chunk is not None:
+                    completions = [self._complete(r) for r in chunk.requests]
+                    yield chunk, completions[:1]
+                    yield None
+                    yield chunk, completions[1:]
+
+    actor = EngineActor(None, "model", 512)
+    actor._engine = Halves()
+    actor._thread = threading.Thread(target=actor._generate, daemon=True)
+    actor._thread.start()
+    actor.submit(Chunk(3, make_chunks(1, rows=3)[0].requests))
+    finished, deadline = [], time.monotonic() + 10
+    while len(finished) < 2 and time.monotonic() < deadline:
+        finished += [m for m in actor.events() if isinstance(m, Finished)]
+    assert [(m.chunk_index, m.positions) for m in finished] == [(3, [0]), (3, [1, 2])]
+    assert actor._open == 0
+    actor._tasks.put(Stop())
+    actor._thread.join(timeout=10)
