@@ -260,25 +260,33 @@ def send_stats(engine: Any, rank: int, put: Callable[[Message], None], stopped: 
     threading.Thread(target=send, name="qbatch-engine-stats", daemon=True).start()
 
 
+@dataclass(slots=True)
+class Answering:
+    """A chunk a worker's engine runs: where each of its requests stands in it, and how many are unanswered."""
+
+    positions: dict[int, int]  # id(request) -> its position in the chunk
+    num_left: int
+
+
 class Answers:
     """A worker's answers: its engine's finished rows as Finished messages, each row named by its
     position in the chunk as it came (the coordinator holds the requests)."""
 
     def __init__(self, rank: int):
         self.rank = rank
-        self._open: dict[int, tuple[dict[int, int], list[int]]] = {}  # chunk -> (request -> position, [rows left])
+        self._chunks: dict[int, Answering] = {}
 
     def finished(self, chunk: Chunk, completions: list[Any]) -> tuple[Finished, bool]:
         """The message for rows of `chunk` that finished, and whether they were its last."""
-        known = self._open.get(chunk.index)
-        if known is None:
-            known = self._open[chunk.index] = ({id(r): i for i, r in enumerate(chunk.requests)}, [len(chunk.requests)])
-        position, left = known
-        left[0] -= len(completions)
-        if not left[0]:
-            del self._open[chunk.index]
-        return Finished(self.rank, chunk.index, [position[id(c.request)] for c in completions], pack(completions)), \
-            not left[0]
+        answering = self._chunks.get(chunk.index)
+        if answering is None:
+            answering = self._chunks[chunk.index] = Answering({id(r): i for i, r in enumerate(chunk.requests)},
+                                                              len(chunk.requests))
+        answering.num_left -= len(completions)
+        if not answering.num_left:
+            del self._chunks[chunk.index]
+        positions = [answering.positions[id(c.request)] for c in completions]
+        return Finished(self.rank, chunk.index, positions, pack(completions)), not answering.num_left
 
 
 class Dropped(Exception):
