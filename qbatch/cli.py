@@ -110,7 +110,7 @@ RUN_OPTIONS = [
     click.option("--thinking-token-budget", type=int, help="vLLM thinking_token_budget: reasoning tokens before the engine ends the reasoning (needs a reasoning parser; -1: unlimited)."),
     click.option("--sort-window", type=int, help="Rows sorted by length together (the last window also takes the rows left at the end).  [default: 8192]"),
     click.option("--order", type=click.Choice(ORDERS), help="Rows go to the engine longest first in each window (max_tokens, then prompt), rows sharing a long prompt prefix together; longest-first-flat: without the groups; input: in input order.  [default: longest-first]"),
-    click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk/part.  [default: 4194304; with N engines, 4194304/(16N)]"),
+    click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk of rows fed to the engine.  [default: 4194304; with N engines, 4194304/(16N)]"),
     click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model: hub name, folder, or smollm2-135m (bundled).  [default: Qwen/Qwen3-0.6B; env QBATCH_MODEL]"),
     click.option("--tokenizer", help="Tokenizer folder or name (default: the model's)."),
     click.option("--revision", help="Model revision (hub models)."),

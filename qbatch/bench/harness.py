@@ -461,6 +461,10 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
              "setup_s": round(summary.setup_s, 3), "after_s": round(wall - summary.setup_s - summary.generate_s, 3),
              "first_chunk_done_s": summary.chunks[0]["finished_s"] if summary.chunks else None,
              "chunks": summary.num_chunks, "cached_share": _share(summary.cached_tokens, summary.prompt_tokens),
+             # finished rows reach parts throughout the run (jobs/parts.py): how many, when the first was
+             # written (from the generation's start), and the seconds spent writing them all
+             "parts": len(summary.parts), "first_part_s": summary.parts[0]["written_s"] if summary.parts else None,
+             "part_write_s": round(sum(p["write_s"] for p in summary.parts), 3),
              "rows_failed": summary.rows_failed, "engines": _engine_processes(spec)}
     if summary.engine_choice:  # the run chose its engines from the job's shape (jobs/shape.py)
         notes["engine_choice"] = summary.engine_choice

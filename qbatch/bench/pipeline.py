@@ -90,6 +90,7 @@ def pipeline_bench(settings: BenchSettings, *, prompts_file: str | None = None,
         "rss_start_mb": sampler.start_mb, "rss_peak_mb": sampler.peak_mb,
         "rss_growth_mb": round(sampler.peak_mb - sampler.start_mb, 1),
         "prescan_s": round(prescan_s, 2), "prompt_tokens": summary.prompt_tokens, "num_chunks": summary.num_chunks,
+        "num_parts": len(summary.parts), "part_write_s": round(sum(p["write_s"] for p in summary.parts), 2),
         **stages,
     }
     for base in ("tokenize_rendered", "tokenize_raw"):

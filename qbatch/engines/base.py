@@ -1,8 +1,9 @@
 """What every engine is: the Engine protocol, the Chunk it takes, and the null stand-in.
 
-An engine takes a stream of chunks and yields each chunk back with its completions as
-soon as all of its rows are finished. Implementations (vllm.py, processes.py,
-ray_actors.py) import this module; the factory (factory.py) picks one of them.
+An engine takes a stream of chunks and yields their rows back as they finish: a chunk with
+the completions of some of its rows, a chunk's rows in one or more such pieces, each row in
+exactly one. Implementations (vllm.py, processes.py, ray_actors.py) import this module; the
+factory (factory.py) picks one of them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from qbatch.records import Completion, Embedding, Request, Sample
 
 END = object()  # end of a chunk stream
 STARTUP_TIMEOUT_S = 1800.0  # an engine worker or actor that has not started by then is given up
+# An engine yields the rows finished since its last yield about this often (None when there are
+# none): the progress bar moves with them, the runner writes parts on time (jobs/parts.py), and the
+# rows' texts are still decoded, and sent back by worker processes, in batches.
+REPORT_S = 0.5
 
 
 @dataclass(slots=True)
@@ -28,10 +33,11 @@ class Chunk:
 
 
 class Engine(Protocol):
-    """Takes chunks (a `None` item means "nothing ready yet, keep generating") and yields
-    each chunk with its completions, in order of completion."""
+    """Takes chunks (a `None` item means "nothing ready yet, keep generating") and yields rows
+    as they finish: `(chunk, completions)` with the completions of some of the chunk's rows (each
+    carries its request), or now and then `None` while no row finished (the consumer's clock)."""
 
-    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]: ...
+    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]: ...
 
 
 class NullEngine:

@@ -14,12 +14,17 @@ Session, `qbatch serve`) may still answer a chunk of a run that stopped early
 chunk of the same index in the next run, and a run that ends early tells the
 workers to drop the chunks they hold (`_abandon`).
 
+Rows come back as they finish, named by their position in the chunk as it
+travelled (`Finished`), so a chunk's rows come back in several answers; the
+coordinator notes which rows each held chunk has answered.
+
 Shared by the one-host backend (processes.py, worker processes) and the Ray
 backend (ray_actors.py, actors); they differ only in how a chunk travels. The
-coordinator stays the only writer of OUT_DIR, so a chunk is written once,
-whichever worker finished it, and a worker that dies loses only its chunks
-in flight: they go to the others. Also here: what every worker runs around
-its engine (core binding, its chunk feed, its answers).
+coordinator stays the only writer of OUT_DIR, so a row is written once,
+whichever worker finished it, and a worker that dies loses only its rows in
+flight: the rows of its chunks not answered yet go to the others. Also here:
+what every worker runs around its engine (core binding, its chunk feed, its
+answers).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from qbatch.engines.base import END, Chunk
-from qbatch.engines.messages import Done, Drop, EngineSample, Failed, Message, Ready, Stats, Stop, Want, unpack
+from qbatch.engines.base import END, REPORT_S, Chunk
+from qbatch.engines.messages import (Drop, EngineSample, Failed, Finished, Message, Ready, Stats, Stop, Want, pack,
+                                     unpack)
 from qbatch.engines.platform import bind_cpu_cores, on_cpu
 from qbatch.engines.vllm import VllmEngine
 from qbatch.errors import EngineError
@@ -47,11 +53,27 @@ RESUME_HINT = "finished parts are kept; rerun the same command to resume"
 
 
 @dataclass
+class Held:
+    """A chunk out with a worker, and the positions of its rows answered so far."""
+
+    chunk: Chunk
+    answered: set[int] = field(default_factory=set)
+
+    @property
+    def num_left(self) -> int:
+        return len(self.chunk.requests) - len(self.answered)
+
+    def left(self) -> Chunk:
+        """Its rows not answered yet, as a chunk of the same index (for another worker)."""
+        return Chunk(self.chunk.index, [r for i, r in enumerate(self.chunk.requests) if i not in self.answered])
+
+
+@dataclass
 class Worker:
     rank: int
     label: str  # how messages name it, e.g. "worker 1 (device 1)"
     handle: Any  # the transport's own: a process and its queue, a Ray actor
-    outstanding: dict[int, Chunk] = field(default_factory=dict)
+    outstanding: dict[int, Held] = field(default_factory=dict)  # by the number the chunk travels under
 
 
 class Dispatcher:
@@ -71,7 +93,7 @@ class Dispatcher:
         """Each live worker's latest engine counters, by its label (sent about once a second)."""
         return [(w.label, self._samples[rank]) for rank, w in list(self._workers.items()) if rank in self._samples]
 
-    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
+    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]:
         self._abandon()  # what a run that stopped early left (its consumer may not have closed it)
         try:
             yield from self._run(iter(chunks))
@@ -79,10 +101,14 @@ class Dispatcher:
             self._abandon()
             raise
 
-    def _run(self, source: Iterator[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]]]:
+    def _run(self, source: Iterator[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]:
         retry: deque[Chunk] = deque()
         exhausted, reaped = False, time.monotonic()
+        reported = reaped
         while True:
+            if time.monotonic() - reported >= REPORT_S:  # no row came back for that long: the consumer's clock
+                reported = time.monotonic()
+                yield None
             exhausted = self._hand_out(source, retry, exhausted)
             if exhausted and not retry and not any(w.outstanding for w in self._workers.values()):
                 return
@@ -97,10 +123,15 @@ class Dispatcher:
                 case Failed(rank=rank, reason=reason):
                     raise EngineError(f"the engine failed in {worker.label if worker else rank}: {reason}",
                                       hint=RESUME_HINT)
-                case Done(chunk_index=number, outputs=outputs):
-                    chunk = worker.outstanding.pop(number, None) if worker else None
-                    if chunk is not None:  # None: a late answer of a worker given up, or of an earlier run
-                        yield chunk, unpack(chunk.requests, outputs)
+                case Finished(chunk_index=number, positions=positions, outputs=outputs):
+                    held = worker.outstanding.get(number) if worker else None
+                    if held is None:  # a late answer of a worker given up, or of an earlier run
+                        continue
+                    held.answered.update(positions)
+                    if not held.num_left:
+                        del worker.outstanding[number]
+                    reported = time.monotonic()
+                    yield held.chunk, unpack([held.chunk.requests[p] for p in positions], outputs)
 
     def wait_started(self) -> None:
         """Return once every engine has started (or failed to): a benchmark times runs on all of them."""
@@ -146,7 +177,7 @@ class Dispatcher:
                 return exhausted
             self._wanting.remove(worker.rank)
             number = next(self._numbers)
-            worker.outstanding[number] = chunk
+            worker.outstanding[number] = Held(chunk)
             self._send(worker, slim(chunk, number))
         return exhausted
 
@@ -177,9 +208,9 @@ class Dispatcher:
         return None
 
     def _reap(self, retry: deque[Chunk]) -> None:
-        """Give the chunks of dead workers to the living; fail when none is left."""
+        """Give the rows dead workers had not answered to the living; fail when none is left."""
         for worker in [w for w in self._workers.values() if not self._is_alive(w)]:
-            retry.extend(worker.outstanding.values())
+            retry.extend(held.left() for held in worker.outstanding.values())
             del self._workers[worker.rank]
             self._starting.discard(worker.rank)
             log.warning("engine %s died; %d chunks go to the others", worker.label, len(worker.outstanding))
@@ -198,7 +229,7 @@ class Dispatcher:
 
 
 def _rows(worker: Worker) -> int:
-    return sum(len(chunk.requests) for chunk in worker.outstanding.values())
+    return sum(held.num_left for held in worker.outstanding.values())
 
 
 def slim(chunk: Chunk, number: int) -> Chunk:
@@ -227,6 +258,35 @@ def send_stats(engine: Any, rank: int, put: Callable[[Message], None], stopped: 
                 return
 
     threading.Thread(target=send, name="qbatch-engine-stats", daemon=True).start()
+
+
+@dataclass(slots=True)
+class Answering:
+    """A chunk a worker's engine runs: where each of its requests stands in it, and how many are unanswered."""
+
+    positions: dict[int, int]  # id(request) -> its position in the chunk
+    num_left: int
+
+
+class Answers:
+    """A worker's answers: its engine's finished rows as Finished messages, each row named by its
+    position in the chunk as it came (the coordinator holds the requests)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self._chunks: dict[int, Answering] = {}
+
+    def finished(self, chunk: Chunk, completions: list[Any]) -> tuple[Finished, bool]:
+        """The message for rows of `chunk` that finished, and whether they were its last."""
+        answering = self._chunks.get(chunk.index)
+        if answering is None:
+            answering = self._chunks[chunk.index] = Answering({id(r): i for i, r in enumerate(chunk.requests)},
+                                                              len(chunk.requests))
+        answering.num_left -= len(completions)
+        if not answering.num_left:
+            del self._chunks[chunk.index]
+        positions = [answering.positions[id(c.request)] for c in completions]
+        return Finished(self.rank, chunk.index, positions, pack(completions)), not answering.num_left
 
 
 class Dropped(Exception):

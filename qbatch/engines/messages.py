@@ -60,11 +60,13 @@ class Ready:
 
 
 @dataclass(frozen=True, slots=True)
-class Done:
-    """A chunk is finished: its outputs, in the order of its requests."""
+class Finished:
+    """Rows of a chunk finished: their positions in the chunk as it travelled, and their outputs in that
+    order (a chunk's rows come back in one or more of these, each row in one)."""
 
     rank: int
     chunk_index: int
+    positions: list[int]
     outputs: list[Output] | list[EmbeddingOutput]
 
 
@@ -118,7 +120,7 @@ class Drop:
     """To a worker: abort the requests of every chunk you hold (their run stopped early), then go on."""
 
 
-Message = Want | Ready | Done | Failed | Stats
+Message = Want | Ready | Finished | Failed | Stats
 
 
 def pack(completions: list[Completion] | list[Embedding]) -> list[Output] | list[EmbeddingOutput]:
@@ -127,7 +129,7 @@ def pack(completions: list[Completion] | list[Embedding]) -> list[Output] | list
 
 
 def unpack(requests: list, outputs: list[Output] | list[EmbeddingOutput]) -> list[Completion] | list[Embedding]:
-    """The completions (or embeddings) of a chunk's requests from the outputs a worker sent back."""
+    """The completions (or embeddings) of requests from the outputs a worker sent back for them, in their order."""
     return [Embedding(request, o.vector, o.num_cached_tokens, o.error) if isinstance(o, EmbeddingOutput) else
             Completion(request, o.text, o.finish_reason, o.num_completion_tokens, o.num_cached_tokens, o.error,
                        o.logprobs, list(o.more_samples))

@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
-from qbatch.engines.dispatch import POLL_S, Dispatcher, Dropped, Worker, feed, send_stats, start_engine
-from qbatch.engines.messages import Done, Drop, Failed, Message, Ready, Stop, Want, pack
+from qbatch.engines.dispatch import POLL_S, Answers, Dispatcher, Dropped, Worker, feed, send_stats, start_engine
+from qbatch.engines.messages import Drop, Failed, Message, Ready, Stop, Want
 from qbatch.engines.placement import VLLM_DEFAULT_UTILIZATION, gpu_ids
 from qbatch.engines.platform import on_cpu
 from qbatch.errors import ModelError, QbatchError, first_line
@@ -203,9 +203,11 @@ def _serve_chunks(engine: Any, rank: int, tasks: Any, results: Any, orphaned: Ca
     """Run the coordinator's chunks until Stop; a Drop aborts the requests the engine holds (their run
     stopped early: VllmEngine.run aborts them on the way out) and the engine takes the next run's chunks."""
     while True:
+        answers = Answers(rank)
         try:
-            for chunk, completions in engine.run(feed(tasks, ask=lambda: results.put(Want(rank)), orphaned=orphaned)):
-                results.put(Done(rank, chunk.index, pack(completions)))
+            for finished in engine.run(feed(tasks, ask=lambda: results.put(Want(rank)), orphaned=orphaned)):
+                if finished is not None:
+                    results.put(answers.finished(*finished)[0])
             return
         except Dropped:
             continue

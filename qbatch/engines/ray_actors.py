@@ -23,8 +23,8 @@ from dataclasses import replace
 from typing import Any
 
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
-from qbatch.engines.dispatch import STATS_S, Dispatcher, Worker, feed, start_engine
-from qbatch.engines.messages import Done, Failed, Message, Stats, Stop, Want, pack
+from qbatch.engines.dispatch import STATS_S, Answers, Dispatcher, Worker, feed, start_engine
+from qbatch.engines.messages import Failed, Message, Stats, Stop, Want
 from qbatch.engines.start_errors import MEMORY_HINT, memory_reason
 from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError, first_line
 from qbatch.log import log
@@ -132,7 +132,7 @@ class EngineActor:
     """One vLLM engine in a Ray actor; a thread keeps it fed across chunks, as a local engine is.
 
     The driver submits chunks and long-polls `events()`: the engine asking for more (Want),
-    a finished chunk (Done) or its failure (Failed).
+    rows that finished (Finished) or its failure (Failed).
     """
 
     EVENT_WAIT_S = 1.0
@@ -187,9 +187,14 @@ class EngineActor:
     def _generate(self) -> None:
         try:
             chunks = feed(self._tasks, ask=lambda: self._events.put(Want(self._rank)))
-            for chunk, completions in self._engine.run(chunks):
-                self._open -= 1
-                self._events.put(Done(self._rank, chunk.index, pack(completions)))
+            answers = Answers(self._rank)
+            for finished in self._engine.run(chunks):
+                if finished is None:
+                    continue
+                message, chunk_done = answers.finished(*finished)
+                if chunk_done:
+                    self._open -= 1
+                self._events.put(message)
         except BaseException as exc:  # the coordinator says so and stops
             self._events.put(Failed(self._rank, first_line(exc)))
 

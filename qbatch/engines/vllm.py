@@ -2,8 +2,8 @@
 modules that import vLLM (inside functions).
 
 The engine keeps itself fed across chunk boundaries: it adds the next chunk's requests
-while the current one is still running, so no chunk ends in an idle drain, and a chunk
-is still the unit that is written (and redone after a crash).
+while the current one is still running, so no chunk ends in an idle drain. Finished rows
+go back as they finish, every REPORT_S (base.py), not when their whole chunk is done.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.engines import compile_cache
-from qbatch.engines.base import END, Chunk
+from qbatch.engines.base import END, REPORT_S, Chunk
 from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.messages import EngineSample
 from qbatch.engines.platform import bind_cpu_cores, cpu_has_bf16, engine_arg_names, on_cpu, on_hopper
@@ -66,13 +66,14 @@ LARGE_GRAPH_STEP = 128
 
 @dataclass(slots=True)
 class OpenChunk:
-    """A chunk in the engine: its completions so far, and the token ids still to turn into text."""
+    """A chunk in the engine: its rows still running, and those finished since the last report, with
+    the token ids still to turn into text."""
 
     chunk: Chunk
-    slots: list[Completion | None]
     remaining: int
-    # 4 bytes a token: a Python list costs ~36 (a 2,000-row chunk of 2,048-token rows: 16 MB, not 150)
-    undecoded: dict[int, array] = dataclasses.field(default_factory=dict)
+    finished: list[Completion | Embedding] = dataclasses.field(default_factory=list)
+    # 4 bytes a token: a Python list costs ~36 (2,000 rows of 2,048 tokens: 16 MB, not 150)
+    undecoded: list[tuple[Completion, array]] = dataclasses.field(default_factory=list)
 
 
 class VllmEngine:
@@ -81,7 +82,7 @@ class VllmEngine:
     embeds = False  # an embedding engine (task "embed"): PoolingParams in, Embeddings out
     # telemetry: counted as requests finish, read by another thread once a second (sample())
     _log_stats = False
-    _in_flight: dict[str, tuple[int, int]] = {}  # the running run's requests (replaced, never changed, here)
+    _in_flight: dict[str, Any] = {}  # the running run's requests (replaced, never changed, here)
     _num_finished = _num_prompt_tokens = _num_cached_tokens = _num_generated_tokens = 0
 
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
@@ -148,7 +149,7 @@ class VllmEngine:
         if shutdown is not None:
             shutdown()
 
-    def run(self, chunks: Iterable[Chunk]) -> Iterator[tuple[Chunk, list[Completion]]]:
+    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -156,9 +157,10 @@ class VllmEngine:
         target = int(self.max_num_seqs * FEED_FACTOR)
         chunk_iter = iter(chunks)
         open_chunks: dict[int, OpenChunk] = {}
-        in_flight: dict[str, tuple[int, int]] = {}  # request id -> (chunk index, position)
+        in_flight: dict[str, tuple[OpenChunk, int]] = {}  # request id -> (its chunk, its position there)
         self._in_flight = in_flight
         exhausted = False
+        reported = time.monotonic()
         try:
             while True:
                 while not exhausted and len(in_flight) < target:
@@ -168,26 +170,28 @@ class VllmEngine:
                         break
                     if chunk is None:  # a live feed with nothing ready yet (data-parallel workers)
                         break
-                    done = self._add_chunk(engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind)
-                    if done is not None:
-                        yield done
-                if not in_flight:
-                    if exhausted:
-                        return
+                    self._add_chunk(engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind)
+                if in_flight:
+                    try:
+                        outputs = engine.step()
+                    except (Exception, KeyboardInterrupt) as exc:
+                        if isinstance(exc, KeyboardInterrupt) and not self._watchdog.dead:
+                            raise
+                        raise self._failed(exc) from exc
+                    for output in outputs:
+                        if output.finished and output.request_id in in_flight:
+                            state, pos = in_flight.pop(output.request_id)
+                            self._finish(state, pos, output)
+                elif not exhausted:
                     time.sleep(IDLE_S)  # a live feed with nothing for us yet: wait without spinning
-                    continue
-                try:
-                    outputs = engine.step()
-                except (Exception, KeyboardInterrupt) as exc:
-                    if isinstance(exc, KeyboardInterrupt) and not self._watchdog.dead:
-                        raise
-                    raise self._failed(exc) from exc
-                for output in outputs:
-                    if output.finished and output.request_id in in_flight:
-                        index, pos = in_flight.pop(output.request_id)
-                        done = self._finish(open_chunks, index, pos, output)
-                        if done is not None:
-                            yield done
+                # Finished rows go back every REPORT_S, and at once when nothing else runs (nothing
+                # would finish after them): rows never wait in here for the end of a long one.
+                now = time.monotonic()
+                if now - reported >= REPORT_S or (not in_flight and any(s.finished for s in open_chunks.values())):
+                    reported = now
+                    yield from self._report(open_chunks)
+                if exhausted and not in_flight:
+                    return
         finally:
             # A consumer that stops early (an error, Ctrl-C) leaves requests in the engine: abort them,
             # or the next run on this cached engine would step through them first.
@@ -200,9 +204,8 @@ class VllmEngine:
             else first_line(exc)
         return EngineError(f"the engine failed: {cause}", hint="finished parts are kept; rerun the same command to resume")
 
-    def _add_chunk(self, engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind):
-        state = open_chunks[chunk.index] = OpenChunk(chunk, [None] * len(chunk.requests), len(chunk.requests))
-        slots = state.slots
+    def _add_chunk(self, engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind) -> None:
+        state = open_chunks[chunk.index] = OpenChunk(chunk, len(chunk.requests))
         for pos, request in enumerate(chunk.requests):
             try:
                 if self.embeds:
@@ -217,18 +220,14 @@ class VllmEngine:
                 raise self._failed(exc) from exc
             except (ValueError, TypeError, *_request_errors()) as exc:  # a row vLLM rejects fails alone
                 error = f"vLLM rejected the request: {first_line(exc)}"
-                slots[pos] = Embedding(request, None, error=error) if self.embeds else \
-                    Completion(request, "", None, 0, error=error)
+                state.finished.append(Embedding(request, None, error=error) if self.embeds else
+                                      Completion(request, "", None, 0, error=error))
                 state.remaining -= 1
                 continue
-            in_flight[request_id] = (chunk.index, pos)
-        if state.remaining == 0:
-            del open_chunks[chunk.index]
-            return chunk, slots
-        return None
+            in_flight[request_id] = (state, pos)
 
     def _vllm_detokenizes(self, request: Request) -> bool:
-        """Whether vLLM decodes this row's text (else qbatch does, once the chunk is done; see detokenize.py).
+        """Whether vLLM decodes this row's text (else qbatch does, with the rows reported with it; see detokenize.py).
 
         Stop strings are matched on the text as it grows: only vLLM's own detokenizer can do that;
         logprobs carry each token's text, and n samples several texts: vLLM decodes those too.
@@ -237,33 +236,42 @@ class VllmEngine:
         return (self._decoder is None or bool(sampling.get("stop")) or sampling.get("logprobs") is not None
                 or sampling.get("n", 1) > 1)
 
-    def _finish(self, open_chunks, index, pos, output):
-        state = open_chunks[index]
+    def _finish(self, state: OpenChunk, pos: int, output: Any) -> None:
         request = state.chunk.requests[pos]
         if self.embeds:  # vLLM's PoolingRequestOutput: outputs.data, a tensor
-            state.slots[pos] = Embedding(request, output.outputs.data.float().cpu().numpy(), output.num_cached_tokens or 0)
+            state.finished.append(Embedding(request, output.outputs.data.float().cpu().numpy(),
+                                            output.num_cached_tokens or 0))
         else:
-            self._keep_completion(state, pos, request, output)
+            self._keep_completion(state, request, output)
         self._num_finished += 1
         self._num_prompt_tokens += request.num_prompt_tokens
         self._num_cached_tokens += output.num_cached_tokens or 0
         state.remaining -= 1
-        if state.remaining:
-            return None
-        del open_chunks[index]
-        if state.undecoded:
-            positions = list(state.undecoded)
-            texts = self._decoder.decode([state.chunk.requests[p].prompt_token_ids for p in positions],
-                                         list(state.undecoded.values()))
-            for p, text in zip(positions, texts, strict=True):
-                state.slots[p].text = text
-        return state.chunk, state.slots
 
-    def _keep_completion(self, state: OpenChunk, pos: int, request: Request, output: Any) -> None:
-        """A generated row's Completion into its slot; its token ids kept when qbatch decodes them with the chunk."""
+    def _report(self, open_chunks: dict[int, OpenChunk]) -> Iterator[tuple[Chunk, list[Any]] | None]:
+        """The rows finished since the last report, a chunk at a time, their texts decoded in one batch
+        (None when none finished); a chunk whose rows have all been reported is forgotten."""
+        states = [s for s in open_chunks.values() if s.finished]
+        if not states:
+            yield None
+            return
+        undecoded = [item for s in states for item in s.undecoded]
+        if undecoded:
+            texts = self._decoder.decode([c.request.prompt_token_ids for c, _ in undecoded], [ids for _, ids in undecoded])
+            for (completion, _), text in zip(undecoded, texts, strict=True):
+                completion.text = text
+        for state in states:
+            finished, state.finished, state.undecoded = state.finished, [], []
+            if not state.remaining:
+                del open_chunks[state.chunk.index]
+            yield state.chunk, finished
+
+    def _keep_completion(self, state: OpenChunk, request: Request, output: Any) -> None:
+        """A generated row's Completion among its chunk's finished rows; its token ids kept when qbatch
+        decodes them, with the others reported with it."""
         completion = output.outputs[0]
         top = request.sampling.get("logprobs")
-        state.slots[pos] = Completion(
+        kept = Completion(
             request,
             completion.text,
             completion.finish_reason,
@@ -273,10 +281,12 @@ class VllmEngine:
             more_samples=[Sample(o.text, o.finish_reason, len(o.token_ids), _token_logprobs(o, top))
                           for o in output.outputs[1:]],  # vLLM lists them by sample index
         )
+        state.finished.append(kept)
         self._num_generated_tokens += sum(len(o.token_ids) for o in output.outputs)  # every sample's
         if not self._vllm_detokenizes(request):
             ids = array("I", completion.token_ids)
-            state.undecoded[pos] = ids[:-1] if completion.finish_reason == "stop" else ids  # vLLM drops the stop token
+            # vLLM drops the stop token
+            state.undecoded.append((kept, ids[:-1] if completion.finish_reason == "stop" else ids))
 
 
 def pooling_params() -> Any:

@@ -8,7 +8,8 @@ the output folder's checks, to load beside the tokenizer and the id pre-scan
 `qbatch serve`'s) gets the first window's chunks before the id pre-scan, which
 then runs beside them; nothing is written before it ends (opening.py). Rows are
 read, rendered, tokenized and planned in three threads of their own (stages.py)
-while the engine generates and this thread writes the results.
+while the engine generates and this thread counts the rows as they finish and
+writes them as parts (parts.py).
 """
 
 from __future__ import annotations
@@ -26,17 +27,15 @@ from qbatch.jobs.job import Job, PlannedWindow
 from qbatch.jobs.manifest import covered_inputs, now, recording_stop
 from qbatch.jobs.memory import rare_collections, release_freed_memory
 from qbatch.jobs.opening import Opening, check_not_empty
+from qbatch.jobs.parts import PartWriter
 from qbatch.jobs.progress import Progress
 from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
 from qbatch.jobs.summary import Summary, stats_dict
 from qbatch.output.assemble import assemble
-from qbatch.output.columns import ColumnTypes
-from qbatch.output.folder import ERROR_PREFIX, RESULT_PREFIX, OutputDir
-from qbatch.output.embeddings import embeddings_table
-from qbatch.output.tables import failures_table, results_table
+from qbatch.output.folder import OutputDir
 from qbatch.records import Failure
-from qbatch.spec import EmbedSpec, JobSpec
+from qbatch.spec import JobSpec
 
 
 def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Progress] = Progress) -> Summary:
@@ -129,61 +128,70 @@ def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | N
 
 def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, opening: Opening,
               started_early: float | None) -> None:
-    """Start the engine (or wait for the one started early), feed it the windows' chunks, write each
-    chunk as it finishes, once the run is open (opening.py)."""
+    """Start the engine (or wait for the one started early), feed it the windows' chunks, count rows as
+    they finish and write them as parts (parts.py), once the run is open (opening.py)."""
     t0 = time.monotonic()
     engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
     summary.engine_start_s = time.monotonic() - (started_early or t0)
     early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
     gen_start = opening.generating(engine, f"engine ready in {summary.engine_start_s:.1f}s{early}")
-    sources = [str(p) for p in job.files]
+    spec = job.spec
+    parts = PartWriter(out, summary, [str(p) for p in job.files], gen_start, include_prompt=spec.output.include_prompt,
+                       embed=spec.embed if spec.engine.task == "embed" else None)
+    chunks_open: dict[int, dict[str, Any]] = {}
     windows.start()
-    for chunk, completions in engine.run(_chunks(windows, out, summary, opening)):
-        opened = opening.open()
-        _write_chunk(chunk, completions, out, summary, opened.progress, sources, gen_start,
-                     job.spec.output.include_prompt, opened.column_types,
-                     embed=job.spec.embed if job.spec.engine.task == "embed" else None)
+    try:
+        for finished in engine.run(_chunks(windows, summary, opening, parts, chunks_open)):
+            chunk_done = False
+            if finished is not None:
+                opened = opening.open()
+                parts.column_types = opened.column_types
+                chunk_done = _take(*finished, summary, opened.progress, parts, chunks_open, gen_start)
+            if parts.due(chunk_done=chunk_done):
+                parts.write()
+        parts.write()
+    except BaseException:
+        parts.write_on_stop()  # rows waiting for their part are finished: kept, not redone
+        raise
     opening.open()
     summary.generate_s = time.monotonic() - gen_start
 
 
-def _chunks(windows: Iterable[PlannedWindow], out: OutputDir, summary: Summary, opening: Opening) -> Iterator[Chunk]:
+def _chunks(windows: Iterable[PlannedWindow], summary: Summary, opening: Opening, parts: PartWriter,
+            chunks_open: dict[int, dict[str, Any]]) -> Iterator[Chunk]:
     """Number the chunks for the engine; record failures as they come. A run not open yet (opening.py)
     opens once the first window's chunks are with the engine, and records that window's failures then."""
     for window in windows:
         failures = window.failures
         if failures and opening.opened is not None:
-            _record_failures(failures, out, summary, opening.opened.progress)
+            _record_failures(failures, summary, opening.opened.progress, parts)
             failures = []
         for requests in window.chunks:
+            chunks_open[summary.num_chunks] = {"index": summary.num_chunks, "rows": 0, "prompt_tokens": 0,
+                                               "completion_tokens": 0, "left": len(requests)}
             yield Chunk(summary.num_chunks, requests)
             summary.num_chunks += 1
         opened = opening.open()  # once: the engine has this window's chunks (it may have opened the run meanwhile)
         if failures:
-            _record_failures(failures, out, summary, opened.progress)
+            _record_failures(failures, summary, opened.progress, parts)
 
 
-def _record_failures(failures: list[Failure], out: OutputDir, summary: Summary, progress: Progress) -> None:
-    out.write_part(ERROR_PREFIX, failures_table(failures))
+def _record_failures(failures: list[Failure], summary: Summary, progress: Progress, parts: PartWriter) -> None:
+    parts.add([], failures)
     summary.count_failures(failures)
     progress.update(len(failures), failed=len(failures))
 
 
-def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summary, progress: Progress,
-                 sources: list[str], gen_start: float, include_prompt: bool, column_types: ColumnTypes, *,
-                 embed: EmbedSpec | None = None) -> None:
-    """One finished chunk's results (Completions, or with `embed` Embeddings) and refused rows into parts."""
+def _take(chunk: Chunk, completions: list, summary: Summary, progress: Progress, parts: PartWriter,
+          chunks_open: dict[int, dict[str, Any]], gen_start: float) -> bool:
+    """Rows of `chunk` that finished (Completions, or for an embedding job Embeddings), some or all of
+    its rows: counted, and handed to the next part; True when they were the chunk's last."""
     ok = [c for c in completions if c.error is None]
-    refused = [Failure(c.request.id, sources[c.request.source_index], c.request.row_index, None, "engine_rejected",
-                       c.error) for c in completions if c.error is not None]
-    if ok and embed is not None:
-        out.write_part(RESULT_PREFIX, embeddings_table(ok, sources, embed, include_prompt=include_prompt,
-                                                       column_types=column_types))
-    elif ok:
-        out.write_part(RESULT_PREFIX, results_table(ok, sources, include_prompt=include_prompt,
-                                                    column_types=column_types))
+    refused = [Failure(c.request.id, parts.sources[c.request.source_index], c.request.row_index, None,
+                       "engine_rejected", c.error) for c in completions if c.error is not None]
+    parts.add(ok, [])
     if refused:
-        _record_failures(refused, out, summary, progress)
+        _record_failures(refused, summary, progress, parts)
     prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)
     completion_tokens = sum(c.num_generated_tokens for c in ok)  # with n > 1, every sample's
     summary.rows_ok += len(ok)
@@ -191,10 +199,17 @@ def _write_chunk(chunk: Chunk, completions: list, out: OutputDir, summary: Summa
     summary.prompt_tokens += prompt_tokens
     summary.completion_tokens += completion_tokens
     summary.cached_tokens += sum(c.num_cached_tokens for c in ok)
-    summary.chunks.append({"index": chunk.index, "rows": len(ok), "prompt_tokens": prompt_tokens,
-                           "completion_tokens": completion_tokens,
-                           "finished_s": round(time.monotonic() - gen_start, 3)})
-    progress.update(len(ok), tokens=completion_tokens if embed is None else prompt_tokens)
+    progress.update(len(ok), tokens=prompt_tokens if parts.embed is not None else completion_tokens)
+    tally = chunks_open[chunk.index]
+    tally["rows"] += len(ok)
+    tally["prompt_tokens"] += prompt_tokens
+    tally["completion_tokens"] += completion_tokens
+    tally["left"] -= len(completions)
+    if tally["left"]:
+        return False
+    del chunks_open[chunk.index], tally["left"]
+    summary.chunks.append({**tally, "finished_s": round(time.monotonic() - gen_start, 3)})
+    return True
 
 
 def dry_run(job: Job, started: float) -> Summary:

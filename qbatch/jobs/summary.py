@@ -31,7 +31,10 @@ class Summary:
     total_samples: int = 0  # rows of results.parquet
     total_failed: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
+    # per chunk, once its last row came back: its rows, tokens, and when (finished_s, from the generation's start)
     chunks: list[dict[str, Any]] = field(default_factory=list)
+    # per part written: its rows and failed rows, when (written_s, from the generation's start), and write_s (jobs/parts.py)
+    parts: list[dict[str, Any]] = field(default_factory=list)
     task: str = "generate"  # or "embed": no output tokens, the summary counts input tokens
     engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (jobs/shape.py)
 

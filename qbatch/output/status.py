@@ -83,7 +83,7 @@ def _telemetry_rates(folder: OutputDir) -> dict[str, Any] | None:
     engine = recent.filter(pl.col("source") == "engine").sort("time")
     if engine.height >= 2:
         out["output_tok_s"] = round(_engine_rate(engine, "generation_tokens"), 1)
-        if out.get("rows_s") in (None, 0):  # rows reach parts a chunk at a time: the engines' count is smoother
+        if out.get("rows_s") in (None, 0):  # the run counted no row in the window: the engines' count
             out["rows_s"] = round(_engine_rate(engine, "finished_requests"), 2) or out.get("rows_s")
     gpus = frame.filter(pl.col("source") == "gpu")
     if gpus.height:

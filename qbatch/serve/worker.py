@@ -2,8 +2,9 @@
 
 Each batch runs in its own folder (DATA_DIR/batches/<id>/out) with qbatch's parts, so a batch
 the service was killed in resumes by row id on the next start, as `qbatch run` does. A cancel,
-the end of the completion window and a shutdown stop the run at the next part boundary (the
-Session's `on_progress` raises `StopBatch`); the engines stay warm. Whatever one batch does,
+the end of the completion window and a shutdown stop the run within about a second (the
+Session's `on_progress` raises `StopBatch`; the rows finished by then are written); the engines
+stay warm. Whatever one batch does,
 the thread goes on with the next.
 
 Every request of a batch that ends ends in its output file or its error file: one the run did not

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import TextIO
 
@@ -41,13 +42,24 @@ def in_notebook() -> bool:
     return IProgress is not None
 
 
+# A Session's on_progress runs about this often as rows finish (and once all are done): `qbatch serve`
+# writes the counts to its database each time.
+ON_PROGRESS_S = 1.0
+
+
 def reporting(on_progress: Callable[[int, int], None]) -> type[SessionProgress]:
-    """A SessionProgress that calls `on_progress(rows_done, rows_failed)` after each update (a part
-    written); what it raises stops the run there, at a part boundary."""
+    """A SessionProgress that calls `on_progress(rows_done, rows_failed)` as rows finish, every
+    ON_PROGRESS_S and when the last is done; what it raises stops the run there (the rows finished
+    by then are written first)."""
 
     class Reporting(SessionProgress):
+        _reported = 0.0
+
         def update(self, rows: int, failed: int = 0, tokens: int = 0) -> None:
             super().update(rows, failed, tokens)
-            on_progress(self.done, self.failed)
+            now = time.monotonic()
+            if now - self._reported >= ON_PROGRESS_S or self.done >= self.total:
+                self._reported = now
+                on_progress(self.done, self.failed)
 
     return Reporting

@@ -114,9 +114,10 @@ class Session:
         `data`: a path or glob (str or Path), a list of Paths, a polars or pandas DataFrame, a list
         of dicts (rows, as JSONL lines) or a list of prompt strings (ids "0", "1", ...). With
         `output_dir` the run checkpoints there and a rerun resumes, as the CLI's `-o`.
-        `on_progress(rows_done, rows_failed)` (this call's counts) runs after every part written;
-        an exception it raises stops the run there (a KeyboardInterrupt subclass leaves the run
-        `interrupted`, its parts kept for a resume, the engines warm).
+        `on_progress(rows_done, rows_failed)` (this call's counts) runs as rows finish, about once a
+        second, and when the last is done; an exception it raises stops the run there, the rows
+        finished by then written (a KeyboardInterrupt subclass leaves the run `interrupted`, its parts
+        kept for a resume, the engines warm).
         """
         self._check_open()
         values = self._job_values(job_settings)

@@ -10,7 +10,7 @@ import pytest
 
 from qbatch.engines.base import Chunk, NullEngine
 from qbatch.engines.dispatch import Dispatcher, Worker
-from qbatch.engines.messages import Done, Failed, Ready, Stop, Want, pack
+from qbatch.engines.messages import Failed, Finished, Ready, Stop, Want, pack
 from qbatch.errors import EngineError
 from qbatch.records import Request
 
@@ -49,7 +49,7 @@ class InProcessWorkers(Dispatcher):
                 if rank == self.failing:
                     return Failed(rank, "engine core died")
                 _, completions = next(NullEngine().run([chunk]))
-                return Done(rank, chunk.index, pack(completions))
+                return Finished(rank, chunk.index, list(range(len(completions))), pack(completions))
         return None
 
     def _is_alive(self, worker):
@@ -60,13 +60,18 @@ def messages(caplog) -> list[tuple[str, str]]:
     return [(record.levelname, record.getMessage()) for record in caplog.records]
 
 
+def rows_back(run) -> list:
+    """What a run yields, without the ticks it yields while no row comes back."""
+    return [item for item in run if item is not None]
+
+
 def make_chunks(count: int, rows: int = 2) -> list[Chunk]:
     return [Chunk(c, [Request(f"c{c}r{r}", 0, c * rows + r, [1, 2, 3], {"max_tokens": 4}, None, {"keep": "x"})
                       for r in range(rows)]) for c in range(count)]
 
 
 def test_a_dead_workers_chunks_go_to_the_others_once(engine_log):
-    results = list(InProcessWorkers(3, dying=1).run(make_chunks(20)))
+    results = rows_back(InProcessWorkers(3, dying=1).run(make_chunks(20)))
     assert sorted(chunk.index for chunk, _ in results) == list(range(20))  # each once, the late answer ignored
     for chunk, completions in results:
         assert [c.request.id for c in completions] == [r.id for r in chunk.requests]
@@ -76,9 +81,9 @@ def test_a_dead_workers_chunks_go_to_the_others_once(engine_log):
 
 def test_an_engine_failure_or_no_worker_left_stops_the_run():
     with pytest.raises(EngineError, match=r"^the engine failed in worker 0: engine core died$"):
-        list(InProcessWorkers(1, failing=0).run(make_chunks(4)))
+        rows_back(InProcessWorkers(1, failing=0).run(make_chunks(4)))
     with pytest.raises(EngineError, match="every engine worker died"):
-        list(InProcessWorkers(1, dying=0).run(make_chunks(4)))
+        rows_back(InProcessWorkers(1, dying=0).run(make_chunks(4)))
 
 
 class LateWorkers(InProcessWorkers):
@@ -100,7 +105,7 @@ class LateWorkers(InProcessWorkers):
 
 def test_engines_join_when_ready_and_one_that_cannot_start_is_left_out(engine_log):
     workers = LateWorkers()
-    results = list(workers.run(make_chunks(20)))
+    results = rows_back(workers.run(make_chunks(20)))
     assert sorted(chunk.index for chunk, _ in results) == list(range(20))
     assert workers.received[0][:2] == [0, 1] and workers.received[1] and not workers.received[2]
     assert any(level == "INFO" and re.fullmatch(r"engine worker 1 ready \d+\.\ds after the engines started, joins the run",
@@ -117,7 +122,7 @@ def test_a_worker_that_dies_while_the_others_talk_is_noticed(monkeypatch, engine
     workers = InProcessWorkers(3)
     workers._starting = {2}
     workers.dead.add(2)  # killed while its engine was starting: it never says anything
-    assert sorted(chunk.index for chunk, _ in workers.run(make_chunks(10))) == list(range(10))
+    assert sorted(chunk.index for chunk, _ in rows_back(workers.run(make_chunks(10)))) == list(range(10))
     assert ("WARNING", "engine worker 2 died; 0 chunks go to the others") in messages(engine_log)
     assert workers._starting == set()
 
@@ -126,20 +131,20 @@ def test_wait_started_returns_once_every_engine_started_or_failed():
     workers = LateWorkers()
     workers.wait_started()
     assert workers._starting == set() and set(workers._workers) == {0, 1}
-    assert sorted(chunk.index for chunk, _ in workers.run(make_chunks(6))) == list(range(6))
+    assert sorted(chunk.index for chunk, _ in rows_back(workers.run(make_chunks(6)))) == list(range(6))
 
 
 def test_a_running_engine_that_fails_still_stops_the_run():
     workers = LateWorkers()
     workers._starting = set()  # all running: a failure is not a start failure
     with pytest.raises(EngineError, match="the engine failed in worker 2: CUDA out of memory"):
-        list(workers.run(make_chunks(20)))
+        rows_back(workers.run(make_chunks(20)))
 
 
 def test_chunks_go_only_to_workers_that_ask():
     """A worker whose engine is full never asks, so it is never handed chunks to sit on."""
     workers = InProcessWorkers(2, room={0: 2, 1: 0})
-    results = list(workers.run(make_chunks(10)))
+    results = rows_back(workers.run(make_chunks(10)))
     assert sorted(chunk.index for chunk, _ in results) == list(range(10))
     assert workers.received == {0: list(range(10)), 1: []}
 
@@ -174,7 +179,7 @@ class SlowSecondEngine(InProcessWorkers):
         super()._send(worker, chunk)
         if worker.rank == 0:
             phase = "starting" if self._starting else "running"
-            self.held[phase] = max(self.held[phase], sum(len(c.requests) for c in worker.outstanding.values()))
+            self.held[phase] = max(self.held[phase], sum(h.num_left for h in worker.outstanding.values()))
 
     def _receive(self, timeout):
         self.messages += 1
@@ -183,7 +188,7 @@ class SlowSecondEngine(InProcessWorkers):
 
 def test_while_an_engine_starts_the_others_hold_no_more_rows_than_they_run():
     workers = SlowSecondEngine()
-    results = list(workers.run(make_chunks(30)))  # chunks of 2 rows
+    results = rows_back(workers.run(make_chunks(30)))  # chunks of 2 rows
     assert sorted(chunk.index for chunk, _ in results) == list(range(30))
     assert workers.held["starting"] == 4  # two chunks, though its engine asked for more
     assert workers.held["running"] > 4 and workers.received[1]  # then the cap is gone, and worker 1 takes its share
@@ -217,7 +222,7 @@ def test_a_run_that_stopped_early_never_answers_for_the_next_one():
     assert sorted(workers.drops) == [0, 1]
     assert not any(w.outstanding for w in workers._workers.values())
     workers.room = {0: 12, 1: 12}  # the next run's chunks all go out before the stale answers come
-    results = list(workers.run(make_run(6, tokens=5)))
+    results = rows_back(workers.run(make_run(6, tokens=5)))
     assert sorted(chunk.index for chunk, _ in results) == list(range(6))
     for chunk, completions in results:
         assert [c.request.id for c in completions] == [r.id for r in chunk.requests]
@@ -239,6 +244,118 @@ def test_a_worker_told_to_drop_its_chunks_takes_the_next_runs():
     for item in (*make_run(1, tokens=3), Drop(), Chunk(7, make_run(1, tokens=5)[0].requests), Stop()):
         tasks.put(item)
     _serve_chunks(NullEngine(), 0, tasks, results, orphaned=lambda: False)
-    done = [m for m in results if isinstance(m, Done)]
+    done = [m for m in results if isinstance(m, Finished)]
     assert [m.chunk_index for m in done] == [0, 7]
     assert done[1].outputs[0].text == "[null engine: 5 prompt tokens]"
+
+
+class AnsweringInPieces(InProcessWorkers):
+    """Workers that answer a chunk in two pieces, its first row and then the rest (as engines send rows
+    back as they finish); worker 0 dies right after its first piece, its chunks' other rows unanswered."""
+
+    def __init__(self):
+        super().__init__(2)
+        self.second_pieces: deque = deque()
+        self.sent_ids = {0: [], 1: []}
+
+    def _send(self, worker, chunk):
+        super()._send(worker, chunk)
+        self.sent_ids[worker.rank] += [r.id for r in chunk.requests]
+
+    def _receive(self, timeout):
+        if self.second_pieces:
+            return self.second_pieces.popleft()
+        message = super()._receive(timeout)
+        if isinstance(message, Finished) and len(message.positions) > 1:
+            if message.rank == 0:
+                self.dead.add(0)
+            else:
+                self.second_pieces.append(Finished(message.rank, message.chunk_index, message.positions[1:],
+                                                   message.outputs[1:]))
+            return Finished(message.rank, message.chunk_index, message.positions[:1], message.outputs[:1])
+        return message
+
+
+def test_a_chunks_rows_come_back_in_pieces_and_a_dead_workers_unanswered_rows_alone_are_redone(engine_log):
+    workers = AnsweringInPieces()
+    chunks = make_chunks(8, rows=3)
+    results = rows_back(workers.run(chunks))
+    ids = [c.request.id for _, completions in results for c in completions]
+    assert sorted(ids) == sorted(r.id for chunk in chunks for r in chunk.requests)  # each row once
+    for chunk, completions in results:
+        assert all(c.request.id.startswith(f"c{chunk.index}r") for c in completions)
+        assert completions[0].request.extra == {"keep": "x"}  # the coordinator's requests
+    # worker 0 answered the first row of its first chunk: only that chunk's other rows, and its other
+    # chunk whole, went to worker 1
+    assert workers.sent_ids[1].count("c0r0") == 0 and {"c0r1", "c0r2", "c1r0"} <= set(workers.sent_ids[1])
+    assert ("WARNING", "engine worker 0 died; 2 chunks go to the others") in messages(engine_log)
+
+
+def test_a_worker_sends_its_engines_rows_as_they_finish_named_by_position():
+    from qbatch.engines.processes import _serve_chunks
+
+    class Pieces(NullEngine):
+        """Hands a chunk's rows back out of order, one at a time, with a tick between."""
+
+        def run(self, chunks):
+            for chunk in chunks:
+                if chunk is None:
+                    continue
+                completions = [self._complete(r) for r in chunk.requests]
+                for pos in (2, 0, 1):
+                    yield None
+                    yield chunk, [completions[pos]]
+
+    class Results(list):
+        put = list.append
+
+    import queue
+
+    tasks, results = queue.Queue(), Results()
+    chunk = make_chunks(1, rows=3)[0]
+    tasks.put(Chunk(5, [r for r in chunk.requests]))
+    tasks.put(Stop())
+    _serve_chunks(Pieces(), 0, tasks, results, orphaned=lambda: False)
+    finished = [m for m in results if isinstance(m, Finished)]
+    assert [(m.chunk_index, m.positions) for m in finished] == [(5, [2]), (5, [0]), (5, [1])]
+
+
+def test_the_coordinator_ticks_while_no_row_comes_back(monkeypatch):
+    from qbatch.engines import dispatch
+
+    monkeypatch.setattr(dispatch, "REPORT_S", 0.0)
+    items = list(InProcessWorkers(2).run(make_chunks(4)))
+    assert None in items and sorted(item[0].index for item in items if item is not None) == [0, 1, 2, 3]
+
+
+def test_a_ray_actor_sends_rows_back_as_they_finish_and_counts_a_chunk_done_with_its_last():
+    """EngineActor's loop, without Ray: an engine that hands a chunk's rows back in two pieces."""
+    import threading
+    import time
+
+    from qbatch.engines.ray_actors import EngineActor
+
+    class Halves(NullEngine):
+        def sample(self):
+            return None
+
+        def run(self, chunks):
+            for chunk in chunks:
+                if chunk is not None:
+                    completions = [self._complete(r) for r in chunk.requests]
+                    yield chunk, completions[:1]
+                    yield None
+                    yield chunk, completions[1:]
+
+    actor = EngineActor(None, "model", 512)
+    actor._engine = Halves()
+    actor._thread = threading.Thread(target=actor._generate, daemon=True)
+    actor._thread.start()
+    actor.submit(Chunk(3, make_chunks(1, rows=3)[0].requests))
+    finished, deadline = [], time.monotonic() + 10
+    while len(finished) < 2 and time.monotonic() < deadline:
+        finished += [m for m in actor.events() if isinstance(m, Finished)]
+    assert [(m.chunk_index, m.positions) for m in finished] == [(3, [0]), (3, [1, 2])]
+    assert actor._open == 0
+    actor._tasks.put(Stop())
+    actor._thread.join(timeout=10)

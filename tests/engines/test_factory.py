@@ -10,7 +10,7 @@ import pytest
 
 from qbatch.engines import factory
 from qbatch.engines.base import Chunk
-from qbatch.engines.messages import Done, Failed, Output, Ready, Stop, Want
+from qbatch.engines.messages import Failed, Finished, Output, Ready, Stop, Want
 from qbatch.engines.vllm import VllmEngine
 from qbatch.errors import EngineError
 from qbatch.records import Request
@@ -61,7 +61,7 @@ def test_the_null_backend_is_not_cached(cache):
 
 def test_worker_messages_survive_pickling():
     error = EngineError("no memory", where="gpu 0", hint="lower it")
-    for message in (Want(1), Ready(1, 256), Done(2, 7, [Output("hi", "stop", 1, 0, None)]), Failed(0, "boom"), Stop()):
+    for message in (Want(1), Ready(1, 256), Finished(2, 7, [0], [Output("hi", "stop", 1, 0, None)]), Failed(0, "boom"), Stop()):
         assert pickle.loads(pickle.dumps(message)) == message
     back = pickle.loads(pickle.dumps(Failed(0, "boom", error)))
     assert (back.rank, back.reason, back.error.message, back.error.hint) == (0, "boom", "no memory", "lower it")
@@ -100,8 +100,11 @@ def chunk(index: int, rows: int) -> Chunk:
     return Chunk(index, [Request(f"{index}-{r}", 0, r, [1, 2], {"max_tokens": 4}, None, {}) for r in range(rows)])
 
 
-def test_a_run_stopped_early_aborts_its_requests_in_flight():
+def test_a_run_stopped_early_aborts_its_requests_in_flight(monkeypatch):
     """A consumer that stops (an error, Ctrl-C) must not leave its rows running in the cached engine."""
+    from qbatch.engines import vllm
+
+    monkeypatch.setattr(vllm, "REPORT_S", 0.0)  # every step's finished rows come back at once
     engine = fake_vllm_engine()
     run = engine.run([chunk(0, 1), chunk(1, 2)])
     done, completions = next(run)
@@ -134,3 +137,35 @@ def test_an_engine_that_died_between_steps_stops_the_run_with_the_resume_hint(mo
     with pytest.raises(EngineError, match="the engine failed: the engine process died") as info:
         list(engine.run([chunk(0, 2)]))
     assert info.value.hint == "finished parts are kept; rerun the same command to resume"
+
+
+def test_rows_come_back_as_they_finish_not_when_their_chunk_ends(monkeypatch):
+    """Each step finishes one row: with REPORT_S 0 every step's row comes back at once, before its
+    chunk's other rows have run; with a long REPORT_S they come back together once nothing else runs."""
+    from qbatch.engines import vllm
+
+    monkeypatch.setattr(vllm, "REPORT_S", 0.0)
+    engine = fake_vllm_engine()
+    run = engine.run([chunk(0, 3)])
+    index, completions = next(run)
+    assert index.index == 0 and [c.request.id for c in completions] == ["0-0"]
+    assert engine.llm.llm_engine.finished == ["q0"]  # the chunk's other rows still run
+    assert [[c.request.id for c in item[1]] for item in run if item is not None] == [["0-1"], ["0-2"]]
+
+    monkeypatch.setattr(vllm, "REPORT_S", 3600.0)
+    engine = fake_vllm_engine()
+    assert [[c.request.id for c in completions] for _, completions in engine.run([chunk(0, 2), chunk(1, 1)])] == \
+        [["0-0", "0-1"], ["1-0"]]
+
+
+def test_a_step_that_finishes_nothing_still_reports_on_time(monkeypatch):
+    """While no row finishes, the engine yields None every REPORT_S: the runner's clock for parts."""
+    from qbatch.engines import vllm
+
+    monkeypatch.setattr(vllm, "REPORT_S", 0.0)
+    engine = fake_vllm_engine()
+    llm = engine.llm.llm_engine
+    step, idle = llm.step, iter(range(2))
+    llm.step = lambda: [] if next(idle, None) is not None else step()
+    items = list(engine.run([chunk(0, 1)]))
+    assert items[:2] == [None, None] and [c.request.id for c in items[2][1]] == ["0-0"]

@@ -105,13 +105,23 @@ def job(tiny_qwen3, tmp_path_factory) -> tuple[Path, list[str]]:
     return inp, args
 
 
+def _part_ids(out: Path) -> list[str]:
+    return [i for path in sorted((out / "parts").glob("part-*.parquet"))
+            for i in pl.read_parquet(path, columns=["id"])["id"].to_list()]
+
+
 @pytest.mark.slow
 def test_sigterm_stops_cleanly_and_the_rerun_resumes(job, tmp_path):
+    """A job of one chunk (the default budget holds all its rows) stopped mid-generation keeps the rows
+    finished by then: they reach parts as they finish, and the stop writes those still waiting."""
     inp, args = job
+    at = args.index("--chunk-tokens")
+    args = args[:at] + args[at + 2:]
     out = tmp_path / "out"
     run = Run([str(inp), "-o", str(out), *args])
     run.wait_for_parts(out)
     assert run.engine_processes(), "the engine runs in a process of its own"
+    before = _part_ids(out)
     run.proc.send_signal(signal.SIGTERM)
     run.proc.wait(timeout=60)
     stderr = "".join(run.stderr)
@@ -122,10 +132,14 @@ def test_sigterm_stops_cleanly_and_the_rerun_resumes(job, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["runs"][-1]["interrupted_by"] == "SIGTERM"
     assert run.survivors_after(15) == []
+    kept = _part_ids(out)
+    assert set(before) <= set(kept) and len(kept) == len(set(kept)) and 0 < len(kept) < len(ROWS), stderr
 
     final = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out), *args],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    assert (stats["rows_skipped"], stats["rows_ok"], stats["num_chunks"]) == (len(kept), len(ROWS) - len(kept), 1)
     vllm_line = re.compile(r"(DEBUG|INFO|WARNING|ERROR)\S* \d\d-\d\d \d\d:\d\d:\d\d \[")  # vLLM's log format
     assert vllm_line.search(final.stderr) and not vllm_line.search(final.stdout), final.stdout  # logs beside, not in, the summary
     results = pl.read_parquet(out / "results.parquet")

@@ -64,15 +64,15 @@ def test_interrupted_call_keeps_its_rows_and_the_session_resumes(session, starte
 
     out = tmp_path / "out"
     data = [{"id": f"r{i}", "prompt": f"question {i} " * (i % 4 + 1)} for i in range(24)]
-    write_chunk, written = runner._write_chunk, []
+    take, taken = runner._take, []
 
-    def interrupt_after_one_chunk(chunk, *args, **kwargs):
-        if written:
+    def interrupt_after_the_first_rows(chunk, *args, **kwargs):
+        if taken:
             raise KeyboardInterrupt
-        write_chunk(chunk, *args, **kwargs)
-        written.append(chunk.index)
+        taken.append(chunk.index)
+        return take(chunk, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "_write_chunk", interrupt_after_one_chunk)
+    monkeypatch.setattr(runner, "_take", interrupt_after_the_first_rows)
     with pytest.raises(KeyboardInterrupt):
         session.run(data, output_dir=out, chunk_tokens=120, **QUICK)
     monkeypatch.undo()
@@ -120,7 +120,7 @@ def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session,
             os.kill(child.pid, signal.SIGINT)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "_write_chunk", ctrl_c)
+    monkeypatch.setattr(runner, "_take", ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         session.run(["a", "b"], **QUICK)
     monkeypatch.undo()

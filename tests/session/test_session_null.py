@@ -83,15 +83,15 @@ def test_output_dir_resumes_after_an_interrupted_call(session, tmp_path, monkeyp
 
     out = tmp_path / "out"
     data = pl.DataFrame(_rows(60))
-    write_chunk, written = runner._write_chunk, []
+    take, taken = runner._take, []
 
     def interrupt_after_two_chunks(chunk, *args, **kwargs):
-        if len(written) == 2:
+        if len(taken) == 2:
             raise KeyboardInterrupt
-        write_chunk(chunk, *args, **kwargs)
-        written.append(chunk.index)
+        taken.append(chunk.index)
+        return take(chunk, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "_write_chunk", interrupt_after_two_chunks)
+    monkeypatch.setattr(runner, "_take", interrupt_after_two_chunks)
     with pytest.raises(KeyboardInterrupt):
         session.run(data, output_dir=out, chunk_tokens=200, max_tokens=16, progress="none")
     monkeypatch.undo()
