@@ -36,6 +36,7 @@ from qbatch.engines.base import END, Chunk
 from qbatch.engines.messages import Done, Drop, EngineSample, Failed, Message, Ready, Stats, Stop, Want, unpack
 from qbatch.engines.platform import bind_cpu_cores, on_cpu
 from qbatch.engines.vllm import VllmEngine
+from qbatch.engines.vllm_output import EngineLog
 from qbatch.errors import EngineError
 from qbatch.log import log
 from qbatch.records import Completion
@@ -58,6 +59,7 @@ class Dispatcher:
     """The Engine protocol over workers; a subclass says how chunks travel (`_send`, `_receive`, `_is_alive`)."""
 
     engine_seqs: int = 0  # one engine's max_num_seqs (0: not known, no cap while others start)
+    engine_log = EngineLog(None)  # where the workers' engines write (shown when one fails)
 
     def __init__(self) -> None:
         self._workers: dict[int, Worker] = {}
@@ -95,6 +97,7 @@ class Dispatcher:
             worker = self._workers.get(message.rank)
             match message:
                 case Failed(rank=rank, reason=reason):
+                    self.engine_log.show_tail()
                     raise EngineError(f"the engine failed in {worker.label if worker else rank}: {reason}",
                                       hint=RESUME_HINT)
                 case Done(chunk_index=number, outputs=outputs):
