@@ -56,6 +56,9 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_q
     assert sorted(line["custom_id"] for line in output) == [f"req-{i}" for i in range(4)]
     assert all(line["response"]["body"]["usage"]["completion_tokens"] <= 8 for line in output)
     assert all(isinstance(line["response"]["body"]["choices"][0]["message"]["content"], str) for line in output)
+    # vLLM's own output goes to the data folder's engine log, the service's own lines to its stderr
+    assert "(EngineCore" in (data_dir / "engine.log").read_text()
+    assert "(EngineCore" not in (tmp_path / "serve-0.log").read_text()
 
     # cancel mid-run: the requests done so far are in the output file
     file = client.files.create(file=("cancel.jsonl", requests_jsonl(120, prefix="c", max_tokens=24)), purpose="batch")
