@@ -69,8 +69,8 @@ def _verbosity(ctx: click.Context, param: click.Parameter, value: int) -> None:
 # On the commands that start engines; no job setting (its value is not passed on).
 VERBOSE_OPTION = click.option(
     "-v", "--verbose", count=True, expose_value=False, is_eager=True, callback=_verbosity,
-    help="Show vLLM's own output (-vv: at debug level) instead of writing it to the engine log "
-         "(OUT_DIR/engine.log).  [env QBATCH_VERBOSE=1]")
+    help="Show vLLM's own output on stderr (-vv: at debug level) instead of in the engine log "
+         "(OUT_DIR/engine.log; serve: DATA_DIR/engine.log).  [env QBATCH_VERBOSE=1]")
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:

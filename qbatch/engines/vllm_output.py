@@ -250,9 +250,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _user_owns_vllm_logging() -> bool:
-    if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
-        return True
-    return os.environ.get(STREAM_ENV, STREAM) != STREAM
+    config_path, configure = (os.environ.get(name) for name in USER_LOGGING_ENVS)
+    return bool(config_path) or configure == "0" or os.environ.get(STREAM_ENV, STREAM) != STREAM
 
 
 def _catch_early_records() -> None:
