@@ -7,8 +7,10 @@ their traceback.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
+import os
 import shlex
 import sys
 from typing import Any
@@ -56,6 +58,19 @@ def cli() -> None:
     resumes where it stopped.
     """
     setup_log()  # events on stderr; `run` sets the level from --progress
+
+
+def _verbosity(ctx: click.Context, param: click.Parameter, value: int) -> None:
+    from qbatch.engines.vllm_output import set_verbosity
+
+    set_verbosity(value)
+
+
+# On the commands that start engines; no job setting (its value is not passed on).
+VERBOSE_OPTION = click.option(
+    "-v", "--verbose", count=True, expose_value=False, is_eager=True, callback=_verbosity,
+    help="Show vLLM's own output on stderr (-vv: at debug level) instead of in the engine log "
+         "(OUT_DIR/engine.log; serve: DATA_DIR/engine.log).  [env QBATCH_VERBOSE=1]")
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
@@ -181,6 +196,7 @@ def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **f
 @click.argument("inputs", nargs=-1)
 @click.option("--job", type=click.Path(dir_okay=False), help="TOML job file; flags override its keys.")
 @run_options
+@VERBOSE_OPTION
 @click.pass_context
 def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
     """Generate for every row of INPUT files (JSONL/Parquet, folders, globs; - for stdin) into OUT_DIR.
@@ -273,6 +289,7 @@ def embed_options(func: Any) -> Any:
 @click.argument("inputs", nargs=-1)
 @click.option("--job", type=click.Path(dir_okay=False), help="TOML job file; flags override its keys.")
 @embed_options
+@VERBOSE_OPTION
 @click.pass_context
 def embed(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
     """Embed the text of every row of INPUT files (JSONL/Parquet, folders, globs; - for stdin) into OUT_DIR.
@@ -306,6 +323,7 @@ def embed(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any
 @click.option("--completion-window-s", type=float, default=24 * 3600.0, show_default=True,
               help="Seconds a '24h' completion window lasts; unfinished requests then expire.")
 @serve_run_options
+@VERBOSE_OPTION
 @click.pass_context
 def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str | None, max_upload_bytes: int,
           max_requests: int, completion_window_s: float, **_: Any) -> None:
@@ -430,6 +448,7 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @click.option("--inputs-only", is_flag=True, help="Only write the workloads' JSONL files into --work-dir.")
 @click.option("--json", "json_path", default="bench.json", show_default=True, type=click.Path(dir_okay=False),
               help="Write the results here as JSON.")
+@VERBOSE_OPTION
 def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_rows: int, repeats: int,
           length_scale: float, workload_seed: int, legacy_seed: int | None, model: str | None, load_format: str | None, settings: list[dict[str, Any]], variant: list[dict[str, Any]],
           vllm_defaults: bool, null_engine: bool, prompts: str | None, work_dir: str | None, inputs_only: bool,
@@ -463,10 +482,14 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
         for path in benchmarks.write_workloads(spec):
             click.echo(path)
         return
+    from pathlib import Path
+
+    from qbatch.engines import vllm_output
     from qbatch.engines.factory import close_all as close_engines
     from qbatch.jobs.shutdown import ProcessGuard
 
     command = "qbatch " + shlex.join(sys.argv[1:])
+    vllm_output.use(Path(json_path).with_suffix(".engine.log"))
 
     def write(report: dict[str, Any]) -> None:
         with open(json_path, "w", encoding="utf-8") as handle:
@@ -552,7 +575,27 @@ def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> N
 
 
 def main() -> None:
-    cli(prog_name="qbatch")
+    try:
+        cli(prog_name="qbatch")
+    except SystemExit as exc:
+        _exit(exc.code)
+
+
+def _exit(code: int | str | None) -> None:
+    """End the command. Once vLLM was loaded, without the interpreter's teardown: its final garbage
+    collection of vLLM's millions of objects took seconds, with nothing left to do (the command has
+    closed its engines and files); exit hooks still run."""
+    if "vllm" not in sys.modules:
+        sys.exit(code)
+    if isinstance(code, str):  # sys.exit("message") prints it and exits 1
+        print(code, file=sys.stderr)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 if __name__ == "__main__":

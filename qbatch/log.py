@@ -11,12 +11,10 @@ the records through its own logging configuration.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import TextIO
 
 LOGGER_NAME = "qbatch"
-VLLM_STREAM_ENV = "VLLM_LOGGING_STREAM"
 log = logging.getLogger(LOGGER_NAME)
 
 
@@ -47,11 +45,7 @@ class _Formatter(logging.Formatter):
 
 def setup(progress: str = "auto", *, stream: TextIO | None = None) -> None:
     """Send qbatch's records to stderr (or `stream`); INFO and up, WARNING and up with progress 'none'.
-
-    vLLM's own log lines go to stderr too (its default is stdout, where they would mix with the
-    results a pipeline reads), unless the user chose a stream; vLLM reads this when it is imported.
-    """
-    os.environ.setdefault(VLLM_STREAM_ENV, "ext://sys.stderr")
+    (vLLM's own output goes to the engine log: qbatch.engines.vllm_output.)"""
     for handler in [h for h in log.handlers if isinstance(h, _StderrHandler)]:
         log.removeHandler(handler)
     handler = _StderrHandler(stream)

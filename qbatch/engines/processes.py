@@ -39,6 +39,7 @@ from qbatch.engines.dispatch import POLL_S, Answers, Dispatcher, Dropped, Worker
 from qbatch.engines.messages import Drop, Failed, Message, Ready, Stop, Want
 from qbatch.engines.placement import VLLM_DEFAULT_UTILIZATION, gpu_ids
 from qbatch.engines.platform import on_cpu
+from qbatch.engines.vllm_output import engine_processes, enter_engine_process
 from qbatch.errors import ModelError, QbatchError, first_line
 from qbatch.log import log
 from qbatch.spec import EngineSpec
@@ -52,22 +53,25 @@ class DataParallelEngine(Dispatcher):
         share = spec.engines_per_gpu or 1
         devices = [device for device in gpu_ids(spec) for _ in range(share)]
         context = mp.get_context("spawn")  # vLLM and CUDA do not survive fork
-        self._results = context.Queue()
         worker_spec = replace(spec, data_parallel_size=1, gpus=None, engines_per_gpu=1)
         started: dict[str, Any] = {}  # per GPU: the event its latest engine sets once it has started
-        for rank, device in enumerate(devices):
-            tasks, ready = context.Queue(), context.Event()
-            # One after another unless each engine's KV cache is fixed (by qbatch or the user), see above.
-            after = None if spec.kv_cache_memory_bytes else started.get(device)
-            turn = Turn(device, share, after, ready)
-            started[device] = ready
-            process = context.Process(target=_worker_main, name=f"qbatch-dp-{rank}",
-                                      args=(rank, len(devices), turn, worker_spec, model_path, max_model_len,
-                                            tasks, self._results))
-            process.start()
-            # the turn stays referenced: Process.start() drops its arguments (Python 3.12), and an event
-            # collected before a child unpickled it takes its semaphore along (FileNotFoundError there)
-            self._workers[rank] = Worker(rank, f"worker {rank} (device {device})", (process, tasks, turn))
+        # The workers' output goes to the engine log, and that of multiprocessing's resource tracker,
+        # which the first queue starts: it reports what a worker killed while starting left behind.
+        with engine_processes() as self.engine_log:
+            self._results = context.Queue()
+            for rank, device in enumerate(devices):
+                tasks, ready = context.Queue(), context.Event()
+                # One after another unless each engine's KV cache is fixed (by qbatch or the user), see above.
+                after = None if spec.kv_cache_memory_bytes else started.get(device)
+                turn = Turn(device, share, after, ready)
+                started[device] = ready
+                process = context.Process(target=_worker_main, name=f"qbatch-dp-{rank}",
+                                          args=(rank, len(devices), turn, worker_spec, model_path, max_model_len,
+                                                tasks, self._results))
+                process.start()
+                # the turn stays referenced: Process.start() drops its arguments (Python 3.12), and an event
+                # collected before a child unpickled it takes its semaphore along (FileNotFoundError there)
+                self._workers[rank] = Worker(rank, f"worker {rank} (device {device})", (process, tasks, turn))
         atexit.register(self.close)
         if wait:
             self.wait_ready()
@@ -88,11 +92,13 @@ class DataParallelEngine(Dispatcher):
                 waited += POLL_S
                 dead = [w.rank for w in self._workers.values() if not self._is_alive(w)]
                 if dead or waited > STARTUP_TIMEOUT_S:
+                    self.engine_log.show_tail()
                     self.close()
                     raise ModelError(f"engine worker(s) {dead} exited while starting", hint="see the log above")
                 continue
             match message:
                 case Failed():  # before any engine runs: the settings are wrong for all of them
+                    self.engine_log.show_tail()
                     self.close()
                     raise start_failure(message)
                 case Want(rank=rank):
@@ -170,6 +176,7 @@ class Turn:
 
 def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int,
                  tasks: Any, results: Any) -> None:
+    enter_engine_process()  # its output, and its engine's, to the engine log
     os.environ["CUDA_VISIBLE_DEVICES"] = turn.device
     try:
         import setproctitle

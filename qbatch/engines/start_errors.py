@@ -111,6 +111,8 @@ def _spawned_log_to(path: str, folder: str) -> Callable[[], None]:
     except ImportError:
         return lambda: None
     config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    if os.environ.get("VLLM_LOGGING_STREAM"):  # the stream named now (vllm_output.py), as vLLM itself rereads it
+        config["handlers"]["vllm"]["stream"] = os.environ["VLLM_LOGGING_STREAM"]
     config["formatters"]["qbatch_start"] = {"format": "%(message)s"}  # vLLM's prefixes every line of a traceback
     config["handlers"]["qbatch_start"] = {"class": "logging.FileHandler", "filename": path, "level": "ERROR",
                                           "formatter": "qbatch_start"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import inspect
 import os
 import signal
 import threading
@@ -27,6 +28,7 @@ from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.messages import EngineSample
 from qbatch.engines.platform import bind_cpu_cores, cpu_has_bf16, engine_arg_names, on_cpu, on_hopper
 from qbatch.engines.start_errors import start_error, start_log
+from qbatch.engines.vllm_output import EngineLog, engine_processes
 from qbatch.errors import EngineError, MissingDependency, SpecError, first_line
 from qbatch.records import Completion, Embedding, Request, Sample
 from qbatch.spec import EngineSpec
@@ -40,6 +42,7 @@ from qbatch.spec import EngineSpec
 FEED_FACTOR = 1.5
 CPU_KV_CACHE_BYTES = 2 << 30
 IDLE_S = 0.002
+SHUTDOWN_S = 30.0  # the most an engine's processes get to stop cleanly before vLLM kills them
 EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 # On Hopper GPUs qbatch skips torch.compile and captures full CUDA graphs instead (FlashAttention 3
 # runs every batch shape inside one): the engine is ready in a fraction of the time for a few
@@ -84,12 +87,13 @@ class VllmEngine:
     _log_stats = False
     _in_flight: dict[str, Any] = {}  # the running run's requests (replaced, never changed, here)
     _num_finished = _num_prompt_tokens = _num_cached_tokens = _num_generated_tokens = 0
+    _log = EngineLog(None)  # where vLLM's output goes (vllm_output.py)
 
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
         compile_cache.use_cache_root()  # before vLLM reads it: compiles survive runs (compile_cache.py)
         try:
-            from vllm import LLM
+            import vllm  # noqa: F401
         except ImportError:
             raise MissingDependency(
                 "vLLM is not installed", hint="pip install 'qbatch[cpu]' (CPU) or 'qbatch[gpu]' (CUDA)"
@@ -98,11 +102,7 @@ class VllmEngine:
         self.embeds = spec.task == "embed"
         if on_cpu():
             bind_cpu_cores()
-        try:
-            with start_log() as logged:
-                self.llm = LLM(model=model_path, **kwargs)
-        except Exception as exc:  # too little memory is told from a missing model (start_errors.py)
-            raise start_error(spec.model, exc, "".join(logged)) from exc
+        self.llm, self._log = start_llm(spec.model, model_path, kwargs)
         try:
             self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
             self._decoder = None if self.embeds else FinalDecoder.for_llm(self.llm)
@@ -127,7 +127,7 @@ class VllmEngine:
         return [("engine 0", self.sample())]
 
     def close(self) -> None:
-        """Shut the engine processes down now, not at interpreter exit (a run on vLLM 0.26 hung there)."""
+        """Shut the engine processes down now (shutdown_llm)."""
         self._watchdog.stop()
         self._shutdown()
 
@@ -145,9 +145,7 @@ class VllmEngine:
                 self.llm.llm_engine.abort_request(request_ids)
 
     def _shutdown(self) -> None:
-        shutdown = getattr(getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        shutdown_llm(self.llm)
 
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]:
         from vllm import SamplingParams
@@ -202,6 +200,7 @@ class VllmEngine:
         """The run's error when the engine fails mid-run: finished parts are kept and a rerun resumes."""
         cause = "the engine process died" if self._watchdog.dead or isinstance(exc, _engine_dead_errors()) \
             else first_line(exc)
+        self._log.show_tail()
         return EngineError(f"the engine failed: {cause}", hint="finished parts are kept; rerun the same command to resume")
 
     def _add_chunk(self, engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind) -> None:
@@ -287,6 +286,34 @@ class VllmEngine:
             ids = array("I", completion.token_ids)
             # vLLM drops the stop token
             state.undecoded.append((kept, ids[:-1] if completion.finish_reason == "stop" else ids))
+
+
+def start_llm(model: str, model_path: str, kwargs: dict[str, Any]) -> tuple[Any, EngineLog]:
+    """vLLM's LLM(model_path, **kwargs) and its log (its processes' output goes there: vllm_output.py).
+    A start that fails shows the log's last lines and raises qbatch's error for its cause (start_errors.py)."""
+    from vllm import LLM
+
+    with engine_processes() as engine_log:
+        try:
+            with start_log() as logged:
+                return LLM(model=model_path, **kwargs), engine_log
+        except Exception as exc:
+            engine_log.show_tail()
+            raise start_error(model, exc, "".join(logged)) from exc
+
+
+def shutdown_llm(llm: Any) -> None:
+    """Stop an LLM's engine processes now (not at interpreter exit: a run on vLLM 0.26 hung there), and
+    wait until they are gone. They get SHUTDOWN_S, not vLLM's 5 s: on a busy machine an engine's own
+    teardown took longer, and vLLM then killed it midway, leaking its shared memory (a resource_tracker
+    warning at exit)."""
+    shutdown = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
+    if shutdown is None:
+        return
+    if "timeout" in inspect.signature(shutdown).parameters:  # vLLM 0.2x's takes none
+        shutdown(timeout=SHUTDOWN_S)
+    else:
+        shutdown()
 
 
 def pooling_params() -> Any:

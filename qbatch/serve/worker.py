@@ -32,6 +32,7 @@ from qbatch.serve.objects import TERMINAL, client_text, new_file_id, now, usage
 from qbatch.serve.requests import custom_ids
 from qbatch.serve.store import Store
 from qbatch.session import Session
+from qbatch.session.session import ENGINE_LOG
 
 IDLE_POLL_S = 1.0  # how often an idle worker looks at the queue's completion windows
 # How every batch's input is read: OpenAI batch lines, keyed by custom_id alone (a line's other keys,
@@ -62,7 +63,7 @@ class BatchWorker(threading.Thread):
         super().__init__(name="qbatch-serve-worker", daemon=True)
         self.store = store
         self.settings = settings
-        self.session = Session(**settings.engine)
+        self.session = Session(**settings.engine, engine_log=settings.data_dir / ENGINE_LOG)  # vLLM's output
         self.ready = threading.Event()  # the engines are warm
         self.failed: str | None = None  # why the engines could not start
         self._stopping = threading.Event()

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qbatch.engines import factory as engines
+from qbatch.engines import vllm_output
 from qbatch.errors import SpecError
 from qbatch.jobs import runner
 from qbatch.log import setup as setup_log
 from qbatch.jobs.summary import Summary
 from qbatch.session.data import input_paths
-from qbatch.session.progress import SessionProgress, reporting
+from qbatch.session.progress import SessionProgress, reporting, shows_notebook_bar
 from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to e
 # One call at a time in this process: an engine serves one run at a time, and threads calling a
 # chat model at once (LangChain's RunnableParallel, thread pools) would otherwise share it.
 _CALLS = threading.Lock()
+ENGINE_LOG = "engine.log"  # in a run's output folder (`qbatch run`), or serve's data folder
+_SESSION_LOG: list[Path] = []  # this process's session log, once named
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,10 @@ class Session:
     `thinking`, `template`, `output_dir`, ...) are given per call.
     """
 
-    def __init__(self, model: str | None = None, **engine_settings: Any) -> None:
+    def __init__(self, model: str | None = None, *, engine_log: str | os.PathLike | None = None,
+                 **engine_settings: Any) -> None:
+        """`engine_log`: the file vLLM's own output goes to (its log lines, its processes' prints);
+        by default this process's session log under qbatch's cache (`session.engine_log` says which)."""
         engine_settings = {key.replace("-", "_"): value for key, value in engine_settings.items()}
         job_keys = sorted(set(engine_settings) - ENGINE_SETTINGS)
         if job_keys:
@@ -90,6 +96,7 @@ class Session:
         model = model or os.environ.get("QBATCH_MODEL") or DEFAULT_MODEL
         self.engine_settings: dict[str, Any] = {"model": model, **engine_settings}
         JobSpec.from_flat(self.engine_settings, source="Session(...)")  # bad values fail now, not at the first run
+        self.engine_log = Path(engine_log) if engine_log is not None else _default_engine_log()
         self.closed = False
         self._engine_keys: set[tuple] = set()
 
@@ -97,7 +104,8 @@ class Session:
     def for_spec(cls, spec: JobSpec) -> Session:
         """A Session on a whole spec's engine settings: the door `qbatch run` goes through."""
         settings = dataclasses.asdict(spec.engine)
-        return cls(settings.pop("model"), **settings)
+        folder = spec.output.output_dir
+        return cls(settings.pop("model"), engine_log=Path(folder) / ENGINE_LOG if folder else None, **settings)
 
     # -- calls -------------------------------------------------------------
     def run_spec(self, spec: JobSpec) -> Summary:
@@ -190,6 +198,8 @@ class Session:
     def close(self) -> None:
         """Shut down the engines this session started (idempotent)."""
         self.closed = True
+        if self._engine_keys:
+            vllm_output.use(self.engine_log)  # vLLM's shutdown lines go with the rest
         while self._engine_keys:
             engines.close(self._engine_keys.pop())
 
@@ -233,7 +243,9 @@ class Session:
     def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None) -> Summary:
         """One job on the cached engines; engines it started become this session's to close."""
         with _CALLS:
-            setup_log(spec.output.progress)  # events on stderr (the notebook shows them under the cell)
+            # events on stderr; under a notebook's bar only warnings (the bar tells the rest)
+            setup_log("none" if shows_notebook_bar(spec.output.progress) else spec.output.progress)
+            vllm_output.use(self.engine_log)
             engines.drop_dead()
             before = engines.cached_keys()
             try:
@@ -330,6 +342,18 @@ def _read_result(summary: Summary, output_dir: str | None) -> RunResult:
     folder = Path(summary.output_dir)
     return RunResult(pl.read_parquet(folder / "results.parquet"), pl.read_parquet(folder / "errors.parquet"),
                      summary, output_dir)
+
+
+def _default_engine_log() -> Path:
+    """The engine log already in use in this process (a command's), else this process's session log
+    in qbatch's cache: a Session's engines outlive its runs and their folders."""
+    from qbatch.models.registry import cache_dir
+
+    if vllm_output.current() is not None:
+        return vllm_output.current()
+    if not _SESSION_LOG:
+        _SESSION_LOG.append(vllm_output.fresh_session_log(cache_dir() / "logs"))
+    return _SESSION_LOG[0]
 
 
 def _close_at_exit(ref: weakref.ref[Session]) -> None:

@@ -134,6 +134,9 @@ def test_a_real_engine_without_kv_cache_memory_says_so(cli, write_jsonl, tmp_pat
     assert "Error: not enough memory to start the engine for model 'smollm2-135m': ValueError: No available memory " \
            "for the cache blocks" in result.output
     assert f"Hint: {MEMORY_HINT}" in result.output
+    # vLLM's output went to the engine log; its last lines, the engine core's error among them, show with the error
+    tail = result.output.split(f"vLLM's last 20 lines ({tmp_path / 'out' / 'engine.log'}):\n", 1)[1]
+    assert "ValueError: No available memory for the cache blocks" in tail.split("\nError: ")[0]
 
 
 def test_a_ray_actor_that_ran_out_of_memory_says_so():

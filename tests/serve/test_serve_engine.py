@@ -66,6 +66,9 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_q
     assert all(isinstance(body["choices"][0]["message"]["content"], str) for body in output.values())
     assert output["biased"]["choices"][0]["message"]["content"] == "yes" * 4
     assert done.usage.output_tokens == sum(body["usage"]["completion_tokens"] for body in output.values())
+    # vLLM's own output goes to the data folder's engine log, the service's own lines to its stderr
+    assert "(EngineCore" in (data_dir / "engine.log").read_text()
+    assert "(EngineCore" not in (tmp_path / "serve-0.log").read_text()
 
     # cancel mid-run: the requests done so far are in the output file
     file = client.files.create(file=("cancel.jsonl", requests_jsonl(120, prefix="c", max_tokens=24)), purpose="batch")

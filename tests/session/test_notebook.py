@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "session.ipynb"
+BAR = re.compile(r"\s*\d+%\|.*\| \d+/\d+ ")  # tqdm's text bar, where ipywidgets is missing
 
 
-def test_session_notebook_runs_headless(bundled_model):
+def test_session_notebook_runs_headless(bundled_model, monkeypatch):
     from qbatch.engines import factory
 
     factory.close_all()  # the kernel starts an engine of its own: the memory of this process's goes back first
@@ -22,6 +24,7 @@ def test_session_notebook_runs_headless(bundled_model):
 
     root = NOTEBOOK.parents[1]
     notebook = nbformat.read(NOTEBOOK, as_version=4)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)  # the kernel sees what a user's would (conftest sets it)
     env_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env_path) if p)  # this checkout's qbatch
     try:
@@ -40,6 +43,13 @@ def test_session_notebook_runs_headless(bundled_model):
     generated = results['session.generate(["Name three colours.", "What is 2 + 2?"], max_tokens=24, temperature=0)']
     assert [type(t) for t in ast.literal_eval(generated)] == [str, str]
     assert [type(t) for t in ast.literal_eval(results["[a.content for a in answers]"])] == [str, str]
+    # a Session call shows its bar and nothing else (vLLM's output goes to the engine log); the first one
+    # starts the engine
+    first_run = next(cell for cell in notebook.cells if "session.run(" in cell.source)
+    shown = [line for output in first_run.outputs if output.output_type == "stream"
+             for line in re.split(r"[\r\n]+", output.text) if line.strip()]
+    assert all(BAR.match(line) for line in shown), shown
+    assert shown or any(output.output_type == "display_data" for output in first_run.outputs)  # a widget bar
 
 
 def _result(cell) -> str:

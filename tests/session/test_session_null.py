@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -227,10 +228,11 @@ def test_progress_is_a_notebook_bar_in_jupyter(session, monkeypatch, capsys):
             self.closed = True
 
     monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    monkeypatch.setattr(tqdm.notebook, "IProgress", object)  # ipywidgets installed
     monkeypatch.setattr(tqdm.notebook, "tqdm", FakeBar)
     session.run(["a", "b", "c"])
     assert len(bars) == 1 and bars[0].total == bars[0].done == 3 and bars[0].closed
-    assert "3 rows to process" in capsys.readouterr().err  # events: qbatch's logger, on stderr
+    assert capsys.readouterr().err == ""  # under the bar, qbatch's events show only as warnings
     monkeypatch.undo()
     assert not progress.in_notebook()  # pytest is no Jupyter kernel
 
@@ -239,3 +241,17 @@ def test_a_row_with_text_that_is_not_unicode_fails_alone(session):
     result = session.run([{"id": "bad", "prompt": "a \ud800 b"}, {"id": "ok", "prompt": "fine"}], progress="none")
     assert result.results["id"].to_list() == ["ok"]
     assert result.errors["id"].to_list() == ["bad"] and result.errors["error"].to_list() == ["bad_text"]
+
+
+def test_without_ipywidgets_jupyter_gets_the_text_bar_and_nothing_else(session, monkeypatch, capsys):
+    import tqdm.notebook
+
+    from qbatch.session import progress
+
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    monkeypatch.setattr(tqdm.notebook, "IProgress", None)
+    session.run(["a", "b", "c"])
+    err = capsys.readouterr().err
+    assert [line for line in re.split(r"[\r\n]+", err) if line] == \
+        [line for line in re.split(r"[\r\n]+", err) if re.match(r"\s*\d+%\|.*\| \d+/3 ", line)]
+    assert "3/3" in err
