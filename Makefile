@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu,awq,ray,serve,dev || echo cpu,awq,ray,serve,dev)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast docs docs-serve bench clean
+.PHONY: setup demo test test-fast test-bench docs docs-serve bench clean
 
 setup: $(VENV)/.installed
 
@@ -32,12 +32,22 @@ demo: setup
 	[print(f'--- {r[\"id\"]}: {r[\"prompt\"][:70]!r}\n{r[\"text\"][:300]}\n') for r in df.head(4).iter_rows(named=True)]"
 	@echo "Results: out/quickstart/results.parquet (errors: out/quickstart/errors.parquet)"
 
+# The fast tests (no real engine) run on every core; the real-engine tests one at a time (each engine
+# takes ~3.5 GB and both cores). Each part ends with its slowest tests and the engines it started.
+# `make test-bench`: the benchmark's own real-engine tests, run before publishing numbers.
+FAST_TESTS := -m "not slow and not bench" -n auto --dist loadfile
+ENGINE_TESTS := -m "slow and not bench"
+
 test: setup
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(FAST_TESTS) --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(ENGINE_TESTS) --durations=30 $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(FAST_TESTS) --durations=15 $(PYTEST_ARGS)
+
+test-bench: setup
+	$(BIN)/python -m pytest -m bench --durations=15 $(PYTEST_ARGS)
 
 # The suite builds the site too (tests/docs/test_reference.py); these are for reading it.
 docs: setup

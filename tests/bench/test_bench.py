@@ -330,6 +330,7 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(300)
 def test_vllm_defaults_against_qbatch_on_its_own_engine(cli, tiny_qwen3, tmp_path):
     """The headline comparison in one command: raw vLLM on its defaults, qbatch on its own engine and settings."""
@@ -351,6 +352,7 @@ def test_vllm_defaults_against_qbatch_on_its_own_engine(cli, tiny_qwen3, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(300)
 def test_docqa_raw_best_grouped_and_qbatch_through_the_cli(cli, tiny_qwen3, tmp_path):
     """Issue #19's table in one command: vllm-best on its own engine (closed before qbatch's), the same engine
