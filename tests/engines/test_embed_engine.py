@@ -6,11 +6,6 @@ engine; the kill test runs the CLI in subprocesses.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -93,35 +88,3 @@ def test_openai_embedding_lines(embed_real, write_jsonl, tmp_path):
     assert len(data) == 1 and len(data[0]["embedding"]) == HIDDEN
     assert abs(np.linalg.norm(data[0]["embedding"]) - 1.0) < 1e-4
     assert responses["bad"]["error"]["code"] == "bad_body"
-
-
-def part_ids(out: Path) -> list[str]:
-    return [i for p in sorted((out / "parts").glob("part-*.parquet"))
-            for i in pq.read_table(p, columns=["id"]).column("id").to_pylist()]
-
-
-def test_sigkill_then_resume_embeds_each_id_once(tiny_qwen3, tmp_path):
-    rows = [{"id": f"r{i:04d}", "prompt": "word " * (5 + i % 50)} for i in range(3000)]
-    inp = tmp_path / "in.jsonl"
-    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "qbatch.cli", "embed", str(inp), "-o", str(out), "--model", tiny_qwen3,
-           "--chunk-tokens", 2000, *ENGINE_ARGS]
-    cmd = [str(c) for c in cmd]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None and len(list((out / "parts").glob("part-*"))) < 3:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed = part_ids(out)
-    assert killed and len(killed) == len(set(killed)) and len(killed) < len(rows)
-    final = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert final.returncode == 0, final.stdout + final.stderr
-    ids = part_ids(out)
-    assert sorted(ids) == [r["id"] for r in rows] and len(ids) == len(set(ids))
-    results = pl.read_parquet(out / "results.parquet")
-    assert results["id"].to_list() == [r["id"] for r in rows]
-    assert np.allclose(np.linalg.norm(vectors(out), axis=1), 1.0, atol=1e-5)

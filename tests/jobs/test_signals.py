@@ -21,10 +21,10 @@ import polars as pl
 import psutil
 import pytest
 
-from qbatch.errors import EXIT_SIGTERM
+from qbatch.errors import EXIT_LOCKED, EXIT_SIGTERM
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWS = [{"id": f"r{i:03d}", "prompt": "word " * (1 + i % 30)} for i in range(160)]
+ROWS = [{"id": f"r{i:03d}", "prompt": "word " * (1 + i % 30)} for i in range(400)]
 GONE_WITHIN_S = 20
 
 
@@ -58,10 +58,10 @@ class Run:
                 return
             time.sleep(0.1)
 
-    def wait_for_parts(self, out: Path, timeout: float = 300) -> None:
+    def wait_for_parts(self, out: Path, more_than: int = 0, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
-            if list((out / "parts").glob("part-*.parquet")):
+            if len(list((out / "parts").glob("part-*.parquet"))) > more_than:
                 return
             time.sleep(0.05)
         raise AssertionError("no part written in time:\n" + "".join(self.stderr))
@@ -100,8 +100,8 @@ def job(tiny_qwen3, tmp_path_factory) -> tuple[Path, list[str]]:
     folder = tmp_path_factory.mktemp("signals")
     inp = folder / "in.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    args = ["--model", tiny_qwen3, "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens", "24",
-            "--chunk-tokens", "600", "--max-num-seqs", "8", "--progress", "log"]
+    args = ["--model", tiny_qwen3, "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens", "32",
+            "--max-num-seqs", "4", "--progress", "log"]
     return inp, args
 
 
@@ -110,15 +110,33 @@ def _part_ids(out: Path) -> list[str]:
             for i in pl.read_parquet(path, columns=["id"])["id"].to_list()]
 
 
+def _num_parts(out: Path) -> int:
+    return len(list((out / "parts").glob("part-*.parquet")))
+
+
 @pytest.mark.slow
-def test_sigterm_stops_cleanly_and_the_rerun_resumes(job, tmp_path):
-    """A job of one chunk (the default budget holds all its rows) stopped mid-generation keeps the rows
-    finished by then: they reach parts as they finish, and the stop writes those still waiting."""
+def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
+    """The one real-engine scenario for the ways a CLI run stops (each step costs an engine start; the
+    same rules on the null engine, at random moments: test_durability.py):
+    1. While the first run starts its engine, a second run on its folder is refused at once (exit 75).
+    2. SIGTERM mid-generation of a one-chunk job: exit 143, status interrupted, the rows finished by then
+       kept (they reach parts as they finish, the stop writes those waiting), its engine processes gone.
+    3. The rerun is SIGKILLed alone (not its process group) mid-generation: its engine processes die with
+       it (the reaper), the parts it wrote stay whole, no row twice.
+    4. The next rerun completes: every row once, in input order; on stderr only qbatch's lines (vLLM's go
+       to OUT_DIR/engine.log, appended by every run) and an engine stopped without being killed."""
     inp, args = job
-    at = args.index("--chunk-tokens")
-    args = args[:at] + args[at + 2:]
     out = tmp_path / "out"
+    command = [sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out)]
+
+    # 1 and 2
     run = Run([str(inp), "-o", str(out), *args])
+    deadline = time.monotonic() + 120
+    while not (out / ".qbatch.lock").exists() and time.monotonic() < deadline:  # the first run holds the folder
+        time.sleep(0.05)
+    second = subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert second.returncode == EXIT_LOCKED, second.stderr
+    assert "another qbatch run is using this output folder" in second.stderr
     run.wait_for_parts(out)
     assert run.engine_processes(), "the engine runs in a process of its own"
     before = _part_ids(out)
@@ -126,8 +144,7 @@ def test_sigterm_stops_cleanly_and_the_rerun_resumes(job, tmp_path):
     run.proc.wait(timeout=60)
     stderr = "".join(run.stderr)
     assert run.proc.returncode == EXIT_SIGTERM, stderr
-    assert "Error: interrupted by SIGTERM" in stderr
-    assert "rerun the same command to resume" in stderr
+    assert "Error: interrupted by SIGTERM" in stderr and "rerun the same command to resume" in stderr
     assert "Traceback" not in stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["runs"][-1]["interrupted_by"] == "SIGTERM"
@@ -135,30 +152,33 @@ def test_sigterm_stops_cleanly_and_the_rerun_resumes(job, tmp_path):
     kept = _part_ids(out)
     assert set(before) <= set(kept) and len(kept) == len(set(kept)) and 0 < len(kept) < len(ROWS), stderr
 
-    final = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out), *args],
-                           cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert final.returncode == 0, final.stderr
-    stats = json.loads((out / "stats.json").read_text())
-    assert (stats["rows_skipped"], stats["rows_ok"], stats["num_chunks"]) == (len(kept), len(ROWS) - len(kept), 1)
-    vllm_line = re.compile(r"(DEBUG|INFO|WARNING|ERROR)\S* \d\d-\d\d \d\d:\d\d:\d\d \[")  # vLLM's log format
-    assert vllm_line.search((out / "engine.log").read_text())  # vLLM's lines go to the engine log, appended
-    assert not vllm_line.search(final.stdout + final.stderr), final.stderr  # not into the summary or the terminal
-    results = pl.read_parquet(out / "results.parquet")
-    assert results["id"].to_list() == [r["id"] for r in ROWS]  # every row exactly once
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("engines", [1, 2], ids=["one-engine", "data-parallel-2"])
-def test_engines_die_with_a_killed_cli(job, tmp_path, engines):
-    """SIGKILL of the CLI alone (not its process group): its engines must not live on without it."""
-    inp, args = job
-    out = tmp_path / "out"
-    run = Run([str(inp), "-o", str(out), *args, "--data-parallel-size", str(engines)])
-    run.wait_for_parts(out)
-    assert len(run.engine_processes()) >= 1
+    # 3
+    run = Run([str(inp), "-o", str(out), *args])
+    run.wait_for_parts(out, more_than=_num_parts(out))
+    assert run.engine_processes()
     run.proc.kill()
     run.proc.wait(timeout=30)
     assert run.survivors_after(GONE_WITHIN_S) == []
+    done = _part_ids(out)
+    assert set(kept) < set(done) and len(done) == len(set(done)) and len(done) < len(ROWS), "".join(run.stderr)
+
+    # 4
+    user_env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_LOGGING", "QBATCH_VERBOSE"))}
+    final = subprocess.run([*command, *args[:-2], "--progress", "none"], cwd=ROOT, env=user_env,
+                           capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    assert (stats["rows_skipped"], stats["rows_ok"], stats["num_chunks"]) == (len(done), len(ROWS) - len(done), 1)
+    results = pl.read_parquet(out / "results.parquet")
+    assert results["id"].to_list() == [r["id"] for r in ROWS] and (results["completion_tokens"] == 32).all()
+    assert not list(out.rglob("*.tmp-*"))
+    lines = final.stderr.splitlines()
+    assert len(lines) <= 5 and all(line.startswith("qbatch ") for line in lines), final.stderr
+    assert "qbatch run completed" in final.stdout
+    logged = (out / "engine.log").read_text()
+    assert logged.count("Loading safetensors checkpoint shards") >= 3  # every run's engine, appended
+    assert "force killing" not in logged and "leaked shared_memory" not in logged + final.stderr
+    assert re.search(r"\[shutdown\] MPClient: complete", logged), "the engine was shut down by qbatch"
 
 
 @pytest.mark.slow
