@@ -94,7 +94,7 @@ RUN_OPTIONS = [
     click.option("--shape", type=click.Choice(SHAPES), help="Row shape (default: auto, detected per row)."),
     click.option("--prompt-column", help="Column holding the prompt text.  [default: prompt]"),
     click.option("--messages-column", help="Column holding chat messages.  [default: messages]"),
-    click.option("--id-column", help="Column holding the row id.  [default: id, or custom_id]"),
+    click.option("--id-column", help="Column holding the row id (not for OpenAI batch lines: they are keyed by their custom_id whatever it says).  [default: id, or custom_id]"),
     click.option("--template", help="Build the prompt from columns, e.g. 'Summarize: {text}'."),
     click.option("--system-prompt", help="Add a system turn to every chat."),
     click.option("--raw", is_flag=True, default=None, help="Send prompt text as is, without the chat template."),
