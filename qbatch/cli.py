@@ -70,7 +70,7 @@ def _verbosity(ctx: click.Context, param: click.Parameter, value: int) -> None:
 VERBOSE_OPTION = click.option(
     "-v", "--verbose", count=True, expose_value=False, is_eager=True, callback=_verbosity,
     help="Show vLLM's own output on stderr (-vv: at debug level) instead of in the engine log "
-         "(OUT_DIR/engine.log; serve: DATA_DIR/engine.log).  [env QBATCH_VERBOSE=1]")
+         "(OUT_DIR/engine.log; serve: DATA_DIR/engine.log; bench: beside --json).  [env QBATCH_VERBOSE=1]")
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
