@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-from qbatch.engines import factory as engines
 from qbatch.engines.base import Chunk
+from qbatch.engines.pool import EnginePool
 from qbatch.errors import SpecError
 from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
 from qbatch.jobs.job import Job, PlannedWindow
@@ -38,9 +38,10 @@ from qbatch.records import Failure
 from qbatch.spec import JobSpec
 
 
-def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Progress] = Progress) -> Summary:
-    """Run a job to completion (or resume it); progress goes to `stream` (default stderr), shown
-    by `progress_class` (the Session passes one that draws a notebook bar in Jupyter)."""
+def run(spec: JobSpec, pool: EnginePool, *, stream: TextIO | None = None,
+        progress_class: type[Progress] = Progress) -> Summary:
+    """Run a job to completion (or resume it) on the engines of `pool`; progress goes to `stream`
+    (default stderr), shown by `progress_class` (the Session passes one that draws a notebook bar in Jupyter)."""
     started = time.monotonic()
     stream = stream or sys.stderr
     if spec.output.dry_run:
@@ -54,23 +55,23 @@ def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Pro
     try:
         job = job or Job.setup(spool_streams(spec, out.path))
         with rare_collections():
-            return _execute(job, out, started, stream, progress_class)
+            return _execute(job, out, started, pool, stream, progress_class)
     finally:
         out.close()
 
 
-def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
+def _execute(job: Job, out: OutputDir, started: float, pool: EnginePool, stream: TextIO,
              progress_class: type[Progress] = Progress) -> Summary:
     spec = job.spec
     fingerprint = job.fingerprint(None if spec.output.restart else out.manifest())
     previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
     done = out.done_ids(include_errors=not spec.output.retry_errors)
-    job, choice = choose_for_shape(job, done)  # engines per GPU, torch.compile: before any engine starts
+    job, choice = choose_for_shape(job, done, pool)  # engines per GPU, torch.compile: before any engine starts
     spec = job.spec
-    started_early = _start_engines_early(job, previous)
+    started_early = _start_engines_early(job, previous, pool)
     job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
     # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
-    early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
+    early = not pool.would_fork(spec.engine, job.model_path, job.max_model_len)
     summary = Summary(str(out.path), "running", rows_skipped=len(done), task=spec.engine.task,
                       engine_choice=choice.reason if choice else None)
     opening = Opening(job, out, summary, done, previous, fingerprint, stream, progress_class)
@@ -79,9 +80,9 @@ def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
             with opening.recording_stop():
                 # On an engine that was up before this run, the pre-scan runs beside its first chunks
                 # (opening.py); other runs scan first, while their engine starts.
-                if _engine_was_up(job, started_early) or opening.open().todo:
+                if _engine_was_up(job, started_early, pool) or opening.open().todo:
                     summary.setup_s = time.monotonic() - started
-                    _generate(job, windows, out, summary, opening, started_early)
+                    _generate(job, windows, out, summary, opening, pool, started_early)
         finally:
             opening.close()
     opened = opening.open()
@@ -113,25 +114,25 @@ def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any]
     return summary
 
 
-def _engine_was_up(job: Job, started_early: float | None) -> bool:
+def _engine_was_up(job: Job, started_early: float | None, pool: EnginePool) -> bool:
     """Whether this run's engine was started (or starting) before the run: it waits for no start."""
-    return started_early is None and engines.is_cached(job.spec.engine, job.model_path, job.max_model_len)
+    return started_early is None and pool.has(job.spec.engine, job.model_path, job.max_model_len)
 
 
-def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | None:
+def _start_engines_early(job: Job, previous: dict[str, Any] | None, pool: EnginePool) -> float | None:
     """Start engines that run in processes of their own now, so that they load while this process
     loads the tokenizer and scans the inputs (they are killed if a check fails); when they started."""
     if previous is not None and previous.get("status") == "completed":
         return None  # most likely nothing left to do: start no engine for nothing
-    return engines.prestart(job.spec.engine, job.model_path, job.max_model_len)
+    return pool.start_early(job.spec.engine, job.model_path, job.max_model_len)
 
 
-def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, opening: Opening,
+def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, opening: Opening, pool: EnginePool,
               started_early: float | None) -> None:
     """Start the engine (or wait for the one started early), feed it the windows' chunks, count rows as
     they finish and write them as parts (parts.py), once the run is open (opening.py)."""
     t0 = time.monotonic()
-    engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
+    engine = pool.get(job.spec.engine, job.model_path, job.max_model_len)
     summary.engine_start_s = time.monotonic() - (started_early or t0)
     early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
     gen_start = opening.generating(engine, f"engine ready in {summary.engine_start_s:.1f}s{early}")

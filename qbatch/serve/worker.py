@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch._fs import atomic_write
+from qbatch.engines.pool import EnginePool
 from qbatch.errors import QbatchError, first_line
 from qbatch.inputs.validate import EMBEDDINGS_URL
 from qbatch.log import log
@@ -59,11 +60,12 @@ class StopBatch(KeyboardInterrupt):
 
 
 class BatchWorker(threading.Thread):
-    def __init__(self, store: Store, settings: ServeSettings):
+    def __init__(self, store: Store, settings: ServeSettings, pool: EnginePool):
         super().__init__(name="qbatch-serve-worker", daemon=True)
         self.store = store
         self.settings = settings
-        self.session = Session(**settings.engine, engine_log=settings.data_dir / ENGINE_LOG)  # vLLM's output
+        # the service's engines (it closes them); vLLM's output to the data folder's engine log
+        self.session = Session(**settings.engine, engine_log=settings.data_dir / ENGINE_LOG, pool=pool)
         self.ready = threading.Event()  # the engines are warm
         self.failed: str | None = None  # why the engines could not start
         self._stopping = threading.Event()

@@ -16,8 +16,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from qbatch.engines import factory
 from qbatch.engines.base import NullEngine
+from qbatch.engines.pool import EnginePool
 from qbatch.errors import EXIT_SIGTERM
 from qbatch.jobs import parts as part_rules
 from qbatch.jobs import runner
@@ -25,6 +25,12 @@ from qbatch.jobs.progress import Progress
 from qbatch.spec import JobSpec
 
 NUM_ROWS = 60
+
+
+def pool_of(engine_or_start) -> EnginePool:
+    """A pool whose engines are this stand-in (or made by this function, one a run)."""
+    start = engine_or_start if callable(engine_or_start) else lambda: engine_or_start
+    return EnginePool(start=lambda *args, **kwargs: start())
 
 
 class Trickle(NullEngine):
@@ -76,11 +82,10 @@ class Recording(Progress):
 
 def test_one_chunk_counts_its_rows_as_they_finish_and_writes_parts_throughout(rows_path, monkeypatch, tmp_path):
     engine = Trickle()
-    monkeypatch.setattr(factory, "create", lambda *args: engine)
     monkeypatch.setattr(part_rules, "PART_MIN_S", 0.1)  # parts every 0.1 s of a ~0.6 s generation
     Recording.seen = []
     out = tmp_path / "out"
-    summary = runner.run(spec(rows_path, out), progress_class=Recording)
+    summary = runner.run(spec(rows_path, out), pool_of(engine), progress_class=Recording)
 
     assert summary.num_chunks == 1 and [c["rows"] for c in summary.chunks] == [NUM_ROWS]
     assert Recording.seen == list(range(2, NUM_ROWS + 1, 2))  # the bar moves with every handful of rows
@@ -100,9 +105,8 @@ def test_status_counts_the_rows_of_a_running_single_chunk_job(rows_path, monkeyp
     out = tmp_path / "out"
     during = []
     engine = Trickle(on_piece=lambda n: during.append(read_status(str(out))) if n == 20 else None)
-    monkeypatch.setattr(factory, "create", lambda *args: engine)
     monkeypatch.setattr(part_rules, "PART_MIN_S", 0.05)
-    runner.run(spec(rows_path, out))
+    runner.run(spec(rows_path, out), pool_of(engine))
     status = during[0]
     assert status["status"] == "running" and 0 < status["rows_done"] < NUM_ROWS
 
@@ -124,25 +128,23 @@ def test_a_part_is_due_by_rows_or_by_time(monkeypatch, tmp_path):
 
 
 def test_a_stop_mid_chunk_keeps_the_rows_finished_and_the_rerun_redoes_only_the_rest(
-        cli, bundled_model, rows_path, monkeypatch, tmp_path):
+        cli, bundled_model, rows_path, tmp_path):
     """SIGTERM while the one chunk runs, long before any part is due by time: the rows finished by then
     are written as the run stops; the rerun skips them by id and does the rest."""
     def terminate(n):
         if n == 12:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(factory, "create", lambda *args: Trickle(on_piece=terminate))
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # the CLI installs its own
     out = tmp_path / "out"
     args = ["run", rows_path, "-o", out, "--model", bundled_model, "--backend", "null", "--progress", "none"]
     try:
-        result = cli(*args)
+        result = cli(*args, pool=pool_of(lambda: Trickle(on_piece=terminate)))
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert result.exit_code == EXIT_SIGTERM, result.output
     kept = part_rows(out)
     assert len(kept) == 1 and len(set(kept[0])) == 24  # 12 handfuls of 2, in one part written at the stop
-    monkeypatch.undo()
     result = cli(*args)
     assert result.exit_code == 0, result.output
     stats = json.loads((out / "stats.json").read_text())
@@ -154,8 +156,8 @@ def test_a_session_reports_progress_as_rows_finish(rows_path, monkeypatch, tmp_p
     from qbatch.session import progress as session_progress
     from qbatch.session.progress import reporting
 
-    monkeypatch.setattr(factory, "create", lambda *args: Trickle())
     monkeypatch.setattr(session_progress, "ON_PROGRESS_S", 0.0)
     reported = []
-    runner.run(spec(rows_path, tmp_path / "out"), progress_class=reporting(lambda done, failed: reported.append(done)))
+    runner.run(spec(rows_path, tmp_path / "out"), pool_of(Trickle),
+               progress_class=reporting(lambda done, failed: reported.append(done)))
     assert reported == list(range(2, NUM_ROWS + 1, 2))

