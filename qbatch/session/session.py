@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from qbatch.engines import vllm_output
 from qbatch.engines.pool import EnginePool
-from qbatch.errors import SpecError
+from qbatch.errors import SpecError, Stopped
 from qbatch.jobs import runner
-from qbatch.log import setup as setup_log
+from qbatch.jobs.events import RunEvents
 from qbatch.jobs.summary import Summary
+from qbatch.log import setup as setup_log
 from qbatch.session.data import input_paths
-from qbatch.session.progress import SessionProgress, reporting, shows_notebook_bar
+from qbatch.session.progress import notebook_bar, shows_notebook_bar
 from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec
 
 if TYPE_CHECKING:
@@ -119,23 +120,25 @@ class Session:
         return self._run_spec(spec)
 
     def run(self, data: Any, *, output_dir: str | os.PathLike | None = None,
-            on_progress: Callable[[int, int], None] | None = None, **job_settings: Any) -> RunResult:
+            on_progress: Callable[[int, int], None] | None = None, stop_request: threading.Event | None = None,
+            **job_settings: Any) -> RunResult:
         """Generate for every row of `data`, as `qbatch run` does; see RunResult.
 
         `data`: a path or glob (str or Path), a list of Paths, a polars or pandas DataFrame, a list
         of dicts (rows, as JSONL lines) or a list of prompt strings (ids "0", "1", ...). With
         `output_dir` the run checkpoints there and a rerun resumes, as the CLI's `-o`.
         `on_progress(rows_done, rows_failed)` (this call's counts) runs as rows finish, about once a
-        second, and when the last is done; an exception it raises stops the run there, the rows
-        finished by then written (a KeyboardInterrupt subclass leaves the run `interrupted`, its parts
-        kept for a resume, the engines warm).
+        second, and when the last is done. `stop_request`: an event another thread may set (a
+        `qbatch.jobs.events.StopRequest` also says why): the run stops within about a second, the rows
+        finished by then written, and run() raises `qbatch.errors.Stopped`; the run is `interrupted`,
+        its parts kept for a resume, the engines warm.
         """
         self._check_open()
         values = self._job_values(job_settings)
         with _output_folder(output_dir) as folder:
             values.update(inputs=input_paths(data, folder), output_dir=str(folder))
             spec = JobSpec.from_flat(values, source="session.run(...)")
-            summary = self._run_spec(spec, on_progress)
+            summary = self._run_spec(spec, on_progress, stop_request)
             return _read_result(summary, None if output_dir is None else str(folder))
 
     def embed(self, data: Any, *, output_dir: str | os.PathLike | None = None, **job_settings: Any) -> pl.DataFrame:
@@ -159,14 +162,15 @@ class Session:
         return result.results
 
     def embed_result(self, data: Any, *, output_dir: str | os.PathLike | None = None,
-                     on_progress: Callable[[int, int], None] | None = None, **job_settings: Any) -> RunResult:
+                     on_progress: Callable[[int, int], None] | None = None,
+                     stop_request: threading.Event | None = None, **job_settings: Any) -> RunResult:
         """embed() with its errors: a RunResult, as run() returns (the same job path, task "embed")."""
         self._check_open()
         values = {**self._job_values(job_settings), "task": "embed"}  # an engine of its own, closed with the session
         with _output_folder(output_dir) as folder:
             values.update(inputs=input_paths(data, folder), output_dir=str(folder))
             spec = JobSpec.from_flat(values, source="session.embed(...)")
-            summary = self._run_spec(spec, on_progress)
+            summary = self._run_spec(spec, on_progress, stop_request)
             return _read_result(summary, None if output_dir is None else str(folder))
 
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
@@ -242,19 +246,28 @@ class Session:
                                     f"got {value!r}", where="session.run(...)",
                                     hint=f"start another Session(..., {name}={value!r}) for it")
 
-    def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None) -> Summary:
-        """One job on the pool's engines (those it starts stay in the pool for the next call)."""
+    def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None,
+                  stop_request: threading.Event | None = None) -> Summary:
+        """One job on the pool's engines (those it starts stay in the pool for the next call); Stopped
+        when `stop_request` stopped it."""
+        notebook = shows_notebook_bar(spec.output.progress)
+        events = RunEvents(on_progress=on_progress, bar=notebook_bar if notebook else None)
+        if stop_request is not None:
+            events.stop = stop_request
         with _CALLS:
-            # events on stderr; under a notebook's bar only warnings (the bar tells the rest)
-            setup_log("none" if shows_notebook_bar(spec.output.progress) else spec.output.progress)
+            setup_log("none" if notebook else spec.output.progress)  # under a notebook's bar only warnings
             vllm_output.use(self.engine_log)
             self.pool.drop_dead()
             try:
-                return runner.run(spec, self.pool,
-                                  progress_class=SessionProgress if on_progress is None else reporting(on_progress))
+                summary = runner.run(spec, self.pool, events)
             except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
                 self.pool.drop_dead()
                 raise
+        if summary.status == "interrupted":
+            raise Stopped(f"the run stopped at the caller's request ({events.stop_reason}): "
+                          f"{summary.rows_ok} rows done, finished parts are kept", reason=events.stop_reason,
+                          where=summary.output_dir, hint="run the same call again with output_dir= to resume")
+        return summary
 
 
 def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | None = None,

@@ -60,23 +60,15 @@ def test_bad_rows_and_list_of_dicts(session, started):
     assert started["n"] == 1
 
 
-def test_interrupted_call_keeps_its_rows_and_the_session_resumes(session, started, tmp_path, monkeypatch):
-    from qbatch.jobs import runner
-
+def test_interrupted_call_keeps_its_rows_and_the_session_resumes(session, started, tmp_path):
     out = tmp_path / "out"
     data = [{"id": f"r{i}", "prompt": f"question {i} " * (i % 4 + 1)} for i in range(24)]
-    take, taken = runner._take, []
 
-    def interrupt_after_the_first_rows(chunk, *args, **kwargs):
-        if taken:
-            raise KeyboardInterrupt
-        taken.append(chunk.index)
-        return take(chunk, *args, **kwargs)
+    def interrupt_after_the_first_rows(done, failed):  # Ctrl-C as the first chunk's rows are counted
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "_take", interrupt_after_the_first_rows)
     with pytest.raises(KeyboardInterrupt):
-        session.run(data, output_dir=out, chunk_tokens=120, **QUICK)
-    monkeypatch.undo()
+        session.run(data, output_dir=out, chunk_tokens=120, on_progress=interrupt_after_the_first_rows, **QUICK)
     engine = _own_engine(session)
     assert not engine.llm.llm_engine.has_unfinished_requests()  # the call's requests were aborted
     kept = pl.read_parquet(out / "parts" / "*.parquet")["id"].to_list()
@@ -103,7 +95,7 @@ def test_langchain_batch_and_invoke_with_thinking_per_call(session, started):
     assert started["n"] == 1
 
 
-def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session, started, monkeypatch):
+def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session, started):
     """Ctrl-C reaches the engine process too (one process group): vLLM shuts it down; the next call
     starts a new engine instead of failing on the dead one."""
     import os
@@ -111,20 +103,16 @@ def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session,
 
     import psutil
 
-    from qbatch.jobs import runner
-
     engine = _own_engine(session)
     children = list(engine._watchdog._children)
 
-    def ctrl_c(*args, **kwargs):
+    def ctrl_c(done, failed):  # Ctrl-C as the first rows are counted: the engine process gets it too
         for child in children:
             os.kill(child.pid, signal.SIGINT)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "_take", ctrl_c)
     with pytest.raises(KeyboardInterrupt):
-        session.run(["a", "b"], **QUICK)
-    monkeypatch.undo()
+        session.run(["a", "b"], on_progress=ctrl_c, **QUICK)
     _, alive = psutil.wait_procs(children, timeout=60)  # the user reruns the cell a little later
     for child in alive:  # vLLM's shutdown on SIGINT can be slow on a loaded machine: the death is what counts
         child.kill()

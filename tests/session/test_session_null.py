@@ -79,23 +79,19 @@ def test_settings_are_checked_with_the_session_they_belong_to(session, bundled_m
         session.run(["a", {"prompt": "b"}])
 
 
-def test_output_dir_resumes_after_an_interrupted_call(session, tmp_path, monkeypatch):
-    from qbatch.jobs import runner
+def test_output_dir_resumes_after_a_stopped_call(session, tmp_path):
+    """A call stopped by its caller (`stop_request`, set here once rows are done) raises Stopped with its rows
+    written; the same call again resumes."""
+    from qbatch.errors import Stopped
+    from qbatch.jobs.events import StopRequest
 
     out = tmp_path / "out"
     data = pl.DataFrame(_rows(60))
-    take, taken = runner._take, []
-
-    def interrupt_after_two_chunks(chunk, *args, **kwargs):
-        if len(taken) == 2:
-            raise KeyboardInterrupt
-        taken.append(chunk.index)
-        return take(chunk, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "_take", interrupt_after_two_chunks)
-    with pytest.raises(KeyboardInterrupt):
-        session.run(data, output_dir=out, chunk_tokens=200, max_tokens=16, progress="none")
-    monkeypatch.undo()
+    stop = StopRequest()
+    with pytest.raises(Stopped, match=r"the run stopped at the caller's request \(cancel\): \d+ rows done") as info:
+        session.run(data, output_dir=out, chunk_tokens=200, max_tokens=16, progress="none",
+                    on_progress=lambda done, failed: stop.request("cancel"), stop_request=stop)
+    assert info.value.reason == "cancel" and info.value.hint == "run the same call again with output_dir= to resume"
     done = pl.read_parquet(out / "parts" / "*.parquet")["id"].to_list()
     assert 0 < len(done) < 60
 
