@@ -166,8 +166,9 @@ def test_the_python_api_leaves_no_engine_at_interpreter_exit(job, tmp_path):
     inp, args = job
     flat = {"inputs": [str(inp)], "output_dir": str(tmp_path / "out"), "model": args[1], "max_model_len": 512,
             "thinking": False, "max_tokens": 4, "limit": 8, "progress": "none"}
-    code = ("from qbatch.jobs.runner import run; from qbatch.spec import JobSpec; "
-            f"print(run(JobSpec.from_flat({flat!r}, source='test')).rows_ok)")
+    code = ("from qbatch.engines.pool import EnginePool; from qbatch.jobs.runner import run; "
+            "from qbatch.spec import JobSpec; pool = EnginePool(); "  # left open: it closes at exit
+            f"print(run(JobSpec.from_flat({flat!r}, source='test'), pool).rows_ok)")
     run = Run([], cmd=[sys.executable, "-c", code])
     run.proc.wait(timeout=600)
     survivors = run.survivors_after(15)
