@@ -82,7 +82,8 @@ class Session:
 
     Engine settings (`model`, `max_model_len`, `gpu_memory_utilization`, `backend`, ... : the
     `qbatch run` flags of the engine) are fixed for the session; job settings (`max_tokens`,
-    `thinking`, `template`, `output_dir`, ...) are given per call.
+    `thinking`, `template`, `output_dir`, ...) are given per call. `session.pool` holds the
+    engines (qbatch.engines.pool.EnginePool): the session's own, or the one it was given.
     """
 
     def __init__(self, model: str | None = None, *, engine_log: str | os.PathLike | None = None,

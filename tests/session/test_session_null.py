@@ -79,6 +79,28 @@ def test_settings_are_checked_with_the_session_they_belong_to(session, bundled_m
         session.run(["a", {"prompt": "b"}])
 
 
+def test_sessions_of_one_pool_share_its_engine_and_leave_it_to_its_owner(bundled_model):
+    """A pool handed to Sessions is its owner's: both run on its engine, started once, and closing them
+    leaves it running; the owner closes it."""
+    from qbatch.engines.base import NullEngine
+    from qbatch.engines.pool import EnginePool
+
+    class Kept(NullEngine):
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    started = []
+    pool = EnginePool(start=lambda *args, **kwargs: started.append(Kept()) or started[-1])
+    with Session(bundled_model, backend="null", pool=pool) as first, \
+            Session(bundled_model, backend="null", pool=pool) as second:
+        assert first.generate(["a"], max_tokens=2) and second.generate(["b"], max_tokens=2)
+    assert len(started) == 1 and not started[0].closed and pool.engines() == started
+    pool.close_all()
+    assert started[0].closed
+
+
 def test_output_dir_resumes_after_a_stopped_call(session, tmp_path):
     """A call stopped by its caller (`stop_request`, set here once rows are done) raises Stopped with its rows
     written; the same call again resumes."""
