@@ -215,30 +215,58 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
     _run_job(build_spec(ctx, job, inputs))
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineHandoff:
+    """What a program that calls the CLI hands it as Click's `obj` (main(pool=...)): the engine pool (an
+    EnginePool) its commands run on, left open for the program unless `close` hands it over to the command,
+    which then closes it when it ends. Without one, a command opens a pool of its own and closes it."""
+
+    pool: Any
+    close: bool = False
+
+
+def command_pool() -> tuple[Any, bool]:
+    """The pool this command runs on, and whether the command closes it when it ends."""
+    from qbatch.engines.pool import EnginePool
+
+    handoff = click.get_current_context().find_object(EngineHandoff)
+    if handoff is None:
+        return EnginePool(), True
+    return handoff.pool, handoff.close
+
+
 def _run_job(spec: JobSpec) -> None:
     """`qbatch run` and `qbatch embed`: one job through the Session's path, its summary on stdout."""
     from qbatch.display import print_summary
+    from qbatch.engines import vllm_output
     from qbatch.jobs.shutdown import ProcessGuard
     from qbatch.session.session import Session
 
     setup_log(spec.output.progress)
+    pool, owned = command_pool()
     # the reaper kills the engines if this process dies without a word (SIGKILL); the null engine has none
     with ProcessGuard(reaper=spec.engine.backend != "null" and not spec.output.dry_run) as guard:
-        session = Session.for_spec(spec)  # the Python door's code path: one run, then its engines close
+        session = Session.for_spec(spec, pool=pool)  # the Python door's code path, on the command's pool
+
+        def close() -> None:  # the engines close when the command ends (a pool handed to it may stay open)
+            if owned:
+                vllm_output.use(session.engine_log)  # vLLM's shutdown lines go with the rest
+                pool.close_all()
+
         try:
             summary = session.run_spec(spec)
         except Interrupted as exc:
             _echo_interrupted(exc, spec.output.output_dir)
-            guard.stop(session.close)
+            guard.stop(close)
             sys.exit(exc.exit_code)
         except BaseException:
-            session.close()
+            close()
             raise
         failed = spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed)
         exit_code = EXIT_ROW_ERRORS if failed else 0
         guard.completed(exit_code)  # the run is recorded as completed: a signal now only cuts the shutdown short
         print_summary(summary)
-        guard.close_engines(session.close)
+        guard.close_engines(close)
     if exit_code:
         sys.exit(exit_code)
 
@@ -353,7 +381,8 @@ def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str 
                              max_upload_bytes=max_upload_bytes, max_requests=max_requests,
                              window_s=completion_window_s)
     JobSpec.from_flat({**engine, **job}, source="command line")  # bad values stop here, before anything starts
-    Service(settings).serve()
+    pool, owned = command_pool()
+    Service(settings, pool=pool, close_pool=owned).serve()  # the service closes its engines as it stops
 
 
 @cli.command()
@@ -485,7 +514,6 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     from pathlib import Path
 
     from qbatch.engines import vllm_output
-    from qbatch.engines.factory import close_all as close_engines
     from qbatch.jobs.shutdown import ProcessGuard
 
     command = "qbatch " + shlex.join(sys.argv[1:])
@@ -499,16 +527,19 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
         write(report)
         click.echo(f"interrupted: the {len(report['runs'])} runs that finished are in {json_path}", err=True)
 
+    engines, owned = command_pool()  # a pool handed to the command keeps its engines between modes
+    pool = benchmarks.BenchPool(engines, own=owned)
     with ProcessGuard(reaper=not null_engine):  # a signal kills the engines; so does this process's death
         try:
             if null_engine:
                 from qbatch.bench.pipeline import pipeline_bench
 
-                report = pipeline_bench(spec, prompts_file=prompts)
+                report = pipeline_bench(spec, pool.engines, prompts_file=prompts)
             else:
-                report = benchmarks.run_bench(spec, interrupted=write_interrupted)
+                report = benchmarks.run_bench(spec, pool, interrupted=write_interrupted)
         finally:
-            close_engines()
+            if pool.own:
+                pool.engines.close_all()
     write(report)
     click.echo(benchmarks.format_table({**report, "command": command}))
     click.echo(f"results: {json_path}")
@@ -574,9 +605,11 @@ def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> N
                f"{counts['rows_failed']:,} errors")
 
 
-def main() -> None:
+def main(pool: Any = None, *, close_pool: bool = False) -> None:
+    """The `qbatch` command. `pool` (an EnginePool): the engines its commands run on, left open for the
+    caller unless `close_pool` (by default a command opens a pool of its own and closes it when it ends)."""
     try:
-        cli(prog_name="qbatch")
+        cli(prog_name="qbatch", obj=None if pool is None else EngineHandoff(pool, close_pool))
     except SystemExit as exc:
         _exit(exc.code)
 

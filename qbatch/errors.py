@@ -83,6 +83,15 @@ class MissingDependency(QbatchError):
     exit_code = EXIT_USAGE
 
 
+class Stopped(QbatchError):
+    """A run stopped at its caller's request (its `stop` was set): the rows finished by then are written, the
+    run is recorded `interrupted`, and a rerun resumes. `reason`: why it was asked to stop."""
+
+    def __init__(self, message: str, *, reason: str, where: str | None = None, hint: str | None = None):
+        super().__init__(message, where=where, hint=hint)
+        self.reason = reason
+
+
 class RowError(Exception):
     """A problem with one row (its prompt, messages, id or sampling values); becomes an error row, never
     stops the batch. `kind` is the machine-readable error, `message` states the rule and the value."""

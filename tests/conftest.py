@@ -1,8 +1,8 @@
 """Shared fixtures: the bundled model, a tiny random Qwen3, sample files, a CLI runner.
 
-Engines are cached per process (qbatch.engines.factory.create), so every test that
-runs the same model with the same engine settings shares one engine: the
-suite starts each engine once.
+The tests share one engine pool (`engine_pool`), so every test that runs the same
+model with the same engine settings shares one engine: the suite starts each
+engine once.
 """
 
 from __future__ import annotations
@@ -81,67 +81,37 @@ def write_jsonl(tmp_path: Path):
 
 # Each CPU engine holds a 2 GiB KV cache and two processes of its own (~3.5 GB): more than this many
 # at once, beside a service or a notebook kernel some tests start, do not fit a 24 GB machine.
-MAX_CACHED_ENGINES = 2
+MAX_ENGINES = 2
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _few_engines_at_once():
-    """Tests share engines (one start per model and settings), but the least recently used one is shut
-    down before a new one would make MAX_CACHED_ENGINES + 1."""
-    from qbatch.engines import factory
+@pytest.fixture(scope="session")
+def engine_pool():
+    """The engines the tests share, one start per model and settings: the CLI (`cli`) and Sessions
+    (`Session(..., pool=engine_pool)`) run on it; the least recently used engine closes before one
+    more than MAX_ENGINES would start."""
+    from qbatch.engines.pool import EnginePool
 
-    create, prestart, close = factory.create, factory.prestart, factory.close  # before tests patch close
-    recent: list = []  # engine keys, least recently used first
-
-    def make_room(key) -> None:
-        if key in recent:
-            recent.remove(key)
-        cached = factory.cached_keys()
-        for old in [k for k in recent if k in cached]:
-            if len(factory.cached_keys() - {key}) < MAX_CACHED_ENGINES:
-                break
-            close(old)
-            recent.remove(old)
-        recent.append(key)
-
-    def tracked(start):
-        def start_with_room(spec, model_path, max_model_len):
-            if spec.backend != "null":
-                make_room(factory._key(spec, model_path, max_model_len))
-            return start(spec, model_path, max_model_len)
-        return start_with_room
-
-    factory.create, factory.prestart = tracked(create), tracked(prestart)
-    yield
-    factory.create, factory.prestart = create, prestart
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _close_engines_at_end():
-    yield
-    from qbatch.engines import factory as engine
-
-    engine.close_all()
+    with EnginePool(max_engines=MAX_ENGINES) as pool:
+        yield pool
 
 
 @pytest.fixture
-def cli(monkeypatch):
-    """cli(*args) -> click Result of `qbatch ARGS` run in-process.
+def cli(engine_pool):
+    """cli(*args, pool=None) -> click Result of `qbatch ARGS` run in-process.
 
-    The CLI shuts its engines down when a command ends; here they stay up for
-    the next test (one engine start per model and settings per session).
+    The command runs on the suite's shared engines (`engine_pool`), or on `pool` (stand-in engines),
+    and leaves them open: one engine start per model and settings per session.
     """
     from click.testing import CliRunner
 
-    from qbatch.engines import factory as engine
+    from qbatch.cli import EngineHandoff
     from qbatch.cli import cli as qbatch_cli
 
-    monkeypatch.setattr(engine, "close_all", lambda: None)
-    monkeypatch.setattr(engine, "close", lambda key: None)  # what a command's Session.close() calls
     runner = CliRunner()
 
-    def invoke(*args: str):
-        return runner.invoke(qbatch_cli, [str(a) for a in args], catch_exceptions=False)
+    def invoke(*args: str, pool=None):
+        return runner.invoke(qbatch_cli, [str(a) for a in args], catch_exceptions=False,
+                             obj=EngineHandoff(engine_pool if pool is None else pool))
 
     return invoke
 

@@ -2,7 +2,7 @@
 
 One process, one engine. The `qbatch` mode runs the whole `qbatch run` path
 (a JSONL file on disk to Parquet) through `qbatch.jobs.runner.run`, whose engine
-cache hands back the very engine the raw vLLM modes drive, so every mode runs
+pool hands back the very engine the raw vLLM modes drive, so every mode runs
 on the same engine settings and the same prompts. Output lengths are forced
 (`ignore_eos` + per-row `max_tokens`), so every mode does the same work.
 A qbatch run with more than one engine (two per GPU for a small model, the
@@ -33,6 +33,7 @@ from qbatch.bench.settings import (
     work_dir,
 )
 from qbatch.bench.workloads import Workload, make_workload
+from qbatch.engines.pool import EnginePool
 
 BASELINES = ("vllm-best", "vllm-tokens", "vllm-text")  # each mode's ratio to these, on the same workload
 HF_MAX_BATCH = 256
@@ -56,10 +57,27 @@ class Measurement:
                 "total_tok_s": round((self.prompt_tokens + self.output_tokens) / wall, 1)}
 
 
-def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print,
+@dataclass(frozen=True)
+class BenchPool:
+    """The engines of the bench's qbatch runs. `own`: the bench's pool, its engines closed between modes
+    (their memory goes to the next ones; first-run times their start); a pool a caller handed the bench
+    keeps its engines, its owner's to close."""
+
+    engines: EnginePool
+    own: bool = True
+
+    def close(self) -> None:
+        if self.own:
+            self.engines.close_all()
+        _free_torch_memory()
+        _wait_for_gpu_memory()
+
+
+def run_bench(settings: BenchSettings, pool: BenchPool, *, log: Callable[[str], None] = print,
               interrupted: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Run every mode on every workload; return the report (see `format_table`). A signal or Ctrl-C (a
-    lease's time limit) first hands `interrupted` the report of the runs done so far (`"interrupted": true`)."""
+    """Run every mode on every workload, qbatch's on `pool`; return the report (see `format_table`). A signal
+    or Ctrl-C (a lease's time limit) first hands `interrupted` the report of the runs done so far
+    (`"interrupted": true`)."""
     from qbatch.jobs.job import Job
 
     settings.validate()
@@ -72,7 +90,8 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print,
         engines: dict[str, Any] = {}  # each engine's settings and start time, by the modes it ran
         every_run: list[Measurement] = []  # in the order they ran, for the JSON report
         try:
-            engine_info = _run_modes(settings, spec, job, work, workloads, measurements, engines, every_run, log)
+            engine_info = _run_modes(settings, spec, job, work, workloads, measurements, engines, every_run, log,
+                                     pool)
         except KeyboardInterrupt:
             if interrupted is not None:
                 interrupted({**_report(settings, workloads, measurements, {}, engines, every_run), "interrupted": True})
@@ -82,7 +101,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] = print,
 
 def _run_modes(settings: BenchSettings, spec: Any, job: Any, work: Path, workloads: dict[str, Workload],
                measurements: list[Measurement], engines: dict[str, Any], every_run: list[Measurement],
-               log: Callable[[str], None]) -> dict[str, Any]:
+               log: Callable[[str], None], pool: BenchPool) -> dict[str, Any]:
     """The measurements, into `measurements` (means) and `every_run`; the shared engine's info."""
     if "hf" in settings.modes:  # before vLLM takes the GPU's memory
         for workload in workloads.values():
@@ -95,22 +114,24 @@ def _run_modes(settings: BenchSettings, spec: Any, job: Any, work: Path, workloa
     sequence = _vllm_modes(settings)
     specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
              for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
-    own = {i for (_, i), s in specs.items() if settings.vllm_defaults or not on_shared_engine(s, job.spec.engine)}
+    own = {i for (_, i), s in specs.items()
+           if settings.vllm_defaults or not on_shared_engine(s, job.spec.engine, pool.engines)}
     if len(own) < len(sequence):  # some mode runs on the shared engine (else it is not started)
-        engine, engine_info = _engine(settings, spec, job)
+        engine, engine_info = _engine(settings, spec, job, pool.engines)
         engines["shared"] = engine_info
         log(f"engine ready in {engine_info['start_s']:.1f}s: {engine_info['settings']}")
-        # vLLM's defaults engine is not in qbatch.engines.factory's cache, which the CLI closes
+        # vLLM's defaults engine is not in the pool, whose engines close with it
         release = engine.close if settings.vllm_defaults else _keep
         try:
             _run_engine_modes(settings, engine.llm, workloads, sequence, specs, own, job, measurements,
-                              every_run, log, release)
+                              every_run, log, release, pool)
         finally:
             release()
     elif sequence:
-        _run_engine_modes(settings, None, workloads, sequence, specs, own, job, measurements, every_run, log, _keep)
+        _run_engine_modes(settings, None, workloads, sequence, specs, own, job, measurements, every_run, log, _keep,
+                          pool)
     if "first-run" in settings.modes:
-        _run_first(settings, workloads, work, measurements, every_run, log)
+        _run_first(settings, workloads, work, measurements, every_run, log, pool)
     for m in measurements:  # qbatch's own engines: the settings it resolved, and their start
         if "engine_settings" in m.notes:
             start_s = m.notes.get("own_engines_start_s", m.notes["engine_start_s"])
@@ -120,13 +141,13 @@ def _run_modes(settings: BenchSettings, spec: Any, job: Any, work: Path, workloa
 
 
 def _keep() -> None:
-    """The shared engine stays: it is qbatch.engines.factory's, closed with the others."""
+    """The shared engine stays: it is the pool's, closed with the others."""
 
 
 def _run_engine_modes(settings: BenchSettings, llm: Any | None, workloads: dict[str, Workload],
                       sequence: list[tuple[str, dict[str, Any]]], specs: dict[tuple[str, int], Any], own: set[int],
                       job: Any, measurements: list[Measurement], every_run: list[Measurement],
-                      log: Callable[[str], None], release_shared: Callable[[], None]) -> None:
+                      log: Callable[[str], None], release_shared: Callable[[], None], pool: BenchPool) -> None:
     """The modes of `sequence` on the shared engine (`llm`; None when every one of them is in `own`), then
     those in `own` on engines of their own."""
     if llm is not None:
@@ -139,21 +160,23 @@ def _run_engine_modes(settings: BenchSettings, llm: Any | None, workloads: dict[
             for i in [i for i in range(len(sequence)) if i not in own][::-1 if repeat % 2 else 1]:
                 llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
                 if sequence[i][0] in QBATCH_MODES:
-                    runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i]))
+                    runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i],
+                                                              pool.engines))
                 else:
                     runs[workload.name, i].append(_run_vllm(llm, workload, sequence[i][0], job.preparer.base_sampling))
                 _ran(runs[workload.name, i][-1], repeat, "shared", every_run, log)
     if own:
         release_shared()
-        _close_engines()  # their GPU memory goes to the runs with engines of their own
+        pool.close()  # their GPU memory goes to the runs with engines of their own
     for i in sorted(own):
         for workload in workloads.values():
-            started = _start_engines(specs[workload.name, i])
-            _warm_up_own(specs[workload.name, i])
+            started = _start_engines(specs[workload.name, i], pool.engines)
+            _warm_up_own(specs[workload.name, i], pool.engines)
             for repeat in range(settings.repeats):
-                runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i], started))
+                runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i],
+                                                          pool.engines, started))
                 _ran(runs[workload.name, i][-1], repeat, "qbatch's own", every_run, log)
-        _close_engines()
+        pool.close()
     measurements.extend(_mean(runs[w, i]) for w in workloads for i in range(len(sequence)))
 
 
@@ -193,57 +216,56 @@ def _run_raw_best(settings: BenchSettings, spec: Any, job: Any, workloads: dict[
 
 
 def _run_first(settings: BenchSettings, workloads: dict[str, Workload], work: Path, measurements: list[Measurement],
-               every_run: list[Measurement], log: Callable[[str], None]) -> None:
+               every_run: list[Measurement], log: Callable[[str], None], pool: BenchPool) -> None:
     """`qbatch run` with no engine running: its timing includes starting its engines (as the run plans
     them), what the first job on a machine costs; throughput over generation and end to end."""
     for workload in workloads.values():
         spec = qbatch_spec(settings, work / f"{workload.name}.jsonl", work / f"out-{workload.name}-first")
         runs = []
         for repeat in range(settings.repeats):
-            _close_engines()  # every run starts its own, inside its timing
-            runs.append(_run_qbatch(spec, workload, ("first-run", {})))
+            pool.close()  # every run starts its own, inside its timing
+            runs.append(_run_qbatch(spec, workload, ("first-run", {}), pool.engines))
             generate_s = runs[-1].notes["generate_s"]
             runs[-1].notes["generate_output_tok_s"] = round(runs[-1].output_tokens / generate_s, 1) if generate_s else None
             _ran(runs[-1], repeat, "qbatch's own, started in the run", every_run, log)
         measurements.append(_mean(runs))
-    _close_engines()
+    pool.close()
 
 
-def on_shared_engine(spec: Any, shared: Any) -> bool:
+def on_shared_engine(spec: Any, shared: Any, pool: EnginePool) -> bool:
     """Whether a qbatch run of this spec gets the shared engine: its engine settings, as its run resolves
     them (resolved_job), are the shared engine's. A run of other settings (two engines per GPU, a
     --variant with compilation_mode or max_num_seqs, torch.compile chosen for the job's shape) gets
     engines of its own, started before its timing."""
-    return resolved_job(spec).spec.engine == shared
+    return resolved_job(spec, pool).spec.engine == shared
 
 
-def resolved_job(spec: Any) -> Any:
+def resolved_job(spec: Any, pool: EnginePool) -> Any:
     """The Job a `qbatch run` of this spec runs: its engines as Job.setup resolves them and then as the
     job's shape chooses them (jobs/shape.py: torch.compile for a long prefill-bound job on a GPU), so
-    the engines started for it before its timing are the ones the run itself would start."""
+    the engines started for it before its timing are the ones the run itself would start (an engine of
+    `pool` that fits it first, as in the run)."""
     from qbatch.jobs.job import Job
     from qbatch.jobs.shape import choose_for_shape
 
-    return choose_for_shape(Job.setup(spec), set())[0]
+    return choose_for_shape(Job.setup(spec), set(), pool)[0]
 
 
-def _engine_processes(spec: Any) -> int:
+def _engine_processes(spec: Any, pool: EnginePool) -> int:
     """The engines a run of this spec would start."""
-    return resolved_job(spec).spec.engine.engine_count()
+    return resolved_job(spec, pool).spec.engine.engine_count()
 
 
-def _start_engines(spec: Any) -> float:
-    """Start a qbatch run's own engines (kept in qbatch.engines.factory's cache for its runs); the seconds it took."""
-    from qbatch.engines import factory as engines
-
-    job = resolved_job(spec)
+def _start_engines(spec: Any, pool: EnginePool) -> float:
+    """Start a qbatch run's own engines (kept in the pool for its runs); the seconds it took."""
+    job = resolved_job(spec, pool)
     started = time.monotonic()
-    engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
+    engine = pool.get(job.spec.engine, job.model_path, job.max_model_len)
     getattr(engine, "wait_started", lambda: None)()  # a run begins on the first engine ready; timing waits for all
     return time.monotonic() - started
 
 
-def _warm_up_own(spec: Any) -> None:
+def _warm_up_own(spec: Any, pool: EnginePool) -> None:
     """A few short rows through a run's own engines before its timing, as _warm_up does for the shared
     engine: the first run on fresh engines ran slower than the next (H200: 5.3 s, then 3.1 s, the same
     4,096 rows), which counted against qbatch alone."""
@@ -256,15 +278,7 @@ def _warm_up_own(spec: Any) -> None:
     path.write_text("".join(json.dumps({"id": f"w{i}", "prompt": "hello " * (8 + i), **limit}) + "\n"
                             for i in range(16)))
     _run_job(replace(spec, input=replace(spec.input, inputs=[str(path)]),
-                     output=replace(spec.output, output_dir=str(folder / "out-warm-up"), report=False)))
-
-
-def _close_engines() -> None:
-    from qbatch.engines import factory as engines
-
-    engines.close_all()
-    _free_torch_memory()
-    _wait_for_gpu_memory()
+                     output=replace(spec.output, output_dir=str(folder / "out-warm-up"), report=False)), pool)
 
 
 def _wait_for_gpu_memory(timeout_s: float = 60.0) -> None:
@@ -327,16 +341,15 @@ def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
     return modes + [("qbatch", variant) for variant in settings.variants]
 
 
-def _engine(settings: BenchSettings, spec: Any, job: Any) -> tuple[Any, dict[str, Any]]:
-    """The engine every mode shares: the one `qbatch run` gets from qbatch.engines.factory's cache."""
-    from qbatch.engines import factory
+def _engine(settings: BenchSettings, spec: Any, job: Any, pool: EnginePool) -> tuple[Any, dict[str, Any]]:
+    """The engine every mode shares: the one `qbatch run` gets from the pool."""
     from qbatch.engines.vllm import VllmEngine
 
     started = time.monotonic()
     if settings.vllm_defaults:
         engine = VllmEngine(spec.engine, job.model_path, job.max_model_len, tuned=False)
     else:
-        engine = factory.create(spec.engine, job.model_path, job.max_model_len)
+        engine = pool.get(spec.engine, job.model_path, job.max_model_len)
     return engine, _engine_info(engine.llm, started, vllm_defaults=settings.vllm_defaults)
 
 
@@ -356,7 +369,7 @@ def _engine_info(llm: Any, started: float, **extra: Any) -> dict[str, Any]:
 
 
 class _RawBestEngine:
-    """vLLM's LLM on its own defaults, closed when its modes are done (not in qbatch.engines.factory's cache)."""
+    """vLLM's LLM on its own defaults, closed when its modes are done (not in the pool)."""
 
     def __init__(self, llm: Any):
         self.llm = llm
@@ -438,13 +451,13 @@ def _share(cached: int, prompt_tokens: int) -> float | None:
     return round(cached / prompt_tokens, 4) if prompt_tokens else None
 
 
-def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]], engines_start_s: float | None = None
-                ) -> Measurement:
+def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]], pool: EnginePool,
+                engines_start_s: float | None = None) -> Measurement:
     """The full `qbatch run` path, in-process (JSONL -> tokenize -> plan -> engine -> Parquet), or a warm
     Session's call on the workload's rows as a notebook passes them (a list of dicts)."""
     name, variant = mode
     started = time.monotonic()
-    summary = _run_session(spec, workload) if name == "session" else _run_job(spec)
+    summary = _run_session(spec, workload, pool) if name == "session" else _run_job(spec, pool)
     wall = time.monotonic() - started
     name += "".join(f" {k}={v}" for k, v in variant.items())
     notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
@@ -458,23 +471,23 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
              # written (from the generation's start), and the seconds spent writing them all
              "parts": len(summary.parts), "first_part_s": summary.parts[0]["written_s"] if summary.parts else None,
              "part_write_s": round(sum(p["write_s"] for p in summary.parts), 3),
-             "rows_failed": summary.rows_failed, "engines": _engine_processes(spec)}
+             "rows_failed": summary.rows_failed, "engines": _engine_processes(spec, pool)}
     if summary.engine_choice:  # the run chose its engines from the job's shape (jobs/shape.py)
         notes["engine_choice"] = summary.engine_choice
     if engines_start_s is not None:  # started before the timing, after the shared engine had gone
         notes["own_engines_start_s"] = round(engines_start_s, 2)
     if engines_start_s is not None or name == "first-run":  # engines of its own: what qbatch chose for them
-        notes["engine_settings"] = _qbatch_engine_settings(spec)
+        notes["engine_settings"] = _qbatch_engine_settings(spec, pool)
     if summary.prompt_tokens != workload.num_prompt_tokens:
         notes["prompt_tokens_expected"] = workload.num_prompt_tokens
     return Measurement(workload.name, name, summary.rows_ok, wall, summary.prompt_tokens, summary.completion_tokens,
                        notes)
 
 
-def _qbatch_engine_settings(spec: Any) -> dict[str, Any]:
+def _qbatch_engine_settings(spec: Any, pool: EnginePool) -> dict[str, Any]:
     """The engine settings a qbatch run resolves (its engines run in processes of their own, whose
     vLLM config this process cannot read; None: vLLM's default, or qbatch's tuned one in engines/vllm.py)."""
-    job = resolved_job(spec)
+    job = resolved_job(spec, pool)
     engine = job.spec.engine
     return {"engines": engine.engine_count(), "engines_per_gpu": engine.engines_per_gpu,
             "compilation_mode": engine.compilation_mode,
@@ -484,24 +497,24 @@ def _qbatch_engine_settings(spec: Any) -> dict[str, Any]:
             "kv_cache_memory_bytes": engine.kv_cache_memory_bytes}
 
 
-def _run_job(spec: Any) -> Any:
+def _run_job(spec: Any, pool: EnginePool) -> Any:
     from qbatch.jobs.runner import run
 
-    return run(spec)
+    return run(spec, pool)
 
 
-def _run_session(spec: Any, workload: Workload) -> Any:
-    """One call of a Session on the engines these settings already run (the bench's cache keeps
+def _run_session(spec: Any, workload: Workload, pool: EnginePool) -> Any:
+    """One call of a Session on the engines these settings already run (the bench's pool keeps
     them, as a notebook's Session would): what a second call in a notebook costs."""
     from qbatch.session.session import ENGINE_SETTINGS, Session
 
-    session = Session.for_spec(spec)
+    session = Session.for_spec(spec, pool=pool)
     rows = [{"id": f"{workload.name}-{i}", "prompt": text, "max_tokens": max_tokens}
             for i, (text, max_tokens) in enumerate(zip(workload.texts, workload.max_tokens, strict=True))]
     flat = spec.flat()
     job = {key: value for key, value in flat.items() if key not in ENGINE_SETTINGS
            and key not in ("inputs", "output_dir", "restart") and value != _default(key)}
-    return session.run(rows, **job).summary  # not closed: the engines are the bench's, closed with the others
+    return session.run(rows, **job).summary  # the engines are the pool's, closed with the others
 
 
 def _default(key: str) -> Any:

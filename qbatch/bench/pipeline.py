@@ -22,6 +22,7 @@ from typing import Any
 
 from qbatch.bench.settings import BenchSettings, environment, qbatch_spec, work_dir
 from qbatch.bench.workloads import encode_ids, render_chat, word_pool
+from qbatch.engines.pool import EnginePool
 from qbatch.errors import SpecError
 
 BATCH_ROWS = 8192
@@ -52,9 +53,9 @@ def prompt_pool(path: str | None, tokenizer: Any, *, seed: int = 0) -> list[str]
     return [" ".join(rng.choices(words, k=rng.randint(20, 120))) + "?" for _ in range(500)]
 
 
-def pipeline_bench(settings: BenchSettings, *, prompts_file: str | None = None,
+def pipeline_bench(settings: BenchSettings, engines: EnginePool, *, prompts_file: str | None = None,
                    log: Callable[[str], None] = print) -> dict[str, Any]:
-    """qbatch's pipeline with the null engine vs bare batch tokenization of the same prompts."""
+    """qbatch's pipeline with the null engine (from `engines`) vs bare batch tokenization of the same prompts."""
     from qbatch.models import registry as models
     from qbatch.inputs.prepare import load_tokenizer
     from qbatch.jobs.job import Job
@@ -75,7 +76,7 @@ def pipeline_bench(settings: BenchSettings, *, prompts_file: str | None = None,
         sampler = _RssSampler()
         cpu0, started = _cpu_seconds(), time.monotonic()
         with sampler:
-            summary = run(spec)
+            summary = run(spec, engines)
         pipeline_s, cpu_s = time.monotonic() - started, _cpu_seconds() - cpu0
         log(f"pipeline: {summary.rows_ok:,} rows in {pipeline_s:.1f}s")
 

@@ -3,7 +3,7 @@
 An engine takes a stream of chunks and yields their rows back as they finish: a chunk with
 the completions of some of its rows, a chunk's rows in one or more such pieces, each row in
 exactly one. Implementations (vllm.py, processes.py, ray_actors.py) import this module; the
-factory (factory.py) picks one of them.
+pool (pool.py) starts one of them.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class VllmEngine:
                     return
         finally:
             # A consumer that stops early (an error, Ctrl-C) leaves requests in the engine: abort them,
-            # or the next run on this cached engine would step through them first.
+            # or the next run on this engine (kept in its pool) would step through them first.
             if in_flight:
                 self._abort(list(in_flight))
 

@@ -48,14 +48,19 @@ def recording_stop(out: OutputDir, manifest: dict[str, Any]) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as exc:
-        manifest.update(status="interrupted", updated_at=now())
-        manifest["runs"][-1].update(interrupted_at=now(), interrupted_by=getattr(exc, "signal_name", "SIGINT"))
-        out.write_manifest(manifest)
+        record_interrupted(out, manifest, getattr(exc, "signal_name", "SIGINT"))
         raise
     except BaseException:
         manifest.update(status="failed", updated_at=now())
         out.write_manifest(manifest)
         raise
+
+
+def record_interrupted(out: OutputDir, manifest: dict[str, Any], by: str) -> None:
+    """The run stopped before its end (by a signal's name, or a caller's stop reason): its parts stay for a resume."""
+    manifest.update(status="interrupted", updated_at=now())
+    manifest["runs"][-1].update(interrupted_at=now(), interrupted_by=by)
+    out.write_manifest(manifest)
 
 
 def now() -> str:

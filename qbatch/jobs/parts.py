@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from qbatch.jobs.summary import Summary
 from qbatch.log import log
 from qbatch.output.columns import ColumnTypes
 from qbatch.output.embeddings import embeddings_table
@@ -38,13 +37,13 @@ def part_wait_s(generating_s: float) -> float:
 class PartWriter:
     """The run's finished rows not written yet (results, and failures), and the parts they go to.
 
-    Each part written is recorded in `summary.parts`: its rows, its failed rows, when it was written
-    (seconds into the generation) and how long writing it took.
+    Writing a part returns its record for the run's summary: its rows, its failed rows, when it was
+    written (seconds into the generation) and how long writing it took.
     """
 
-    def __init__(self, out: OutputDir, summary: Summary, sources: list[str], generating_since: float, *,
+    def __init__(self, out: OutputDir, sources: list[str], generating_since: float, *,
                  include_prompt: bool, embed: EmbedSpec | None = None):
-        self.out, self.summary, self.sources = out, summary, sources
+        self.out, self.sources = out, sources
         self.generating_since = generating_since
         self.include_prompt, self.embed = include_prompt, embed
         self.column_types: ColumnTypes | None = None  # the results' (known once the run is open)
@@ -70,12 +69,13 @@ class PartWriter:
         return (chunk_done or self.num_waiting >= PART_MAX_ROWS
                 or now - self._since >= part_wait_s(now - self.generating_since))
 
-    def write(self) -> None:
-        """Write the rows waiting: the results as one part, the failures as one errors part. They are
-        taken first, so a stop that comes during the write never writes them twice (it redoes them)."""
+    def write(self) -> dict[str, Any] | None:
+        """Write the rows waiting: the results as one part, the failures as one errors part; the part's
+        record (None: nothing was waiting). They are taken first, so a stop that comes during the write
+        never writes them twice (it redoes them)."""
         ok, failed, self._ok, self._failed, self._since = self._ok, self._failed, [], [], None
         if not ok and not failed:
-            return
+            return None
         started = time.monotonic()
         if ok and self.embed is not None:
             self.out.write_part(RESULT_PREFIX, embeddings_table(ok, self.sources, self.embed,
@@ -87,14 +87,14 @@ class PartWriter:
         if failed:
             self.out.write_part(ERROR_PREFIX, failures_table(failed))
         written = time.monotonic()
-        self.summary.parts.append({"rows": len(ok), "failed": len(failed),
-                                   "written_s": round(written - self.generating_since, 3),
-                                   "write_s": round(written - started, 4)})
+        return {"rows": len(ok), "failed": len(failed), "written_s": round(written - self.generating_since, 3),
+                "write_s": round(written - started, 4)}
 
-    def write_on_stop(self) -> None:
-        """Write the rows waiting as the run stops; a failure to write (its cause may be why the run
-        stops) leaves them to the resume."""
+    def write_on_stop(self) -> dict[str, Any] | None:
+        """Write the rows waiting as the run stops (a signal, a failure); a failure to write (its cause may
+        be why the run stops) leaves them to the resume."""
         try:
-            self.write()
+            return self.write()
         except Exception as exc:
             log.warning("the rows finished since the last part were not written (a resume redoes them): %s", exc)
+            return None

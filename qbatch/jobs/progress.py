@@ -1,4 +1,5 @@
-"""Progress: a tqdm bar on a terminal, plain periodic log lines in cron and Airflow.
+"""Progress: a tqdm bar on a terminal, plain periodic log lines in cron and Airflow, the caller's own
+bar (a notebook's) and its on_progress (events.py).
 
 Lines go through qbatch's logger (qbatch/log.py), which writes them through tqdm while a bar
 shows; the logger's level (set by the CLI or the Session from --progress) decides what shows.
@@ -8,27 +9,35 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
 
+from qbatch.jobs.events import RunEvents
 from qbatch.log import log
 
 LOG_EVERY_S = 30.0
+# A caller's on_progress runs about this often as rows finish (and once all are done): `qbatch serve`
+# writes the counts to its database each time.
+ON_PROGRESS_S = 1.0
 
 
 class Progress:
     # The tokens whose rate shows: generated ones, or for an embedding job (nothing generated) its inputs.
     tokens_of = "output"
 
-    def __init__(self, mode: str, total: int, *, stream: TextIO | None = None):
-        stream = stream or sys.stderr
-        if mode == "auto":
+    def __init__(self, mode: str, total: int, events: RunEvents | None = None):
+        events = events or RunEvents()
+        stream = events.stream or sys.stderr
+        self._bar = None
+        if mode in ("auto", "bar") and events.bar is not None:  # the caller draws its own (a notebook's)
+            mode, self._bar = "bar", events.bar(total)
+        elif mode == "auto":
             mode = "bar" if stream.isatty() else "log"
         self.mode, self.total, self.stream = mode, total, stream
         self.done = self.failed = self.tokens = 0
         self.started = time.monotonic()
         self._last_log = self.started
-        self._bar = None
-        if mode == "bar":
+        self._on_progress = events.on_progress
+        self._reported = 0.0
+        if mode == "bar" and self._bar is None:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, unit="row", file=stream, dynamic_ncols=True, smoothing=0.1)
@@ -51,6 +60,10 @@ class Progress:
         elif self.mode == "log" and (time.monotonic() - self._last_log >= LOG_EVERY_S or self.done >= self.total):
             self._last_log = time.monotonic()
             self.log(f"{self.done}/{self.total} rows ({self.failed} failed), {rate:,.0f} {self.tokens_of} tok/s")
+        if self._on_progress is not None and (time.monotonic() - self._reported >= ON_PROGRESS_S
+                                              or self.done >= self.total):
+            self._reported = time.monotonic()
+            self._on_progress(self.done, self.failed)
 
     def log(self, message: str) -> None:
         if self.mode != "none":

@@ -1,48 +1,53 @@
-"""Orchestration: read -> skip done -> prepare -> plan -> generate -> write.
+"""Orchestration: read -> skip done -> prepare -> plan -> generate -> write, as the phases of one run.
 
-Everything that can be checked without the model (inputs, spec, output
-folder, manifest, duplicate ids) is checked before the engine loads, except
-that engines in processes of their own (several per host) start right after
-the output folder's checks, to load beside the tokenizer and the id pre-scan
-(a failed check kills them). An engine that is up before the run (a Session's,
-`qbatch serve`'s) gets the first window's chunks before the id pre-scan, which
-then runs beside them; nothing is written before it ends (opening.py). Rows are
-read, rendered, tokenized and planned in three threads of their own (stages.py)
-while the engine generates and this thread counts the rows as they finish and
-writes them as parts (parts.py).
+A run's phases, called in order from one place (_Run.execute): what OUT_DIR holds (the resume
+check), the pre-scan, the manifest and progress (opening.py), generation, and its end: completed
+(results assembled) or stopped at the caller's request (events.py). Everything that can be checked
+without the model (inputs, spec, output folder, manifest, duplicate ids) is checked before the
+engine loads, except that engines in processes of their own (several per host) start right after
+the output folder's checks, to load beside the tokenizer and the id pre-scan (a failed check kills
+them). An engine that is up before the run (a Session's, `qbatch serve`'s) gets the first window's
+chunks before the pre-scan, which then runs beside them; nothing is written before it ends. Rows
+are read, rendered, tokenized and planned in three threads of their own (stages.py) while the
+engine generates and this thread counts the rows as they finish and writes them as parts
+(parts.py). The run alone changes its Summary; the modules it calls return what it records.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any, TextIO
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
 
-from qbatch.engines import factory as engines
 from qbatch.engines.base import Chunk
+from qbatch.engines.pool import EnginePool
 from qbatch.errors import SpecError
 from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
+from qbatch.jobs.events import RunEvents
 from qbatch.jobs.job import Job, PlannedWindow
-from qbatch.jobs.manifest import covered_inputs, now, recording_stop
+from qbatch.jobs.manifest import covered_inputs, now, record_interrupted, recording_stop
 from qbatch.jobs.memory import rare_collections, release_freed_memory
-from qbatch.jobs.opening import Opening, check_not_empty
+from qbatch.jobs.opening import Found, Opened, check_not_empty, open_manifest, pre_scan, start_progress
 from qbatch.jobs.parts import PartWriter
-from qbatch.jobs.progress import Progress
 from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
 from qbatch.jobs.summary import Summary, stats_dict
+from qbatch.jobs.telemetry import Telemetry
 from qbatch.output.assemble import assemble
 from qbatch.output.folder import OutputDir
 from qbatch.records import Failure
 from qbatch.spec import JobSpec
 
 
-def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Progress] = Progress) -> Summary:
-    """Run a job to completion (or resume it); progress goes to `stream` (default stderr), shown
-    by `progress_class` (the Session passes one that draws a notebook bar in Jupyter)."""
+def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Summary:
+    """Run a job to completion (or resume it) on the engines of `pool`. `events`: its progress for the
+    caller, and the caller's stop: a run stopped so returns with status "interrupted", the rows
+    finished by then written."""
+    events = events or RunEvents()
     started = time.monotonic()
-    stream = stream or sys.stderr
     if spec.output.dry_run:
         with spooled_for_dry_run(spec) as spooled, rare_collections():
             return dry_run(Job.setup(spooled), started)
@@ -54,162 +59,262 @@ def run(spec: JobSpec, *, stream: TextIO | None = None, progress_class: type[Pro
     try:
         job = job or Job.setup(spool_streams(spec, out.path))
         with rare_collections():
-            return _execute(job, out, started, stream, progress_class)
+            return _Run(job, out, pool, events, started).execute()
     finally:
         out.close()
 
 
-def _execute(job: Job, out: OutputDir, started: float, stream: TextIO,
-             progress_class: type[Progress] = Progress) -> Summary:
-    spec = job.spec
-    fingerprint = job.fingerprint(None if spec.output.restart else out.manifest())
-    previous = out.check_fingerprint(fingerprint, restart=spec.output.restart)
-    done = out.done_ids(include_errors=not spec.output.retry_errors)
-    job, choice = choose_for_shape(job, done)  # engines per GPU, torch.compile: before any engine starts
-    spec = job.spec
-    started_early = _start_engines_early(job, previous)
-    job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
-    # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
-    early = not engines.forks_on_create(spec.engine, job.model_path, job.max_model_len)
-    summary = Summary(str(out.path), "running", rows_skipped=len(done), task=spec.engine.task,
-                      engine_choice=choice.reason if choice else None)
-    opening = Opening(job, out, summary, done, previous, fingerprint, stream, progress_class)
-    with job.windows(done, start=early) as windows:
+@dataclass
+class _ChunkTally:
+    """A chunk's finished rows and their tokens so far, and its rows still out."""
+
+    index: int
+    left: int
+    rows: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def record(self, finished_s: float) -> dict[str, Any]:
+        """The summary's record of the chunk once its last row is in (`finished_s` into the generation)."""
+        return {"index": self.index, "rows": self.rows, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "finished_s": round(finished_s, 3)}
+
+
+class _Run:
+    """One run's phases and what they share: the job, its output folder, the pool, the caller's events,
+    and the run's Summary, manifest and progress once they exist."""
+
+    def __init__(self, job: Job, out: OutputDir, pool: EnginePool, events: RunEvents, started: float):
+        self.job, self.out, self.pool, self.events, self.started = job, out, pool, events, started
+        self.summary = Summary(str(out.path), "running", task=job.spec.engine.task)
+        self.manifest: dict[str, Any] | None = None  # once written: a stop from then on is recorded in it
+        self.opened: Opened | None = None
+        self._parts: PartWriter | None = None
+        self._tallies: dict[int, _ChunkTally] = {}  # chunks with rows still out
+        self._held: list[Failure] = []  # the windows' failures before the run opened
+        self._windows_handed = 0  # windows whose chunks the engine has
+        self._telemetry: Telemetry | None = None
+
+    def execute(self) -> Summary:
+        found, started_early = self._prepare()
+        job = self.job
+        engine_up = started_early is None and self.pool.has(job.spec.engine, job.model_path, job.max_model_len)
+        # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
+        early = not self.pool.would_fork(job.spec.engine, job.model_path, job.max_model_len)
+        stopped = False
+        with job.windows(found.done, start=early) as windows:
+            try:
+                with self._recording_stop():
+                    if not engine_up:  # the pre-scan while the engine starts (one up scans beside its first chunks)
+                        self._open(found)
+                    if engine_up or self.opened.todo:
+                        self.summary.setup_s = time.monotonic() - self.started
+                        stopped = self._generate(windows, found, started_early)
+            finally:
+                if self.opened is not None:
+                    self.opened.progress.close()
+        self._stop_telemetry(compact=not stopped)  # a stopped run leaves compacting to the next
+        if stopped:
+            return self._stopped()
+        with recording_stop(self.out, self.manifest):
+            return self._finish()
+
+    # -- the phases, in order ---------------------------------------------------
+    def _prepare(self) -> tuple[Found, float | None]:
+        """What OUT_DIR holds (the fingerprint checked, the rows done); the engines the job's shape calls
+        for; engines in processes of their own started now, to load while this process loads the
+        tokenizer and scans the inputs (they are killed if a check fails), and when they started."""
+        spec = self.job.spec
+        fingerprint = self.job.fingerprint(None if spec.output.restart else self.out.manifest())
+        previous = self.out.check_fingerprint(fingerprint, restart=spec.output.restart)
+        found = Found(previous, fingerprint, self.out.done_ids(include_errors=not spec.output.retry_errors))
+        self.job, choice = choose_for_shape(self.job, found.done, self.pool)  # before any engine starts
+        self.summary.rows_skipped = len(found.done)
+        self.summary.engine_choice = choice.reason if choice else None
+        started_early = None
+        if previous is None or previous.get("status") != "completed":  # a completed job most likely has nothing left
+            started_early = self.pool.start_early(self.job.spec.engine, self.job.model_path, self.job.max_model_len)
+        self.job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
+        return found, started_early
+
+    def _open(self, found: Found) -> None:
+        """The pre-scan, then the manifest (from then on a stop is recorded), then the progress."""
+        scan = pre_scan(self.job, found)
+        self.manifest, column_types = open_manifest(self.job, self.out, found, scan, self.summary.engine_choice)
+        self.opened = Opened(scan, column_types, start_progress(self.job, found, scan, self.events))
+
+    def _generate(self, windows: Stages, found: Found, started_early: float | None) -> bool:
+        """Start the engine (or wait for the one started early), feed it the windows' chunks, count rows
+        as they finish and write them as parts; True when the caller's stop ended the generation."""
+        job = self.job
+        t0 = time.monotonic()
+        engine = self.pool.get(job.spec.engine, job.model_path, job.max_model_len)
+        self.summary.engine_start_s = time.monotonic() - (started_early or t0)
+        early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
+        ready = f"engine ready in {self.summary.engine_start_s:.1f}s{early}"
+        generating_since = time.monotonic()
+        spec = job.spec
+        self._parts = PartWriter(self.out, [str(p) for p in job.files], generating_since,
+                                 include_prompt=spec.output.include_prompt,
+                                 embed=spec.embed if spec.engine.task == "embed" else None)
+        windows.start()
+        outputs = engine.run(self._feed(windows))
         try:
-            with opening.recording_stop():
-                # On an engine that was up before this run, the pre-scan runs beside its first chunks
-                # (opening.py); other runs scan first, while their engine starts.
-                if _engine_was_up(job, started_early) or opening.open().todo:
-                    summary.setup_s = time.monotonic() - started
-                    _generate(job, windows, out, summary, opening, started_early)
+            finished: list[Any] = []
+            if self.opened is None:  # an engine that was up: the pre-scan runs beside its first chunks
+                finished = self._hand_over_first_window(outputs)
+                self._open(found)
+            self._parts.column_types = self.opened.column_types
+            self._begin_reporting(engine, ready, generating_since)
+            held, self._held = self._held, []
+            self._record_failures(held)
+            stopped = self._take_all(chain(finished, outputs))
+            self._write_part()
+        except BaseException:
+            self._write_part(on_stop=True)  # rows waiting for their part are finished: kept, not redone
+            raise
         finally:
-            opening.close()
-    opened = opening.open()
-    with recording_stop(out, opened.manifest):
-        return _finish(job, out, summary, opened.manifest, started,
-                       covered=covered_inputs(spec.input.limit, opened.scan.rows_read))
+            close = getattr(outputs, "close", None)
+            if close is not None:
+                close()  # an engine stopped early aborts the requests it still holds
+        self.summary.generate_s = time.monotonic() - generating_since
+        return stopped
 
+    def _finish(self) -> Summary:
+        """Assemble results.parquet from the parts; record the run as completed."""
+        spec, summary = self.job.spec, self.summary
+        release_freed_memory()
+        t0 = time.monotonic()
+        counts = assemble(self.out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
+        summary.assemble_s = time.monotonic() - t0
+        summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
+        summary.total_samples = counts.get("samples_ok", counts["rows_ok"])
+        summary.status = "completed"
+        summary.wall_s = time.monotonic() - self.started
+        self.out.write_stats(stats_dict(summary))
+        covered = covered_inputs(spec.input.limit, self.opened.scan.rows_read)
+        self.manifest.update(status="completed", updated_at=now(), counts=counts, covered_inputs=covered)
+        self.manifest["runs"][-1].update(finished_at=now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
+        self.out.write_manifest(self.manifest)
+        if spec.output.report:
+            from qbatch.report.page import write_report
 
-def _finish(job: Job, out: OutputDir, summary: Summary, manifest: dict[str, Any], started: float, *,
-            covered: bool) -> Summary:
-    """Assemble results.parquet from the parts; record the run as completed."""
-    spec = job.spec
-    release_freed_memory()
-    t0 = time.monotonic()
-    counts = assemble(out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
-    summary.assemble_s = time.monotonic() - t0
-    summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
-    summary.total_samples = counts.get("samples_ok", counts["rows_ok"])
-    summary.status = "completed"
-    summary.wall_s = time.monotonic() - started
-    out.write_stats(stats_dict(summary))
-    manifest.update(status="completed", updated_at=now(), counts=counts, covered_inputs=covered)
-    manifest["runs"][-1].update(finished_at=now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
-    out.write_manifest(manifest)
-    if spec.output.report:
-        from qbatch.report.page import write_report
+            write_report(self.out.path)
+        return summary
 
-        write_report(out.path)
-    return summary
+    def _stopped(self) -> Summary:
+        """The caller's stop: the run is recorded interrupted (by the stop's reason), its parts kept for a resume."""
+        record_interrupted(self.out, self.manifest, self.events.stop_reason)
+        self.summary.status = "interrupted"
+        self.summary.wall_s = time.monotonic() - self.started
+        return self.summary
 
+    # -- generation ---------------------------------------------------------------
+    def _feed(self, windows: Iterable[PlannedWindow]) -> Iterator[Chunk]:
+        """The windows' chunks, numbered for the engine; each window's failures recorded as it comes."""
+        for window in windows:
+            self._record_failures(window.failures)
+            for requests in window.chunks:
+                index = self.summary.num_chunks
+                self._tallies[index] = _ChunkTally(index, len(requests))
+                yield Chunk(index, requests)
+                self.summary.num_chunks += 1
+            self._windows_handed += 1
 
-def _engine_was_up(job: Job, started_early: float | None) -> bool:
-    """Whether this run's engine was started (or starting) before the run: it waits for no start."""
-    return started_early is None and engines.is_cached(job.spec.engine, job.model_path, job.max_model_len)
+    def _hand_over_first_window(self, outputs: Iterator[Any]) -> list[Any]:
+        """Run the engine until it has the first window's chunks, or its first rows are back (or it is
+        done); the rows back by then, to be taken once the run is open."""
+        finished = []
+        for item in outputs:
+            if item is not None:
+                finished.append(item)
+            if finished or self._windows_handed:
+                break
+        return finished
 
-
-def _start_engines_early(job: Job, previous: dict[str, Any] | None) -> float | None:
-    """Start engines that run in processes of their own now, so that they load while this process
-    loads the tokenizer and scans the inputs (they are killed if a check fails); when they started."""
-    if previous is not None and previous.get("status") == "completed":
-        return None  # most likely nothing left to do: start no engine for nothing
-    return engines.prestart(job.spec.engine, job.model_path, job.max_model_len)
-
-
-def _generate(job: Job, windows: Stages, out: OutputDir, summary: Summary, opening: Opening,
-              started_early: float | None) -> None:
-    """Start the engine (or wait for the one started early), feed it the windows' chunks, count rows as
-    they finish and write them as parts (parts.py), once the run is open (opening.py)."""
-    t0 = time.monotonic()
-    engine = engines.create(job.spec.engine, job.model_path, job.max_model_len)
-    summary.engine_start_s = time.monotonic() - (started_early or t0)
-    early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
-    gen_start = opening.generating(engine, f"engine ready in {summary.engine_start_s:.1f}s{early}")
-    spec = job.spec
-    parts = PartWriter(out, summary, [str(p) for p in job.files], gen_start, include_prompt=spec.output.include_prompt,
-                       embed=spec.embed if spec.engine.task == "embed" else None)
-    chunks_open: dict[int, dict[str, Any]] = {}
-    windows.start()
-    try:
-        for finished in engine.run(_chunks(windows, summary, opening, parts, chunks_open)):
-            chunk_done = False
-            if finished is not None:
-                opened = opening.open()
-                parts.column_types = opened.column_types
-                chunk_done = _take(*finished, summary, opened.progress, parts, chunks_open, gen_start)
-            if parts.due(chunk_done=chunk_done):
-                parts.write()
-        parts.write()
-    except BaseException:
-        parts.write_on_stop()  # rows waiting for their part are finished: kept, not redone
-        raise
-    opening.open()
-    summary.generate_s = time.monotonic() - gen_start
-
-
-def _chunks(windows: Iterable[PlannedWindow], summary: Summary, opening: Opening, parts: PartWriter,
-            chunks_open: dict[int, dict[str, Any]]) -> Iterator[Chunk]:
-    """Number the chunks for the engine; record failures as they come. A run not open yet (opening.py)
-    opens once the first window's chunks are with the engine, and records that window's failures then."""
-    for window in windows:
-        failures = window.failures
-        if failures and opening.opened is not None:
-            _record_failures(failures, summary, opening.opened.progress, parts)
-            failures = []
-        for requests in window.chunks:
-            chunks_open[summary.num_chunks] = {"index": summary.num_chunks, "rows": 0, "prompt_tokens": 0,
-                                               "completion_tokens": 0, "left": len(requests)}
-            yield Chunk(summary.num_chunks, requests)
-            summary.num_chunks += 1
-        opened = opening.open()  # once: the engine has this window's chunks (it may have opened the run meanwhile)
-        if failures:
-            _record_failures(failures, summary, opened.progress, parts)
-
-
-def _record_failures(failures: list[Failure], summary: Summary, progress: Progress, parts: PartWriter) -> None:
-    parts.add([], failures)
-    summary.count_failures(failures)
-    progress.update(len(failures), failed=len(failures))
-
-
-def _take(chunk: Chunk, completions: list, summary: Summary, progress: Progress, parts: PartWriter,
-          chunks_open: dict[int, dict[str, Any]], gen_start: float) -> bool:
-    """Rows of `chunk` that finished (Completions, or for an embedding job Embeddings), some or all of
-    its rows: counted, and handed to the next part; True when they were the chunk's last."""
-    ok = [c for c in completions if c.error is None]
-    refused = [Failure(c.request.id, parts.sources[c.request.source_index], c.request.row_index, None,
-                       "engine_rejected", c.error) for c in completions if c.error is not None]
-    parts.add(ok, [])
-    if refused:
-        _record_failures(refused, summary, progress, parts)
-    prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)
-    completion_tokens = sum(c.num_generated_tokens for c in ok)  # with n > 1, every sample's
-    summary.rows_ok += len(ok)
-    summary.samples_ok += sum(1 + len(c.more_samples) for c in ok)
-    summary.prompt_tokens += prompt_tokens
-    summary.completion_tokens += completion_tokens
-    summary.cached_tokens += sum(c.num_cached_tokens for c in ok)
-    progress.update(len(ok), tokens=prompt_tokens if parts.embed is not None else completion_tokens)
-    tally = chunks_open[chunk.index]
-    tally["rows"] += len(ok)
-    tally["prompt_tokens"] += prompt_tokens
-    tally["completion_tokens"] += completion_tokens
-    tally["left"] -= len(completions)
-    if tally["left"]:
+    def _take_all(self, outputs: Iterable[Any]) -> bool:
+        """Take the engine's rows as they come, writing parts when due; True when the caller's stop ended it
+        (looked at each time the engine reports)."""
+        for item in outputs:
+            chunk_done = item is not None and self._take(*item)
+            if self._parts.due(chunk_done=chunk_done):
+                self._write_part()
+            if self.events.stop.is_set():
+                return True
         return False
-    del chunks_open[chunk.index], tally["left"]
-    summary.chunks.append({**tally, "finished_s": round(time.monotonic() - gen_start, 3)})
-    return True
+
+    def _take(self, chunk: Chunk, completions: list[Any]) -> bool:
+        """Rows of `chunk` that finished (Completions, or for an embedding job Embeddings), some or all of
+        its rows: counted, and handed to the next part; True when they were the chunk's last."""
+        summary, parts = self.summary, self._parts
+        ok = [c for c in completions if c.error is None]
+        refused = [Failure(c.request.id, parts.sources[c.request.source_index], c.request.row_index, None,
+                           "engine_rejected", c.error) for c in completions if c.error is not None]
+        parts.add(ok, [])
+        self._record_failures(refused)
+        prompt_tokens = sum(c.request.num_prompt_tokens for c in ok)
+        completion_tokens = sum(c.num_generated_tokens for c in ok)  # with n > 1, every sample's
+        summary.rows_ok += len(ok)
+        summary.samples_ok += sum(1 + len(c.more_samples) for c in ok)
+        summary.prompt_tokens += prompt_tokens
+        summary.completion_tokens += completion_tokens
+        summary.cached_tokens += sum(c.num_cached_tokens for c in ok)
+        self.opened.progress.update(len(ok), tokens=prompt_tokens if parts.embed is not None else completion_tokens)
+        tally = self._tallies[chunk.index]
+        tally.rows += len(ok)
+        tally.prompt_tokens += prompt_tokens
+        tally.completion_tokens += completion_tokens
+        tally.left -= len(completions)
+        if tally.left:
+            return False
+        del self._tallies[chunk.index]
+        summary.chunks.append(tally.record(time.monotonic() - parts.generating_since))
+        return True
+
+    def _record_failures(self, failures: list[Failure]) -> None:
+        """Rows that failed: counted and handed to the next part, once the run is open (held until then)."""
+        if not failures:
+            return
+        if self.opened is None:
+            self._held += failures
+            return
+        self._parts.add([], failures)
+        self.summary.count_failures(failures)
+        self.opened.progress.update(len(failures), failed=len(failures))
+
+    def _write_part(self, *, on_stop: bool = False) -> None:
+        record = self._parts.write_on_stop() if on_stop else self._parts.write()
+        if record is not None:
+            self.summary.parts.append(record)
+
+    # -- reporting ---------------------------------------------------------------
+    def _begin_reporting(self, engine: Any, ready: str, generating_since: float) -> None:
+        """The engine is ready (`ready` says so) and the run open: rates count from the generation's start,
+        telemetry samples from now."""
+        progress = self.opened.progress
+        progress.log(ready)
+        progress.start_clock(generating_since)
+        if self.job.spec.output.telemetry:
+            self._telemetry = Telemetry(self.out.path, self.summary, progress.total).__enter__()
+            self._telemetry.engine = engine
+
+    @contextmanager
+    def _recording_stop(self) -> Iterator[None]:
+        """A run that stops (a signal, a failure) says so in its manifest once that is written, even before
+        the run is fully open; before, nothing was written and the folder stays as it was."""
+        try:
+            yield
+        except BaseException:
+            self._stop_telemetry(compact=False)
+            if self.manifest is None:
+                raise
+            with recording_stop(self.out, self.manifest):
+                raise
+
+    def _stop_telemetry(self, *, compact: bool) -> None:
+        telemetry, self._telemetry = self._telemetry, None
+        if telemetry is not None:
+            telemetry.close(compact_parts=compact)
 
 
 def dry_run(job: Job, started: float) -> Summary:

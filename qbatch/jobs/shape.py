@@ -20,8 +20,8 @@ from itertools import islice
 from pathlib import Path
 
 from qbatch.engines import compile_cache
-from qbatch.engines import factory as engines
 from qbatch.engines.placement import TORCH_COMPILE, EngineChoice, choose_engines, gpu_ids, gpu_memory_bytes
+from qbatch.engines.pool import EnginePool
 from qbatch.engines.vllm import EXTRA_ARGS_ENV  # a compilation_config there is the user's choice
 from qbatch.inputs.readers import detect_format
 from qbatch.jobs.job import Job, place_engines
@@ -41,16 +41,16 @@ class JobShape:
     estimated: bool  # from a sample and the inputs' sizes (else every row was sampled)
 
 
-def choose_for_shape(job: Job, done: set[str]) -> tuple[Job, EngineChoice | None]:
+def choose_for_shape(job: Job, done: set[str], pool: EnginePool) -> tuple[Job, EngineChoice | None]:
     """The job with the engines its shape calls for (a new Job; its spec a new spec), and the choice;
-    the job as it is and None where no choice is made."""
+    the job as it is and None where no choice is made. An engine of `pool` that fits the job is chosen first."""
     if not _may_choose(job):
         return job, None
     default_engines = job.spec.engine.engines_per_gpu or 1
     compiled = [_with_choice(job, EngineChoice(n, TORCH_COMPILE, "")).spec.engine
                 for n in dict.fromkeys((default_engines, 1))]  # the choices a warm and a cold cache give
     for running in (job.spec.engine, *compiled):  # a warm engine (a Session's) beats any start
-        if engines.is_cached(running, job.model_path, job.max_model_len):
+        if pool.has(running, job.model_path, job.max_model_len):
             return _with_choice(job, EngineChoice(running.engines_per_gpu or 1, running.compilation_mode,
                                                   "an engine with these settings is running: reused")), None
     shape = sample_shape(job, done)

@@ -13,6 +13,7 @@ import signal
 import threading
 from typing import Any
 
+from qbatch.engines.pool import EnginePool
 from qbatch.errors import MissingDependency
 from qbatch.log import log
 from qbatch.serve.config import SERVE_EXTRA_HINT, ServeSettings
@@ -34,7 +35,9 @@ def require_web_stack() -> None:
 class Service:
     """The store, the worker and the app of one data folder; `serve()` runs them until a signal."""
 
-    def __init__(self, settings: ServeSettings):
+    def __init__(self, settings: ServeSettings, *, pool: EnginePool | None = None, close_pool: bool = False):
+        """`pool`: the engines to run batches on, left open for its owner unless `close_pool` (default: a
+        pool of the service's own, closed when it stops)."""
         require_web_stack()
         from qbatch.serve.app import create_app
         from qbatch.serve.worker import BatchWorker
@@ -42,7 +45,9 @@ class Service:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.data_dir / "qbatch-serve.sqlite3")
-        self.worker = BatchWorker(self.store, settings)
+        self.pool = pool if pool is not None else EnginePool()
+        self._owns_pool = pool is None or close_pool
+        self.worker = BatchWorker(self.store, settings, self.pool)
         self.app = create_app(settings, self.store, self.worker)
 
     def serve(self, *, on_ready: Any = None) -> None:
@@ -84,6 +89,8 @@ class Service:
                 signal.signal(sig, _exit_now)
             worker.stop()
             worker.join(SHUTDOWN_WAIT_S)
+            if self._owns_pool:
+                self.pool.close_all()
             self.store.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -96,11 +103,12 @@ def _exit_now(sig: int, frame: Any) -> None:
     os._exit(128 + sig)
 
 
-def serve_in_thread(settings: ServeSettings) -> tuple[Service, Any, threading.Thread]:
+def serve_in_thread(settings: ServeSettings, *, pool: EnginePool | None = None
+                    ) -> tuple[Service, Any, threading.Thread]:
     """The service on a uvicorn thread (for tests and notebooks): (service, uvicorn server, thread)."""
     import uvicorn
 
-    service = Service(settings)
+    service = Service(settings, pool=pool)
     config = uvicorn.Config(service.app, host=settings.host, port=settings.port, log_level="warning",
                             access_log=False)
     server = uvicorn.Server(config)

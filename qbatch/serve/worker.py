@@ -2,10 +2,9 @@
 
 Each batch runs in its own folder (DATA_DIR/batches/<id>/out) with qbatch's parts, so a batch
 the service was killed in resumes by row id on the next start, as `qbatch run` does. A cancel,
-the end of the completion window and a shutdown stop the run within about a second (the
-Session's `on_progress` raises `StopBatch`; the rows finished by then are written); the engines
-stay warm. Whatever one batch does,
-the thread goes on with the next.
+the end of the completion window and a shutdown stop the run within about a second (they set the
+run's stop request; the rows finished by then are written); the engines stay warm. Whatever one
+batch does, the thread goes on with the next.
 
 Every request of a batch that ends ends in its output file or its error file: one the run did not
 reach gets `batch_cancelled`, `batch_expired` or `batch_failed`, and `request_counts` adds up to
@@ -21,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from qbatch._fs import atomic_write
-from qbatch.errors import QbatchError, first_line
+from qbatch.engines.pool import EnginePool
+from qbatch.errors import QbatchError, Stopped, first_line
 from qbatch.inputs.validate import EMBEDDINGS_URL
+from qbatch.jobs.events import StopRequest
 from qbatch.log import log
 from qbatch.log import setup as setup_log
 from qbatch.output.assemble import assemble, json_line, write_openai_jsonl
@@ -46,43 +47,33 @@ NOT_RUN = {
 }
 
 
-class StopBatch(KeyboardInterrupt):
-    """Stops a batch's run at a part boundary: `reason` is cancel, expire or shutdown.
-
-    A KeyboardInterrupt, as a signal is to `qbatch run`: the run records itself `interrupted`,
-    keeps its parts, and no `except Exception` on the way up swallows it.
-    """
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
 class BatchWorker(threading.Thread):
-    def __init__(self, store: Store, settings: ServeSettings):
+    def __init__(self, store: Store, settings: ServeSettings, pool: EnginePool):
         super().__init__(name="qbatch-serve-worker", daemon=True)
         self.store = store
         self.settings = settings
-        self.session = Session(**settings.engine, engine_log=settings.data_dir / ENGINE_LOG)  # vLLM's output
+        # the service's engines (it closes them); vLLM's output to the data folder's engine log
+        self.session = Session(**settings.engine, engine_log=settings.data_dir / ENGINE_LOG, pool=pool)
         self.ready = threading.Event()  # the engines are warm
         self.failed: str | None = None  # why the engines could not start
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._claim = threading.Lock()  # held while a batch is chosen, and while a cancel finishes a waiting one
         self._current: str | None = None
-        self._cancel: set[str] = set()
+        self._stop_current = StopRequest()  # the running batch's: reason cancel, expire or shutdown
 
     # -- called from the HTTP threads ---------------------------------------
     def wake(self) -> None:
         self._wake.set()
 
     def stop(self) -> None:
-        """Stop at the next part boundary; the running batch stays queued and resumes on the next start."""
+        """Stop within about a second; the running batch stays queued and resumes on the next start."""
         self._stopping.set()
+        self._stop_current.request("shutdown")
         self._wake.set()
 
     def cancel(self, batch_id: str) -> dict[str, Any] | None:
-        """`cancelling`, then `cancelled` at once for a waiting batch, at the next part boundary for the running
+        """`cancelling`, then `cancelled` at once for a waiting batch, within about a second for the running
         one; a batch already on its way to the end is returned as it is; None: the batch had ended."""
         with self._claim:
             batch = self.store.batch(batch_id)
@@ -92,7 +83,7 @@ class BatchWorker(threading.Thread):
                 return batch
             batch = self._change(batch_id, "cancelling")
             if self._current == batch_id:
-                self._cancel.add(batch_id)
+                self._stop_current.request("cancel")
                 return batch
             return self._finalize(batch, "cancelled")
 
@@ -113,8 +104,6 @@ class BatchWorker(threading.Thread):
                 continue
             try:
                 self._process(batch)
-            except StopBatch:
-                pass  # shutdown: the batch stays in_progress and resumes on the next start
             except BaseException as exc:  # noqa: BLE001 - one batch never stops the queue
                 log.exception(f"serve: batch {batch['id']} failed: {first_line(exc)}")
                 self._fail(batch["id"], "internal_error", "an internal error stopped the batch")
@@ -143,6 +132,9 @@ class BatchWorker(threading.Thread):
                     self._finalize(batch, "expired")
                     continue
                 self._current = batch["id"]
+                self._stop_current = StopRequest()
+                if self._stopping.is_set():
+                    self._stop_current.request("shutdown")
                 return batch
         return None
 
@@ -166,39 +158,32 @@ class BatchWorker(threading.Thread):
         log.info(f"serve: batch {batch_id} running ({batch['request_counts']['total']} requests, "
                  f"{done_ok + done_failed} done before)")
 
+        stop = self._stop_current
+
         def on_progress(rows_done: int, rows_failed: int) -> None:
             counts = dict(batch["request_counts"], completed=done_ok + rows_done - rows_failed,
                           failed=done_failed + rows_failed)
             self.store.update_batch(batch_id, {"request_counts": counts})
-            if self._stopping.is_set():
-                raise StopBatch("shutdown")
-            if batch_id in self._cancel:
-                raise StopBatch("cancel")
             if now() >= batch["expires_at"]:
-                raise StopBatch("expire")
+                stop.request("expire")
 
         try:
             # /v1/embeddings batches: the service's model as an embedding model, on an engine of its own
             # started by the first such batch (on a GPU, leave it room: --gpu-memory-utilization)
             self._session_run(source["path"], embed=batch["endpoint"] == EMBEDDINGS_URL, output_dir=folder,
-                              on_progress=on_progress, **{"progress": "log", **self.settings.job, **BATCH_INPUT})
-        except StopBatch as stop:
-            if stop.reason == "shutdown":
+                              on_progress=on_progress, stop_request=stop,
+                              **{"progress": "log", **self.settings.job, **BATCH_INPUT})
+        except Stopped as stopped:
+            if stopped.reason == "shutdown":
                 log.info(f"serve: batch {batch_id} stopped by the shutdown; it resumes on the next start")
-                raise
-            self._cancel.discard(batch_id)
-            if stop.reason == "cancel":
-                self._finalize(self.store.batch(batch_id), "cancelled")
             else:
-                self._finalize(self.store.batch(batch_id), "expired")
+                self._finalize(self.store.batch(batch_id), "cancelled" if stopped.reason == "cancel" else "expired")
             return
         except QbatchError as exc:
             log.error(f"serve: batch {batch_id} failed: {exc}" + (f"; {exc.hint}" if exc.hint else ""))
             self._fail(batch_id, "run_failed", f"the batch could not run ({type(exc).__name__})")
             return
-        if batch_id in self._cancel:  # cancelled after the last part: what is done is done
-            self._cancel.discard(batch_id)
-        self._finalize(self._change(batch_id, "finalizing"), "completed")
+        self._finalize(self._change(batch_id, "finalizing"), "completed")  # a stop after the last part: all is done
 
     # -- state changes -------------------------------------------------------
     def _folder(self, batch_id: str) -> Path:

@@ -1,28 +1,10 @@
-"""A Session's progress: a bar in Jupyter, the CLI's bar or log lines elsewhere."""
+"""A Session's progress bar in Jupyter: Jupyter's stderr is no terminal, so the CLI's `auto` would
+print log lines there; the run draws this bar instead (RunEvents.bar)."""
 
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
-from typing import Any, TextIO
-
-from qbatch.jobs.progress import Progress
-
-
-class SessionProgress(Progress):
-    """The run's Progress, with a bar in a Jupyter kernel: tqdm's widget where ipywidgets is installed,
-    else its text bar, which Jupyter redraws in place.
-
-    Jupyter's stderr is no terminal, so the CLI's `auto` would print log lines there.
-    """
-
-    def __init__(self, mode: str, total: int, *, stream: TextIO | None = None):
-        notebook = shows_notebook_bar(mode)
-        super().__init__("none" if notebook else mode, total, stream=stream)
-        if notebook:
-            self.mode = "bar"
-            self._bar = _notebook_bar(total, stream)
+from typing import Any
 
 
 def shows_notebook_bar(mode: str) -> bool:
@@ -40,7 +22,8 @@ def in_notebook() -> bool:
     return shell is not None and "IPKernelApp" in shell.config
 
 
-def _notebook_bar(total: int, stream: TextIO | None) -> Any:
+def notebook_bar(total: int) -> Any:
+    """tqdm's widget where ipywidgets is installed, else its text bar, which Jupyter redraws in place."""
     try:
         from tqdm.notebook import IProgress
     except ImportError:
@@ -51,27 +34,4 @@ def _notebook_bar(total: int, stream: TextIO | None) -> Any:
         return widget_bar(total=total, unit="row", smoothing=0.1)
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="row", file=stream or sys.stderr, smoothing=0.1)
-
-
-# A Session's on_progress runs about this often as rows finish (and once all are done): `qbatch serve`
-# writes the counts to its database each time.
-ON_PROGRESS_S = 1.0
-
-
-def reporting(on_progress: Callable[[int, int], None]) -> type[SessionProgress]:
-    """A SessionProgress that calls `on_progress(rows_done, rows_failed)` as rows finish, every
-    ON_PROGRESS_S and when the last is done; what it raises stops the run there (the rows finished
-    by then are written first)."""
-
-    class Reporting(SessionProgress):
-        _reported = 0.0
-
-        def update(self, rows: int, failed: int = 0, tokens: int = 0) -> None:
-            super().update(rows, failed, tokens)
-            now = time.monotonic()
-            if now - self._reported >= ON_PROGRESS_S or self.done >= self.total:
-                self._reported = now
-                on_progress(self.done, self.failed)
-
-    return Reporting
+    return tqdm(total=total, unit="row", file=sys.stderr, smoothing=0.1)

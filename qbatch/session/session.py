@@ -6,34 +6,34 @@ runs through `runner.run` with a JobSpec built from the CLI's setting names, and
 are read back from results.parquet and errors.parquet. Preparation, validation, chunks,
 parts, resume and the fingerprint are therefore the CLI's own.
 
-Engines are cached per process and settings by the engine factory (`engines.factory.create`);
-the CLI closes them when a command ends, a Session when it is closed (`close()`, the end of
-a `with` block, or interpreter exit).
+A Session owns a pool of engines (engines/pool.py), started by its first call and kept for
+the next, and closes them when it is closed (`close()`, the end of a `with` block, or
+interpreter exit); given a pool (`pool=`), it runs on that pool's engines and leaves them to
+the pool's owner: two Sessions of one pool share their engines.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import os
 import shutil
 import tempfile
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qbatch.engines import factory as engines
 from qbatch.engines import vllm_output
-from qbatch.errors import SpecError
+from qbatch.engines.pool import EnginePool
+from qbatch.errors import SpecError, Stopped
 from qbatch.jobs import runner
-from qbatch.log import setup as setup_log
+from qbatch.jobs.events import RunEvents
 from qbatch.jobs.summary import Summary
+from qbatch.log import setup as setup_log
 from qbatch.session.data import input_paths
-from qbatch.session.progress import SessionProgress, reporting, shows_notebook_bar
+from qbatch.session.progress import notebook_bar, shows_notebook_bar
 from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec
 
 if TYPE_CHECKING:
@@ -82,13 +82,16 @@ class Session:
 
     Engine settings (`model`, `max_model_len`, `gpu_memory_utilization`, `backend`, ... : the
     `qbatch run` flags of the engine) are fixed for the session; job settings (`max_tokens`,
-    `thinking`, `template`, `output_dir`, ...) are given per call.
+    `thinking`, `template`, `output_dir`, ...) are given per call. `session.pool` holds the
+    engines (qbatch.engines.pool.EnginePool): the session's own, or the one it was given.
     """
 
     def __init__(self, model: str | None = None, *, engine_log: str | os.PathLike | None = None,
-                 **engine_settings: Any) -> None:
+                 pool: EnginePool | None = None, **engine_settings: Any) -> None:
         """`engine_log`: the file vLLM's own output goes to (its log lines, its processes' prints);
-        by default this process's session log under qbatch's cache (`session.engine_log` says which)."""
+        by default this process's session log under qbatch's cache (`session.engine_log` says which).
+        `pool`: the engines to run on, its owner's to close (default: a pool of this session's own,
+        closed with it); Sessions of one pool share its engines."""
         engine_settings = {key.replace("-", "_"): value for key, value in engine_settings.items()}
         job_keys = sorted(set(engine_settings) - ENGINE_SETTINGS)
         if job_keys:
@@ -98,14 +101,16 @@ class Session:
         JobSpec.from_flat(self.engine_settings, source="Session(...)")  # bad values fail now, not at the first run
         self.engine_log = Path(engine_log) if engine_log is not None else _default_engine_log()
         self.closed = False
-        self._engine_keys: set[tuple] = set()
+        self.pool = pool if pool is not None else EnginePool()
+        self._owns_pool = pool is None
 
     @classmethod
-    def for_spec(cls, spec: JobSpec) -> Session:
+    def for_spec(cls, spec: JobSpec, *, pool: EnginePool | None = None) -> Session:
         """A Session on a whole spec's engine settings: the door `qbatch run` goes through."""
         settings = dataclasses.asdict(spec.engine)
         folder = spec.output.output_dir
-        return cls(settings.pop("model"), engine_log=Path(folder) / ENGINE_LOG if folder else None, **settings)
+        return cls(settings.pop("model"), engine_log=Path(folder) / ENGINE_LOG if folder else None, pool=pool,
+                   **settings)
 
     # -- calls -------------------------------------------------------------
     def run_spec(self, spec: JobSpec) -> Summary:
@@ -116,23 +121,25 @@ class Session:
         return self._run_spec(spec)
 
     def run(self, data: Any, *, output_dir: str | os.PathLike | None = None,
-            on_progress: Callable[[int, int], None] | None = None, **job_settings: Any) -> RunResult:
+            on_progress: Callable[[int, int], None] | None = None, stop_request: threading.Event | None = None,
+            **job_settings: Any) -> RunResult:
         """Generate for every row of `data`, as `qbatch run` does; see RunResult.
 
         `data`: a path or glob (str or Path), a list of Paths, a polars or pandas DataFrame, a list
         of dicts (rows, as JSONL lines) or a list of prompt strings (ids "0", "1", ...). With
         `output_dir` the run checkpoints there and a rerun resumes, as the CLI's `-o`.
         `on_progress(rows_done, rows_failed)` (this call's counts) runs as rows finish, about once a
-        second, and when the last is done; an exception it raises stops the run there, the rows
-        finished by then written (a KeyboardInterrupt subclass leaves the run `interrupted`, its parts
-        kept for a resume, the engines warm).
+        second, and when the last is done. `stop_request`: an event another thread may set (a
+        `qbatch.jobs.events.StopRequest` also says why): the run stops within about a second, the rows
+        finished by then written, and run() raises `qbatch.errors.Stopped`; the run is `interrupted`,
+        its parts kept for a resume, the engines warm.
         """
         self._check_open()
         values = self._job_values(job_settings)
         with _output_folder(output_dir) as folder:
             values.update(inputs=input_paths(data, folder), output_dir=str(folder))
             spec = JobSpec.from_flat(values, source="session.run(...)")
-            summary = self._run_spec(spec, on_progress)
+            summary = self._run_spec(spec, on_progress, stop_request)
             return _read_result(summary, None if output_dir is None else str(folder))
 
     def embed(self, data: Any, *, output_dir: str | os.PathLike | None = None, **job_settings: Any) -> pl.DataFrame:
@@ -156,14 +163,15 @@ class Session:
         return result.results
 
     def embed_result(self, data: Any, *, output_dir: str | os.PathLike | None = None,
-                     on_progress: Callable[[int, int], None] | None = None, **job_settings: Any) -> RunResult:
+                     on_progress: Callable[[int, int], None] | None = None,
+                     stop_request: threading.Event | None = None, **job_settings: Any) -> RunResult:
         """embed() with its errors: a RunResult, as run() returns (the same job path, task "embed")."""
         self._check_open()
         values = {**self._job_values(job_settings), "task": "embed"}  # an engine of its own, closed with the session
         with _output_folder(output_dir) as folder:
             values.update(inputs=input_paths(data, folder), output_dir=str(folder))
             spec = JobSpec.from_flat(values, source="session.embed(...)")
-            summary = self._run_spec(spec, on_progress)
+            summary = self._run_spec(spec, on_progress, stop_request)
             return _read_result(summary, None if output_dir is None else str(folder))
 
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
@@ -196,12 +204,11 @@ class Session:
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
-        """Shut down the engines this session started (idempotent)."""
+        """Shut down the engines of this session's own pool (idempotent); a pool given is left to its owner."""
         self.closed = True
-        if self._engine_keys:
+        if self._owns_pool and self.pool.engines():
             vllm_output.use(self.engine_log)  # vLLM's shutdown lines go with the rest
-        while self._engine_keys:
-            engines.close(self._engine_keys.pop())
+            self.pool.close_all()
 
     def __enter__(self) -> Session:
         return self
@@ -240,25 +247,28 @@ class Session:
                                     f"got {value!r}", where="session.run(...)",
                                     hint=f"start another Session(..., {name}={value!r}) for it")
 
-    def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None) -> Summary:
-        """One job on the cached engines; engines it started become this session's to close."""
+    def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None,
+                  stop_request: threading.Event | None = None) -> Summary:
+        """One job on the pool's engines (those it starts stay in the pool for the next call); Stopped
+        when `stop_request` stopped it."""
+        notebook = shows_notebook_bar(spec.output.progress)
+        events = RunEvents(on_progress=on_progress, bar=notebook_bar if notebook else None)
+        if stop_request is not None:
+            events.stop = stop_request
         with _CALLS:
-            # events on stderr; under a notebook's bar only warnings (the bar tells the rest)
-            setup_log("none" if shows_notebook_bar(spec.output.progress) else spec.output.progress)
+            setup_log("none" if notebook else spec.output.progress)  # under a notebook's bar only warnings
             vllm_output.use(self.engine_log)
-            engines.drop_dead()
-            before = engines.cached_keys()
+            self.pool.drop_dead()
             try:
-                return runner.run(spec, progress_class=SessionProgress if on_progress is None else reporting(on_progress))
+                summary = runner.run(spec, self.pool, events)
             except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
-                engines.drop_dead()
+                self.pool.drop_dead()
                 raise
-            finally:
-                started = engines.cached_keys() - before
-                if started and not self._engine_keys:
-                    # Registered after the engine's own exit hooks, so it runs before them (last in, first out).
-                    atexit.register(_close_at_exit, weakref.ref(self))
-                self._engine_keys |= started
+        if summary.status == "interrupted":
+            raise Stopped(f"the run stopped at the caller's request ({events.stop_reason}): "
+                          f"{summary.rows_ok} rows done, finished parts are kept", reason=events.stop_reason,
+                          where=summary.output_dir, hint="run the same call again with output_dir= to resume")
+        return summary
 
 
 def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | None = None,
@@ -355,8 +365,3 @@ def _default_engine_log() -> Path:
         _SESSION_LOG.append(vllm_output.fresh_session_log(cache_dir() / "logs"))
     return _SESSION_LOG[0]
 
-
-def _close_at_exit(ref: weakref.ref[Session]) -> None:
-    session = ref()
-    if session is not None:
-        session.close()

@@ -196,16 +196,19 @@ def test_a_variant_of_other_engine_settings_gets_engines_of_its_own(bundled_mode
     engine (torch.compile, max_num_seqs) would otherwise start a second engine inside its timing."""
     from qbatch.bench.harness import on_shared_engine
     from qbatch.bench.settings import BenchSettings, qbatch_spec
+    from qbatch.engines.pool import EnginePool
     from qbatch.jobs.job import Job
 
     path = tmp_path / "in.jsonl"
     path.write_text('{"prompt": "hi"}\n')
     settings = BenchSettings(["varied"], ["vllm-tokens", "qbatch"], run_settings={"model": bundled_model})
     shared = Job.setup(qbatch_spec(settings, path, tmp_path / "out", shared=True)).spec.engine
-    assert on_shared_engine(qbatch_spec(settings, path, tmp_path / "out"), shared)  # a CPU: one engine
-    assert on_shared_engine(qbatch_spec(settings, path, tmp_path / "out", {"order": "longest-first-flat"}), shared)
+    pool = EnginePool()
+    assert on_shared_engine(qbatch_spec(settings, path, tmp_path / "out"), shared, pool)  # a CPU: one engine
+    assert on_shared_engine(qbatch_spec(settings, path, tmp_path / "out", {"order": "longest-first-flat"}), shared,
+                            pool)
     for variant in ({"compilation_mode": 3, "engines_per_gpu": 1}, {"max_num_seqs": 64}):
-        assert not on_shared_engine(qbatch_spec(settings, path, tmp_path / "out", variant), shared)
+        assert not on_shared_engine(qbatch_spec(settings, path, tmp_path / "out", variant), shared, pool)
 
 
 def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, tmp_path, monkeypatch):
@@ -215,6 +218,7 @@ def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, 
     from qbatch.bench.harness import resolved_job
     from qbatch.bench.settings import BenchSettings, qbatch_spec
     from qbatch.engines import compile_cache, placement
+    from qbatch.engines.pool import EnginePool
     from qbatch.jobs import shape
     from qbatch.jobs.job import Job
 
@@ -230,10 +234,11 @@ def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, 
     spec = qbatch_spec(settings, path, tmp_path / "out")
     default = Job.setup(spec).spec.engine
     assert (default.engines_per_gpu, default.compilation_mode) == (2, None)
-    assert resolved_job(spec).spec.engine == default  # a cold compile cache: too short to repay a first compile
+    # a cold compile cache: too short to repay a first compile
+    assert resolved_job(spec, EnginePool()).spec.engine == default
     compile_cache.mark_warm(default.one_engine(compilation_mode=placement.TORCH_COMPILE), Job.setup(spec).model_path,
                             Job.setup(spec).max_model_len)
-    chosen = resolved_job(spec).spec.engine
+    chosen = resolved_job(spec, EnginePool()).spec.engine
     assert (chosen.engines_per_gpu, chosen.compilation_mode) == (2, placement.TORCH_COMPILE)
 
 
@@ -344,7 +349,7 @@ def test_vllm_defaults_against_qbatch_on_its_own_engine(cli, tiny_qwen3, tmp_pat
     expected = report["workloads"]["varied"]["output_tokens"]
     assert rows["vllm-text"]["output_tokens"] == rows["qbatch"]["output_tokens"] == expected
     # not the defaults engine: one of qbatch's own, started after that one had gone and before the timing
-    # (here possibly an engine an earlier test left in qbatch.engines.factory's cache)
+    # (here possibly an engine an earlier test left in the suite's shared pool)
     assert "own_engines_start_s" in rows["qbatch"]["notes"] and rows["qbatch"]["notes"]["engine_start_s"] < 1
     assert rows["qbatch"]["vs_vllm_tokens"] is None
     assert rows["qbatch"]["vs_vllm_text"] == round(rows["qbatch"]["output_tok_s"] / rows["vllm-text"]["output_tok_s"], 3)

@@ -160,7 +160,6 @@ def qbatch_bin(folder: Path) -> Path:
 
 def setup(namespace: dict[str, Any]) -> None:
     """A page's scratch folder, environment and null-engine default (undone by teardown)."""
-    from qbatch.engines import factory
     from qbatch.session import session
 
     scratch = Path(tempfile.mkdtemp(prefix="qbatch-docs-"))
@@ -174,7 +173,7 @@ def setup(namespace: dict[str, Any]) -> None:
         original_init(self, model, **settings)
 
     namespace.update(__name__="__main__", _docs_state={
-        "cwd": os.getcwd(), "scratch": scratch, "init": original_init, "engines": factory.cached_keys(),
+        "cwd": os.getcwd(), "scratch": scratch, "init": original_init,
         "env": {k: os.environ.get(k) for k in ("QBATCH_MODEL", "PYTHONPATH")}})
     session.Session.__init__ = null_by_default  # type: ignore[method-assign]
     os.environ["QBATCH_MODEL"] = MODEL
@@ -183,12 +182,9 @@ def setup(namespace: dict[str, Any]) -> None:
 
 
 def teardown(namespace: dict[str, Any]) -> None:
-    from qbatch.engines import factory
     from qbatch.session import session
 
-    state = namespace["_docs_state"]
-    for key in factory.cached_keys() - state["engines"]:  # the page's own (sessions left open), not the suite's
-        factory.close(key)
+    state = namespace["_docs_state"]  # a page's Sessions own their engines (null ones: nothing to close)
     session.Session.__init__ = state["init"]  # type: ignore[method-assign]
     for key, value in state["env"].items():
         if value is None:

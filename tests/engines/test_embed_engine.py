@@ -33,7 +33,7 @@ def vectors(out: Path) -> np.ndarray:
     return np.stack(pl.read_parquet(out / "results.parquet")["embedding"].to_numpy())
 
 
-def test_vectors_norms_identical_texts_bad_rows_and_vllms_own_embed(embed_real, write_jsonl, tmp_path):
+def test_vectors_norms_identical_texts_bad_rows_and_vllms_own_embed(embed_real, engine_pool, write_jsonl, tmp_path):
     texts = ["the cat sat on the mat", "stocks fell sharply today", "the cat sat on the mat", "word " * 40]
     rows = [{"id": f"r{i}", "prompt": t} for i, t in enumerate(texts)]
     rows += [{"id": "long", "prompt": "word " * 5000}, {"id": "empty", "prompt": ""},
@@ -50,9 +50,7 @@ def test_vectors_norms_identical_texts_bad_rows_and_vllms_own_embed(embed_real, 
     assert errors == {"long": "prompt_too_long", "empty": "empty_prompt", "chat": "unsupported_shape"}
 
     # The same vectors as vLLM's own LLM.embed (its default pooling, normalized) on the same engine
-    from qbatch.engines import factory
-
-    [engine] = [e for e in factory.cached() if getattr(e, "embeds", False)]
+    [engine] = [e for e in engine_pool.engines() if getattr(e, "embeds", False)]
     ids = pl.read_parquet(out / "results.parquet")["prompt_tokens"].to_list()
     from transformers import AutoTokenizer
 

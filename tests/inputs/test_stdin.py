@@ -29,13 +29,9 @@ def null_args(bundled_model):
 
 
 @pytest.fixture
-def piped(null_args, monkeypatch):
+def piped(null_args):
     """piped(data, *args) -> click Result of `qbatch run ARGS` in-process, with `data` on stdin."""
-    from qbatch.engines import factory as engine
     from qbatch.cli import cli
-
-    monkeypatch.setattr(engine, "close_all", lambda: None)
-    monkeypatch.setattr(engine, "close", lambda key: None)  # what a command's Session.close() calls
 
     def invoke(data: bytes, *args):
         return CliRunner().invoke(cli, ["run", *map(str, args), *map(str, null_args)], input=data,

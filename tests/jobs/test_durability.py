@@ -112,16 +112,14 @@ def small_job(write_jsonl, bundled_model, tmp_path):
             "--chunk-tokens", 300, "--max-tokens", 4, "--progress", "none"]
 
 
-def test_engine_failure_keeps_finished_parts_and_rerun_completes(cli, small_job, monkeypatch, tmp_path):
-    from qbatch.engines import factory as engine
+def test_engine_failure_keeps_finished_parts_and_rerun_completes(cli, small_job, tmp_path):
+    from qbatch.engines.pool import EnginePool
 
     out = tmp_path / "out"
-    monkeypatch.setattr(engine, "create", lambda *a, **k: FailingEngine(good=2))
-    result = cli(*small_job)
+    result = cli(*small_job, pool=EnginePool(start=lambda *a, **k: FailingEngine(good=2)))
     assert result.exit_code == EXIT_ENGINE
     assert "Error: the engine failed: EngineDeadError" in result.stderr
     assert len(part_ids(out)) > 0 and json.loads((out / "manifest.json").read_text())["status"] == "failed"
-    monkeypatch.undo()
     result = cli(*small_job)
     assert result.exit_code == 0, result.output
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == [str(i) for i in range(40)]
@@ -190,20 +188,17 @@ def test_status_json_for_schedulers(cli, small_job, tmp_path):
     assert "rows done       10" in result.stdout
 
 
-def test_dedupe_killed_before_the_kept_row_is_written_still_processes_it(cli, write_jsonl, bundled_model,
-                                                                          monkeypatch, tmp_path):
+def test_dedupe_killed_before_the_kept_row_is_written_still_processes_it(cli, write_jsonl, bundled_model, tmp_path):
     """The dropped duplicate's error row carries the kept row's id; it must not mark that id done."""
-    from qbatch.engines import factory as engine
+    from qbatch.engines.pool import EnginePool
 
     path = write_jsonl([{"id": "a", "prompt": "1"}, {"id": "b", "prompt": "2"}, {"id": "a", "prompt": "3"}])
     out = tmp_path / "out"
     job = ["run", path, "-o", out, "--model", bundled_model, "--backend", "null", "--dedupe", "--progress", "none"]
-    monkeypatch.setattr(engine, "create", lambda *a, **k: FailingEngine(good=0))
-    assert cli(*job).exit_code == EXIT_ENGINE
+    assert cli(*job, pool=EnginePool(start=lambda *a, **k: FailingEngine(good=0))).exit_code == EXIT_ENGINE
     error_parts = sorted((out / "parts").glob("errors-*.parquet"))
     assert [pq.read_table(p).column("error").to_pylist() for p in error_parts] == [["duplicate_id"]]
     assert not list((out / "parts").glob("part-*.parquet"))  # died before the kept row's result
-    monkeypatch.undo()
     result = cli(*job)
     assert result.exit_code == 0, result.output
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b"]

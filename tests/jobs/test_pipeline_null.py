@@ -18,8 +18,8 @@ from qbatch.errors import EXIT_INPUT, EXIT_LOCKED, EXIT_MISMATCH, EXIT_ROW_ERROR
 
 @pytest.fixture
 def run_null(cli, bundled_model, tmp_path):
-    def run(*args):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none")
+    def run(*args, pool=None):
+        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none", pool=pool)
 
     return run
 
@@ -270,18 +270,23 @@ def test_order_longest_first_or_input(run_null, write_jsonl, tmp_path):
 def test_engines_in_processes_of_their_own_start_before_the_tokenizer_loads(run_null, write_jsonl, tmp_path,
                                                                              monkeypatch):
     """Their start overlaps the tokenizer's load and the id pre-scan; a finished job starts none."""
-    from qbatch.engines import factory as engine
+    from qbatch.engines.pool import EnginePool
     from qbatch.jobs import job
 
     events: list[str] = []
+
+    class Noting(EnginePool):
+        def start_early(self, *args):
+            events.append("engines")
+            return super().start_early(*args)
+
     load = job.load_tokenizer
-    monkeypatch.setattr(engine, "prestart", lambda *args: events.append("engines") or None)
     monkeypatch.setattr(job, "load_tokenizer", lambda *args: events.append("tokenizer") or load(*args))
     path, out = write_jsonl([{"id": f"r{i}", "prompt": "hi"} for i in range(3)]), tmp_path / "out"
-    assert run_null(path, "-o", out).exit_code == 0
+    assert run_null(path, "-o", out, pool=Noting()).exit_code == 0
     assert events == ["engines", "tokenizer"]
     events.clear()
-    assert run_null(path, "-o", out).exit_code == 0  # rerun of a completed job: nothing to do
+    assert run_null(path, "-o", out, pool=Noting()).exit_code == 0  # rerun of a completed job: nothing to do
     assert events == ["tokenizer"]
 
 

@@ -16,15 +16,22 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from qbatch.engines import factory
 from qbatch.engines.base import NullEngine
+from qbatch.engines.pool import EnginePool
 from qbatch.errors import EXIT_SIGTERM
 from qbatch.jobs import parts as part_rules
+from qbatch.jobs import progress as progress_rules
 from qbatch.jobs import runner
-from qbatch.jobs.progress import Progress
+from qbatch.jobs.events import RunEvents
 from qbatch.spec import JobSpec
 
 NUM_ROWS = 60
+
+
+def pool_of(engine_or_start) -> EnginePool:
+    """A pool whose engines are this stand-in (or made by this function, one a run)."""
+    start = engine_or_start if callable(engine_or_start) else lambda: engine_or_start
+    return EnginePool(start=lambda *args, **kwargs: start())
 
 
 class Trickle(NullEngine):
@@ -64,26 +71,17 @@ def part_rows(out) -> list[list[str]]:
             for p in sorted((out / "parts").glob("part-*.parquet"))]
 
 
-class Recording(Progress):
-    """The progress's count of rows done at each update."""
-
-    seen: list[int] = []
-
-    def update(self, rows: int, failed: int = 0, tokens: int = 0) -> None:
-        super().update(rows, failed, tokens)
-        Recording.seen.append(self.done)
-
-
 def test_one_chunk_counts_its_rows_as_they_finish_and_writes_parts_throughout(rows_path, monkeypatch, tmp_path):
     engine = Trickle()
-    monkeypatch.setattr(factory, "create", lambda *args: engine)
     monkeypatch.setattr(part_rules, "PART_MIN_S", 0.1)  # parts every 0.1 s of a ~0.6 s generation
-    Recording.seen = []
+    monkeypatch.setattr(progress_rules, "ON_PROGRESS_S", 0.0)  # every update reported
+    seen = []
     out = tmp_path / "out"
-    summary = runner.run(spec(rows_path, out), progress_class=Recording)
+    summary = runner.run(spec(rows_path, out), pool_of(engine),
+                         RunEvents(on_progress=lambda done, _: seen.append(done)))
 
     assert summary.num_chunks == 1 and [c["rows"] for c in summary.chunks] == [NUM_ROWS]
-    assert Recording.seen == list(range(2, NUM_ROWS + 1, 2))  # the bar moves with every handful of rows
+    assert seen == list(range(2, NUM_ROWS + 1, 2))  # the progress moves with every handful of rows
     written = [p["written_s"] for p in summary.parts]
     assert 3 <= len(written) < engine.pieces  # by time, not one a handful
     assert written[0] < 0.5 * written[-1]  # spread over the generation, not all at its end
@@ -100,9 +98,8 @@ def test_status_counts_the_rows_of_a_running_single_chunk_job(rows_path, monkeyp
     out = tmp_path / "out"
     during = []
     engine = Trickle(on_piece=lambda n: during.append(read_status(str(out))) if n == 20 else None)
-    monkeypatch.setattr(factory, "create", lambda *args: engine)
     monkeypatch.setattr(part_rules, "PART_MIN_S", 0.05)
-    runner.run(spec(rows_path, out))
+    runner.run(spec(rows_path, out), pool_of(engine))
     status = during[0]
     assert status["status"] == "running" and 0 < status["rows_done"] < NUM_ROWS
 
@@ -111,10 +108,9 @@ def test_a_part_is_due_by_rows_or_by_time(monkeypatch, tmp_path):
     """The wait grows with the generation's time, between PART_MIN_S and PART_MAX_S; PART_MAX_ROWS
     rows waiting make a part at once."""
     from qbatch.jobs.parts import PartWriter, part_wait_s
-    from qbatch.jobs.summary import Summary
 
     assert [part_wait_s(s) for s in (0, 50, 600, 36_000)] == [2.0, 2.0, 12.0, 60.0]
-    writer = PartWriter(None, Summary(None, "running"), [], time.monotonic(), include_prompt=False)
+    writer = PartWriter(None, [], time.monotonic(), include_prompt=False)
     assert not writer.due(chunk_done=True)  # nothing waiting
     writer.add(["a row"], [])
     assert not writer.due() and writer.due(chunk_done=True)
@@ -124,25 +120,23 @@ def test_a_part_is_due_by_rows_or_by_time(monkeypatch, tmp_path):
 
 
 def test_a_stop_mid_chunk_keeps_the_rows_finished_and_the_rerun_redoes_only_the_rest(
-        cli, bundled_model, rows_path, monkeypatch, tmp_path):
+        cli, bundled_model, rows_path, tmp_path):
     """SIGTERM while the one chunk runs, long before any part is due by time: the rows finished by then
     are written as the run stops; the rerun skips them by id and does the rest."""
     def terminate(n):
         if n == 12:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(factory, "create", lambda *args: Trickle(on_piece=terminate))
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # the CLI installs its own
     out = tmp_path / "out"
     args = ["run", rows_path, "-o", out, "--model", bundled_model, "--backend", "null", "--progress", "none"]
     try:
-        result = cli(*args)
+        result = cli(*args, pool=pool_of(lambda: Trickle(on_piece=terminate)))
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert result.exit_code == EXIT_SIGTERM, result.output
     kept = part_rows(out)
     assert len(kept) == 1 and len(set(kept[0])) == 24  # 12 handfuls of 2, in one part written at the stop
-    monkeypatch.undo()
     result = cli(*args)
     assert result.exit_code == 0, result.output
     stats = json.loads((out / "stats.json").read_text())
@@ -150,12 +144,31 @@ def test_a_stop_mid_chunk_keeps_the_rows_finished_and_the_rerun_redoes_only_the_
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == [f"r{i:02d}" for i in range(NUM_ROWS)]
 
 
-def test_a_session_reports_progress_as_rows_finish(rows_path, monkeypatch, tmp_path):
-    from qbatch.session import progress as session_progress
-    from qbatch.session.progress import reporting
+def test_a_session_reports_progress_as_rows_finish(bundled_model, rows_path, monkeypatch, tmp_path):
+    """About every ON_PROGRESS_S, and once all rows are done."""
+    from qbatch.session import Session
 
-    monkeypatch.setattr(factory, "create", lambda *args: Trickle())
-    monkeypatch.setattr(session_progress, "ON_PROGRESS_S", 0.0)
+    monkeypatch.setattr(progress_rules, "ON_PROGRESS_S", 0.2)
     reported = []
-    runner.run(spec(rows_path, tmp_path / "out"), progress_class=reporting(lambda done, failed: reported.append(done)))
-    assert reported == list(range(2, NUM_ROWS + 1, 2))
+    with Session(bundled_model, backend="null", pool=pool_of(Trickle)) as session:
+        session.run(rows_path, progress="none", on_progress=lambda done, failed: reported.append((done, failed)))
+    assert 2 <= len(reported) < NUM_ROWS // 2 and reported[-1] == (NUM_ROWS, 0)  # by time, and the last
+    assert [done for done, _ in reported] == sorted(done for done, _ in reported)
+
+
+def test_a_stop_request_ends_the_run_with_the_rows_finished_written_and_a_rerun_resumes(rows_path, tmp_path):
+    """The caller's stop (qbatch serve's cancel) is seen as the engine reports: the run writes what it
+    finished, records itself interrupted by the stop's reason and returns; the rerun does the rest."""
+    from qbatch.jobs.events import StopRequest
+
+    stop = StopRequest()
+    out = tmp_path / "out"
+    engine = Trickle(on_piece=lambda n: stop.request("cancel") if n == 5 else None)
+    summary = runner.run(spec(rows_path, out), pool_of(engine), RunEvents(stop=stop))
+    assert summary.status == "interrupted" and summary.rows_ok == 10 and engine.pieces == 5
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["runs"][-1]["interrupted_by"] == "cancel"
+    assert [len(ids) for ids in part_rows(out)] == [10] and not (out / "results.parquet").exists()
+    again = runner.run(spec(rows_path, out), pool_of(Trickle))
+    assert (again.status, again.rows_skipped, again.rows_ok) == ("completed", 10, NUM_ROWS - 10)
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == [f"r{i:02d}" for i in range(NUM_ROWS)]

@@ -9,6 +9,7 @@ import pytest
 
 from qbatch.engines import compile_cache, placement
 from qbatch.engines.placement import COMPILE_REPAID_TOKENS, TORCH_COMPILE, WARM_COMPILE_REPAID_TOKENS, choose_engines
+from qbatch.engines.pool import EnginePool
 from qbatch.jobs import shape
 from qbatch.jobs.job import Job
 from qbatch.spec import JobSpec
@@ -57,7 +58,7 @@ def test_prefill_bound_job_with_a_warm_compile_gets_its_engines_compiled(gpu, bu
     assert job.spec.engine.engines_per_gpu == 2  # the default for a small model on a big GPU
     compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
                             job.max_model_len)
-    chosen, choice = shape.choose_for_shape(job, set())
+    chosen, choice = shape.choose_for_shape(job, set(), EnginePool())
     assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (2, TORCH_COMPILE)
     assert chosen.spec.engine.kv_cache_memory_bytes == job.spec.engine.kv_cache_memory_bytes  # still start together
     assert "prefill-bound, compiled before on this machine" in choice.reason and choice.reason.startswith("40 rows")
@@ -68,7 +69,7 @@ def test_a_first_compile_runs_on_one_engine(gpu, bundled_model, tmp_path, monkey
     """With an empty compile cache one engine compiles (two would write the same cache files at once)."""
     monkeypatch.setattr(placement, "COMPILE_REPAID_TOKENS", 10_000)
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
-    chosen, choice = shape.choose_for_shape(job, set())
+    chosen, choice = shape.choose_for_shape(job, set(), EnginePool())
     assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (1, TORCH_COMPILE)
     assert chosen.spec.plan.chunk_tokens == 4_194_304  # one engine: the chunk size of one
     assert "long enough to repay a first torch.compile" in choice.reason
@@ -77,10 +78,10 @@ def test_a_first_compile_runs_on_one_engine(gpu, bundled_model, tmp_path, monkey
 def test_cold_compile_and_decode_bound_jobs_keep_the_defaults(gpu, bundled_model, tmp_path, monkeypatch):
     monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
-    chosen, choice = shape.choose_for_shape(job, set())
+    chosen, choice = shape.choose_for_shape(job, set(), EnginePool())
     assert chosen.spec == job.spec and "too short to repay a first torch.compile" in choice.reason
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=2048)
-    chosen, choice = shape.choose_for_shape(job, set())
+    chosen, choice = shape.choose_for_shape(job, set(), EnginePool())
     assert chosen.spec == job.spec and "decode-bound" in choice.reason
 
 
@@ -90,19 +91,19 @@ def test_an_explicit_setting_always_wins(gpu, bundled_model, tmp_path, settings)
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8, **settings)
     compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
                             job.max_model_len)
-    assert shape.choose_for_shape(job, set()) == (job, None)
+    assert shape.choose_for_shape(job, set(), EnginePool()) == (job, None)
 
 
 def test_a_compilation_config_in_qbatch_vllm_args_wins(gpu, bundled_model, tmp_path, monkeypatch):
     monkeypatch.setenv(shape.EXTRA_ARGS_ENV, '{"compilation_config": {"mode": 0}}')
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
-    assert shape.choose_for_shape(job, set()) == (job, None)
+    assert shape.choose_for_shape(job, set(), EnginePool()) == (job, None)
 
 
 def test_no_choice_without_a_gpu(bundled_model, tmp_path, monkeypatch):
     monkeypatch.setattr(shape, "gpu_memory_bytes", lambda device: None)
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
-    assert shape.choose_for_shape(job, set()) == (job, None)
+    assert shape.choose_for_shape(job, set(), EnginePool()) == (job, None)
 
 
 def test_rows_estimated_from_a_sample_and_the_file_size(gpu, bundled_model, tmp_path, monkeypatch):
@@ -122,7 +123,7 @@ def test_engines_sharing_a_gpu_get_a_fixed_kv_cache_so_they_start_together(gpu, 
     assert job.spec.engine.engines_per_gpu == 2 and job.spec.engine.kv_cache_memory_bytes == expected
     # one compiled engine for a prefill-bound job's first compile: vLLM sizes its KV cache again (the whole GPU's)
     monkeypatch.setattr(placement, "COMPILE_REPAID_TOKENS", 10_000)
-    chosen, _ = shape.choose_for_shape(job, set())
+    chosen, _ = shape.choose_for_shape(job, set(), EnginePool())
     assert chosen.spec.engine.engines_per_gpu == 1 and chosen.spec.engine.kv_cache_memory_bytes is None
 
 

@@ -186,8 +186,9 @@ def test_the_python_api_leaves_no_engine_at_interpreter_exit(job, tmp_path):
     inp, args = job
     flat = {"inputs": [str(inp)], "output_dir": str(tmp_path / "out"), "model": args[1], "max_model_len": 512,
             "thinking": False, "max_tokens": 4, "limit": 8, "progress": "none"}
-    code = ("from qbatch.jobs.runner import run; from qbatch.spec import JobSpec; "
-            f"print(run(JobSpec.from_flat({flat!r}, source='test')).rows_ok)")
+    code = ("from qbatch.engines.pool import EnginePool; from qbatch.jobs.runner import run; "
+            "from qbatch.spec import JobSpec; pool = EnginePool(); "  # left open: it closes at exit
+            f"print(run(JobSpec.from_flat({flat!r}, source='test'), pool).rows_ok)")
     run = Run([], cmd=[sys.executable, "-c", code])
     run.proc.wait(timeout=600)
     survivors = run.survivors_after(15)
@@ -201,9 +202,10 @@ def test_the_python_api_leaves_no_engine_at_interpreter_exit(job, tmp_path):
 
 STAND_IN = '''
 import subprocess, sys, time
-from qbatch.engines import factory as engine
+from qbatch.engines.base import NullEngine
+from qbatch.engines.pool import EnginePool
 
-class StandIn(engine.NullEngine):
+class StandIn(NullEngine):
     """Finishes two chunks, then hangs in a step, with a child process as its engine core."""
 
     def __init__(self, *args):
@@ -219,10 +221,8 @@ class StandIn(engine.NullEngine):
     def close(self):
         time.sleep(30)  # a shutdown that takes too long: the grace ends it
 
-engine._ENGINES.clear()
-engine.create = lambda *args: engine._ENGINES.setdefault("x", StandIn())
 from qbatch.cli import main
-main()
+main(EnginePool(start=lambda *args, **kwargs: StandIn()), close_pool=True)
 '''
 
 
@@ -249,11 +249,12 @@ def sigterm_raises():
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_sigterm_in_process_marks_the_run_interrupted_and_the_rerun_completes(cli, small_run, monkeypatch,
-                                                                                tmp_path, sigterm_raises):
-    from qbatch.engines import factory as engine
+def test_sigterm_in_process_marks_the_run_interrupted_and_the_rerun_completes(cli, small_run, tmp_path,
+                                                                                sigterm_raises):
+    from qbatch.engines.base import NullEngine
+    from qbatch.engines.pool import EnginePool
 
-    class Terminated(engine.NullEngine):
+    class Terminated(NullEngine):
         def run(self, chunks):
             for n, done in enumerate(super().run(chunks)):
                 if n == 2:
@@ -261,8 +262,7 @@ def test_sigterm_in_process_marks_the_run_interrupted_and_the_rerun_completes(cl
                 yield done
 
     out = tmp_path / "out"
-    monkeypatch.setattr(engine, "create", lambda *a, **k: Terminated())
-    result = cli(*small_run)
+    result = cli(*small_run, pool=EnginePool(start=lambda *a, **k: Terminated()))
     assert result.exit_code == EXIT_SIGTERM
     assert result.stderr.startswith(f"Error: interrupted by SIGTERM ({out}): finished parts are kept, "
                                     "rows in flight are redone on resume\nHint: rerun the same command to resume")
@@ -270,7 +270,6 @@ def test_sigterm_in_process_marks_the_run_interrupted_and_the_rerun_completes(cl
     assert manifest["status"] == "interrupted" and manifest["runs"][-1]["interrupted_by"] == "SIGTERM"
     assert list((out / "parts").glob("part-*.parquet"))
     assert signal.getsignal(signal.SIGTERM).__name__ == "handler"  # the caller's handler is back
-    monkeypatch.undo()
     result = cli(*small_run)
     assert result.exit_code == 0, result.output
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == [str(i) for i in range(40)]
@@ -368,9 +367,10 @@ def test_a_process_killed_outright_takes_what_it_started_along(tmp_path):
 
 SLOW_CLOSE = '''
 import subprocess, sys, time
-from qbatch.engines import factory as engine
+from qbatch.engines.base import NullEngine
+from qbatch.engines.pool import EnginePool
 
-class SlowClose(engine.NullEngine):
+class SlowClose(NullEngine):
     """Generates at once, with a child process as its engine core; its shutdown takes 30 s."""
 
     def __init__(self, *args):
@@ -380,10 +380,8 @@ class SlowClose(engine.NullEngine):
         print("closing", file=sys.stderr, flush=True)
         time.sleep(30)
 
-engine._ENGINES.clear()
-engine.create = lambda *args: engine._ENGINES.setdefault("x", SlowClose())
 from qbatch.cli import main
-main()
+main(EnginePool(start=lambda *args, **kwargs: SlowClose()), close_pool=True)
 '''
 
 

@@ -69,15 +69,14 @@ def test_a_merged_folder_counts_its_results(cli, job, tmp_path):
     assert "  rows done       20" in lines and "  merged from     2 shards" in lines
 
 
-def test_a_dropped_duplicate_does_not_count_its_id_as_failed(cli, write_jsonl, bundled_model, monkeypatch, tmp_path):
+def test_a_dropped_duplicate_does_not_count_its_id_as_failed(cli, write_jsonl, bundled_model, tmp_path):
     """Same rule as resume: the duplicate_id error carries the kept row's id, which is still to do."""
-    from qbatch.engines import factory as engine
+    from qbatch.engines.pool import EnginePool
     from tests.jobs.test_durability import FailingEngine
 
     path = write_jsonl([{"id": "a", "prompt": "1"}, {"id": "b", "prompt": "2"}, {"id": "a", "prompt": "3"}])
-    monkeypatch.setattr(engine, "create", lambda *a, **k: FailingEngine(good=0))
     cli("run", path, "-o", tmp_path / "out", "--model", bundled_model, "--backend", "null", "--dedupe",
-        "--progress", "none")
+        "--progress", "none", pool=EnginePool(start=lambda *a, **k: FailingEngine(good=0)))
     lines, info = status(cli, tmp_path / "out")
     assert (info["status"], info["rows_done"], info["rows_failed"]) == ("failed", 0, 0)
     assert "  rows failed     0" in lines

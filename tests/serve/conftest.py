@@ -69,17 +69,19 @@ def lines_of(client, file_id: str | None) -> list[dict]:
 
 @pytest.fixture
 def make_service(tmp_path, bundled_model):
-    """make_service(**settings) -> base_url of a service on a uvicorn thread, null engine by default."""
+    """make_service(**settings) -> (base_url, service) of a service on a uvicorn thread, null engine by
+    default; `pool=` runs it on that pool's (stand-in) engines."""
     from qbatch.serve.config import ServeSettings
     from qbatch.serve.server import serve_in_thread
 
     started = []
 
-    def make(engine: dict | None = None, **settings):
+    def make(engine: dict | None = None, pool=None, **settings):
         engine = engine or {"model": bundled_model, "backend": "null"}
         port = free_port()
         service, server, thread = serve_in_thread(ServeSettings(tmp_path / f"data-{len(started)}", engine,
-                                                                 {"progress": "none"}, port=port, **settings))
+                                                                 {"progress": "none"}, port=port, **settings),
+                                                  pool=pool)
         started.append((service, server, thread))
         wait_until(lambda: server.started, 30)
         wait_until(lambda: service.worker.ready.is_set() or service.worker.failed, WAIT_S)

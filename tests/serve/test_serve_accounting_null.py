@@ -47,6 +47,39 @@ def test_a_batch_cancelled_before_it_ran_reports_each_request(make_service, monk
     assert done.request_counts.completed == 2
 
 
+def test_a_running_batch_cancelled_keeps_the_requests_it_finished(make_service):
+    """A cancel stops the running batch within about a second (its run's stop request, seen as the engine
+    reports): the requests done by then are in the output file, each other one gets batch_cancelled."""
+    import time
+
+    from qbatch.engines.base import NullEngine
+    from qbatch.engines.pool import EnginePool
+
+    class Slow(NullEngine):
+        """Finishes a row every 20 ms, reporting in between as engines do."""
+
+        def run(self, chunks):
+            for chunk in chunks:
+                for request in chunk.requests if chunk is not None else []:
+                    time.sleep(0.02)
+                    yield None
+                    yield chunk, [self._complete(request)]
+
+    base_url, _ = make_service(pool=EnginePool(start=lambda *args, **kwargs: Slow()))
+    client = client_for(base_url)
+    running = _create(client, requests_jsonl(500, prefix="c"))  # 10 s of work
+    wait_until(lambda: client.batches.retrieve(running.id).request_counts.completed > 0, 30, 0.05)
+    asked = time.monotonic()
+    assert client.batches.cancel(running.id).status in ("cancelling", "cancelled")
+    done = wait_until(lambda: (b := client.batches.retrieve(running.id)).status == "cancelled" and b, 30, 0.05)
+    assert time.monotonic() - asked < 5
+    kept = [line["custom_id"] for line in lines_of(client, done.output_file_id)]
+    not_run = [(e["custom_id"], e["error"]["code"]) for e in lines_of(client, done.error_file_id)]
+    assert 0 < len(kept) < 500 and done.request_counts.completed == len(kept)
+    assert sorted(kept + [cid for cid, _ in not_run]) == sorted(f"c-{i}" for i in range(500))
+    assert {code for _, code in not_run} == {"batch_cancelled"} and done.request_counts.failed == len(not_run)
+
+
 def test_usage_adds_up_the_output_files_tokens(make_service):
     base_url, _ = make_service()
     client = client_for(base_url)

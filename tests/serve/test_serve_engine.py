@@ -39,12 +39,10 @@ def _mid_batch(client, batch_id: str):
     return batch if 0 < done < batch.request_counts.total else None
 
 
-def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_qwen3, tmp_path):
+def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_qwen3, engine_pool, tmp_path):
     from transformers import AutoTokenizer
 
-    from qbatch.engines import factory
-
-    factory.close_all()  # the service starts an engine of its own: this process's go first (memory)
+    engine_pool.close_all()  # the service starts an engine of its own: this process's go first (memory)
     data_dir = tmp_path / "data"
     base, proc = serve_process("--model", tiny_qwen3, *FLAGS, data_dir=data_dir)
     wait_until(lambda: _healthy(base, proc), START_S, 1.0)

@@ -28,9 +28,9 @@ def calls(monkeypatch):
     seen: list[dict] = []
     run = runner.run
 
-    def counting(spec, **kwargs):
+    def counting(spec, *args, **kwargs):
         seen.append(spec.flat())
-        return run(spec, **kwargs)
+        return run(spec, *args, **kwargs)
 
     monkeypatch.setattr(runner, "run", counting)
     return seen

@@ -19,20 +19,20 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = '''
 import multiprocessing, os
 import qbatch
-from qbatch.engines import base, factory
+from qbatch.engines import base
+from qbatch.engines.pool import EnginePool
 
 class SpawningEngine(base.NullEngine):
     """Starts a child as vLLM's engine core is started (spawn), then generates as the null engine."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, **kwargs):
         child = multiprocessing.get_context("spawn").Process(target=os.getpid)
         child.start()
         child.join(60)
         if child.exitcode != 0:
             raise RuntimeError(f"the spawned child failed (exit code {child.exitcode})")
 
-factory.VllmEngine = SpawningEngine
-session = qbatch.Session(MODEL)
+session = qbatch.Session(MODEL, pool=EnginePool(start=SpawningEngine))
 print("ANSWER", session.generate(["hi"], max_tokens=2, progress="none"))
 session.close()
 '''

@@ -14,10 +14,8 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "session.ipynb"
 BAR = re.compile(r"\s*\d+%\|.*\| \d+/\d+ ")  # tqdm's text bar, where ipywidgets is missing
 
 
-def test_session_notebook_runs_headless(bundled_model, monkeypatch):
-    from qbatch.engines import factory
-
-    factory.close_all()  # the kernel starts an engine of its own: the memory of this process's goes back first
+def test_session_notebook_runs_headless(bundled_model, engine_pool, monkeypatch):
+    engine_pool.close_all()  # the kernel starts an engine of its own: the memory of this process's goes back first
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")

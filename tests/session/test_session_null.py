@@ -79,23 +79,41 @@ def test_settings_are_checked_with_the_session_they_belong_to(session, bundled_m
         session.run(["a", {"prompt": "b"}])
 
 
-def test_output_dir_resumes_after_an_interrupted_call(session, tmp_path, monkeypatch):
-    from qbatch.jobs import runner
+def test_sessions_of_one_pool_share_its_engine_and_leave_it_to_its_owner(bundled_model):
+    """A pool handed to Sessions is its owner's: both run on its engine, started once, and closing them
+    leaves it running; the owner closes it."""
+    from qbatch.engines.base import NullEngine
+    from qbatch.engines.pool import EnginePool
+
+    class Kept(NullEngine):
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    started = []
+    pool = EnginePool(start=lambda *args, **kwargs: started.append(Kept()) or started[-1])
+    with Session(bundled_model, backend="null", pool=pool) as first, \
+            Session(bundled_model, backend="null", pool=pool) as second:
+        assert first.generate(["a"], max_tokens=2) and second.generate(["b"], max_tokens=2)
+    assert len(started) == 1 and not started[0].closed and pool.engines() == started
+    pool.close_all()
+    assert started[0].closed
+
+
+def test_output_dir_resumes_after_a_stopped_call(session, tmp_path):
+    """A call stopped by its caller (`stop_request`, set here once rows are done) raises Stopped with its rows
+    written; the same call again resumes."""
+    from qbatch.errors import Stopped
+    from qbatch.jobs.events import StopRequest
 
     out = tmp_path / "out"
     data = pl.DataFrame(_rows(60))
-    take, taken = runner._take, []
-
-    def interrupt_after_two_chunks(chunk, *args, **kwargs):
-        if len(taken) == 2:
-            raise KeyboardInterrupt
-        taken.append(chunk.index)
-        return take(chunk, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "_take", interrupt_after_two_chunks)
-    with pytest.raises(KeyboardInterrupt):
-        session.run(data, output_dir=out, chunk_tokens=200, max_tokens=16, progress="none")
-    monkeypatch.undo()
+    stop = StopRequest()
+    with pytest.raises(Stopped, match=r"the run stopped at the caller's request \(cancel\): \d+ rows done") as info:
+        session.run(data, output_dir=out, chunk_tokens=200, max_tokens=16, progress="none",
+                    on_progress=lambda done, failed: stop.request("cancel"), stop_request=stop)
+    assert info.value.reason == "cancel" and info.value.hint == "run the same call again with output_dir= to resume"
     done = pl.read_parquet(out / "parts" / "*.parquet")["id"].to_list()
     assert 0 < len(done) < 60
 

@@ -1,18 +1,19 @@
-"""The engine factory's cache as the Python Session uses it, and the vLLM engine's cleanup when a
-run stops early: fakes in place of vLLM, no engine starts."""
+"""The engine pool as its owners use it (a CLI command, a Session, the service), and the vLLM engine's
+cleanup when a run stops early: fakes in place of vLLM, no engine starts."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 from types import SimpleNamespace
 
 import pytest
 
-from qbatch.engines import factory
 from qbatch.engines.base import Chunk
 from qbatch.engines.messages import Failed, Finished, Output, Ready, Stop, Want
+from qbatch.engines.pool import EnginePool
 from qbatch.engines.vllm import VllmEngine
-from qbatch.errors import EngineError
+from qbatch.errors import EngineError, ModelError
 from qbatch.records import Request
 from qbatch.spec import EngineSpec
 
@@ -31,32 +32,93 @@ class FakeEngine:
         self.closed = True
 
 
-@pytest.fixture
-def cache(monkeypatch):
-    engines: dict = {}
-    monkeypatch.setattr(factory, "_ENGINES", engines)
-    return engines
+class Starts:
+    """A pool's start function that hands out the given engines in turn, and counts the starts."""
+
+    def __init__(self, *engines):
+        self.engines, self.count = list(engines), 0
+
+    def __call__(self, spec, model_path, max_model_len, *, wait=True):
+        self.count += 1
+        return self.engines.pop(0)
 
 
-def test_drop_dead_forgets_dead_engines_and_aborts_leftovers_in_the_living(cache):
+SPEC = EngineSpec(model="m")
+
+
+def test_an_engine_starts_once_and_serves_the_next_runs_of_its_settings():
+    starts = Starts(FakeEngine(), FakeEngine())
+    pool = EnginePool(start=starts)
+    first = pool.get(SPEC, "m", 512)
+    assert pool.has(SPEC, "m", 512) and not pool.would_fork(SPEC, "m", 512)
+    assert pool.get(SPEC, "m", 512) is first and starts.count == 1
+    second = pool.get(SPEC, "m", 1024)  # other settings, another engine
+    assert second is not first and starts.count == 2 and pool.engines() == [first, second]
+
+
+def test_drop_dead_forgets_dead_engines_and_aborts_leftovers_in_the_living():
     dead, living, remote = FakeEngine(alive=False), FakeEngine(), SimpleNamespace(close=lambda: None)
-    cache.update({"dead": dead, "living": living, "remote": remote})  # remote: workers elsewhere, no is_alive
-    factory.drop_dead()
-    assert factory.cached_keys() == {"living", "remote"}
+    pool = EnginePool(start=Starts(dead, living, remote))  # remote: workers elsewhere, no is_alive
+    for length in (1, 2, 3):
+        pool.get(SPEC, "m", length)
+    pool.drop_dead()
+    assert pool.engines() == [living, remote] and not pool.has(SPEC, "m", 1)
     assert dead.closed and living.aborted == 1 and not living.closed
 
 
-def test_close_shuts_one_engine_and_forgets_it(cache):
-    first, second = FakeEngine(), FakeEngine()
-    cache.update({"a": first, "b": second})
-    factory.close("a")
-    factory.close("a")  # gone already: nothing
-    assert first.closed and not second.closed and factory.cached() == [second]
+def test_max_engines_closes_the_least_recently_used_first():
+    a, b, c = FakeEngine(), FakeEngine(), FakeEngine()
+    pool = EnginePool(max_engines=2, start=Starts(a, b, c))
+    pool.get(SPEC, "m", 1)
+    pool.get(SPEC, "m", 2)
+    pool.get(SPEC, "m", 1)  # a used last: b goes first
+    pool.get(SPEC, "m", 3)
+    assert b.closed and not a.closed and pool.engines() == [a, c]
+    with pytest.raises(ValueError, match="max_engines must be >= 1, got 0"):
+        EnginePool(max_engines=0)
 
 
-def test_the_null_backend_is_not_cached(cache):
-    factory.create(EngineSpec(backend="null"), "m", 512)
-    assert factory.cached_keys() == set()
+def test_close_all_and_the_end_of_a_with_block_close_every_engine():
+    a, b = FakeEngine(), FakeEngine()
+    with EnginePool(start=Starts(a, b)) as pool:
+        pool.get(SPEC, "m", 1)
+        pool.get(SPEC, "m", 2)
+    assert a.closed and b.closed and pool.engines() == []
+
+
+def test_a_pool_its_owner_dropped_closes_its_engines():
+    """A pool nobody holds any more (a Session gone) takes its engines along; so does the program's exit."""
+    engine = FakeEngine()
+    pool = EnginePool(start=Starts(engine))
+    pool.get(SPEC, "m", 1)
+    del pool
+    gc.collect()
+    assert engine.closed
+
+
+def test_the_null_engine_is_not_kept():
+    pool = EnginePool()
+    engine = pool.get(EngineSpec(backend="null"), "m", 512)
+    assert engine.run is not None and pool.engines() == [] and not pool.has(EngineSpec(backend="null"), "m", 512)
+    assert not pool.would_fork(EngineSpec(backend="null"), "m", 512)
+
+
+def test_an_engine_that_fails_to_start_is_forgotten():
+    """Engines started early fail in get() (their first wait): the next run starts anew, not on the dead one."""
+
+    class FailsToLoad(FakeEngine):
+        def wait_ready(self):
+            raise ModelError("engine worker(s) [0] exited while starting")
+
+    spec = EngineSpec(model="m", engines_per_gpu=2)
+    starts = Starts(FailsToLoad(), FakeEngine())
+    pool = EnginePool(start=starts)
+    assert pool.start_early(spec, "m", 512) is not None and pool.start_early(spec, "m", 512) is None
+    with pytest.raises(ModelError):
+        pool.get(spec, "m", 512)
+    assert not pool.has(spec, "m", 512)
+    pool.get(spec, "m", 512)
+    assert starts.count == 2
 
 
 def test_worker_messages_survive_pickling():
@@ -101,7 +163,7 @@ def chunk(index: int, rows: int) -> Chunk:
 
 
 def test_a_run_stopped_early_aborts_its_requests_in_flight(monkeypatch):
-    """A consumer that stops (an error, Ctrl-C) must not leave its rows running in the cached engine."""
+    """A consumer that stops (an error, Ctrl-C) must not leave its rows running in the pool's engine."""
     from qbatch.engines import vllm
 
     monkeypatch.setattr(vllm, "REPORT_S", 0.0)  # every step's finished rows come back at once

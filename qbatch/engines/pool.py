@@ -1,0 +1,193 @@
+"""The engines of one owner (a CLI command, a Session, `qbatch serve`, the bench): started on first use,
+kept for the owner's next runs, closed when the owner is done.
+
+Engine start costs tens of seconds, so whoever runs jobs opens a pool and hands it to each run
+(`runner.run(spec, pool)`): a run gets the engine of its settings, started by the first run that
+needs it and reused by the next. The owner closes the pool when it is done (close_all(), the end
+of a `with` block); a pool its owner dropped, or left open at exit, closes its engines then: left
+to vLLM's own finalizers, an engine process could outlive the program. The implementations
+(vllm.py, processes.py, ray_actors.py) sit below this module and never import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from qbatch.engines.base import Engine, NullEngine, vector_size
+from qbatch.engines.processes import DataParallelEngine
+from qbatch.engines.ray_actors import RayEngine
+from qbatch.engines.vllm import VllmEngine
+from qbatch.spec import EngineSpec
+
+Key = tuple[str, int, str]
+# How a pool starts an engine: (spec, model_path, max_model_len, wait=...) -> engine. `wait=False`
+# (start_early) may return before the engine is loaded: get() then calls its wait_ready().
+StartEngine = Callable[..., Engine]
+
+
+def engine_key(spec: EngineSpec, model_path: str, max_model_len: int) -> Key:
+    """What identifies an engine: runs with the same key share one."""
+    return (model_path, max_model_len, repr(sorted(dataclasses.asdict(spec).items())))
+
+
+def start_engine(spec: EngineSpec, model_path: str, max_model_len: int, *, wait: bool = True) -> Engine:
+    """A new engine for these settings: the null engine, engines in Ray actors, several engines on this
+    host (processes of their own; `wait=False` returns while they load), or one vLLM engine."""
+    if spec.backend == "null":
+        return NullEngine(vector_size(model_path, spec.backend) if spec.task == "embed" else None)
+    if spec.backend == "ray":
+        return RayEngine(spec, model_path, max_model_len)
+    if spec.engine_count() > 1:
+        return DataParallelEngine(spec, model_path, max_model_len, wait=wait)
+    return VllmEngine(spec, model_path, max_model_len)
+
+
+class EnginePool:
+    """The engines one owner started, one per key (engine_key), handed to each of its runs.
+
+    `max_engines`: keep at most this many; starting one more closes the least recently used first
+    (each engine holds its model and KV cache). `start`: how an engine starts (start_engine; a test
+    passes a stand-in). An engine with nothing to close (the null engine) costs nothing to start and
+    is not kept: each run gets a new one.
+    """
+
+    def __init__(self, *, max_engines: int | None = None, start: StartEngine = start_engine):
+        if max_engines is not None and max_engines < 1:
+            raise ValueError(f"max_engines must be >= 1, got {max_engines}")
+        self.max_engines = max_engines
+        self._start = start
+        self._engines: OrderedDict[Key, Engine] = OrderedDict()  # least recently used first
+        # Closes the engines when the pool is dropped or at exit; created before the first engine starts,
+        # so at exit it runs after that engine's own exit hooks (its watchdog stops first).
+        self._finalizer = weakref.finalize(self, _close_engines, self._engines)
+
+    def get(self, spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
+        """The engine for these settings, started now unless the pool has it; once it is ready."""
+        key = engine_key(spec, model_path, max_model_len)
+        engine = self._engines.get(key)
+        if engine is None:
+            engine = self._new(key, spec, model_path, max_model_len, wait=True)
+        else:
+            self._engines.move_to_end(key)
+        try:
+            getattr(engine, "wait_ready", lambda: None)()  # one started early may still be loading
+        except BaseException:
+            self._engines.pop(key, None)  # it failed to start (and closed itself): the next run starts anew
+            raise
+        return engine
+
+    def start_early(self, spec: EngineSpec, model_path: str, max_model_len: int) -> float | None:
+        """Start engines that load in processes of their own (several on this host) without waiting for
+        them, so that they load while the run reads its inputs; get() waits. When they started
+        (time.monotonic()); None where get() starts the engine itself (one engine in this process,
+        Ray, the null engine) or the pool has it."""
+        key = engine_key(spec, model_path, max_model_len)
+        if spec.backend != "vllm" or spec.engine_count() < 2 or key in self._engines:
+            return None
+        started = time.monotonic()
+        self._new(key, spec, model_path, max_model_len, wait=False)
+        return started
+
+    def would_fork(self, spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
+        """Whether get() would fork this process: it starts a single vLLM engine (its engine core).
+
+        A fork while other threads run can leave the child with locks that never open, so a run
+        starts its threads after such a get().
+        """
+        if spec.backend == "null" or spec.engine_count() > 1:  # data parallel workers are spawned
+            return False
+        return not self.has(spec, model_path, max_model_len)
+
+    def has(self, spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
+        """Whether the pool holds an engine for these settings (started, or starting)."""
+        return engine_key(spec, model_path, max_model_len) in self._engines
+
+    def engines(self) -> list[Engine]:
+        """The engines the pool holds, least recently used first."""
+        return list(self._engines.values())
+
+    def drop_dead(self) -> None:
+        """Forget engines whose engine process died, so the next run starts a new one, and abort the
+        requests a stopped run left in the others (the next run would step through them first).
+
+        Ctrl-C in a terminal and Jupyter's interrupt reach vLLM's engine process too (it shares the
+        process group) and it shuts down, seconds after the run has stopped.
+        """
+        for key, engine in list(self._engines.items()):
+            is_alive = getattr(engine, "is_alive", None)  # engines in this process (VllmEngine)
+            if is_alive is None:
+                continue
+            if not is_alive():
+                self._engines.pop(key, None)
+                with contextlib.suppress(Exception):
+                    engine.close()  # type: ignore[attr-defined]
+            else:
+                engine.abort_unfinished()  # type: ignore[attr-defined]
+
+    def close_all(self) -> None:
+        """Shut down every engine of the pool (it stays usable: a later get() starts anew)."""
+        _close_engines(self._engines)
+
+    def __enter__(self) -> EnginePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_all()
+
+    def __repr__(self) -> str:
+        limit = f", max_engines={self.max_engines}" if self.max_engines else ""
+        return f"EnginePool({len(self._engines)} engines{limit})"
+
+    def _new(self, key: Key, spec: EngineSpec, model_path: str, max_model_len: int, *, wait: bool) -> Engine:
+        if spec.backend != "null":
+            self._make_room()
+        with main_hidden_from_children():
+            engine = self._start(spec, model_path, max_model_len, wait=wait)
+        if hasattr(engine, "close"):
+            self._engines[key] = engine
+        return engine
+
+    def _make_room(self) -> None:
+        """Close the least recently used engines until one more fits max_engines."""
+        while self.max_engines is not None and len(self._engines) >= self.max_engines:
+            _, engine = self._engines.popitem(last=False)
+            engine.close()  # type: ignore[attr-defined]
+
+
+def _close_engines(engines: OrderedDict[Key, Any]) -> None:
+    """Close every engine of `engines` and forget it (a pool's, also from its finalizer: never the pool itself)."""
+    while engines:
+        _, engine = engines.popitem()
+        engine.close()
+
+
+@contextlib.contextmanager
+def main_hidden_from_children() -> Iterator[None]:
+    """Start processes without telling them of the main module.
+
+    An engine's processes are started with multiprocessing's spawn (vLLM's engine core on the CPU or
+    once CUDA is up, data-parallel workers always), which runs the main module again in every child:
+    a script read from standard input cannot be (its `__file__` is "<stdin>", no file), and a script
+    that starts a Session outside `if __name__ == "__main__":` would start it again in the child.
+    Nothing these processes run comes from the main module, so they are told of none, as under
+    `python -c` or in a notebook, while they start.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {name: vars(main)[name] for name in ("__file__", "__spec__") if name in vars(main)}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None  # multiprocessing reads it (a module run with -m is imported again by its name)
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
