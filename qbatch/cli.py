@@ -23,6 +23,7 @@ from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, GENERATION_ONLY, EngineSpec
 from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
+from qbatch.bench.workloads import WORKLOADS as BENCH_WORKLOADS
 
 
 class QbatchGroup(click.Group):
@@ -447,8 +448,7 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 
 
 @cli.command()
-@click.argument("workloads", nargs=-1, type=click.Choice(["uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json",
-                                                          "prefill", "longgen", "docqa", "docqa-large", "embed"]))
+@click.argument("workloads", nargs=-1, type=click.Choice(BENCH_WORKLOADS))
 @click.option("--modes", default="vllm-text,vllm-tokens,qbatch", show_default=True, callback=_csv,
               help="Comma list of vllm-text, vllm-tokens, qbatch, session (a warm qbatch.Session fed a list of "
                    "rows), hf, vllm-best (an engine of its own on vLLM's defaults + performance_mode=throughput), "

@@ -24,7 +24,8 @@ QBATCH_MODES = ("qbatch", "session")  # the modes that run qbatch (its run, or a
 RAW_BEST_MODES = ("vllm-best", "vllm-grouped")
 SHARED_ENGINE_MODES = ("vllm-text", "vllm-tokens", *QBATCH_MODES)  # on the one engine `_engine` starts
 DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200, "classify": 4096,
-                "classify-choice": 4096, "classify-json": 4096, "prefill": 8192, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
+                "classify-choice": 4096, "classify-json": 4096, "prefill": 8192,
+                "prefill-short": 16384, "prefill-mix": 4096, "extract-json": 4096, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
 EMBED_MODES = ("vllm-text", "vllm-tokens", "qbatch")  # vllm-*: one LLM.embed call with every text
 
 

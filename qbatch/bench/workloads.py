@@ -20,7 +20,7 @@ from typing import Any
 from qbatch.errors import SpecError
 
 WORKLOADS = ("uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json",
-             "prefill", "longgen", "docqa", "docqa-large", "embed")
+             "prefill", "prefill-short", "prefill-mix", "extract-json", "longgen", "docqa", "docqa-large", "embed")
 EMBED_WORKLOADS = ("embed",)  # run on an embedding engine (`qbatch embed`, LLM.embed): texts in, no output tokens
 # The classification workloads (issue #20): the same rows free, under a 5-label choice, and under a
 # small JSON schema; constrained rows stop when their answer is complete (no ignore_eos: the grammar
@@ -32,6 +32,10 @@ CONSTRAINTS: dict[str, dict[str, Any] | None] = {
     "classify-json": {"json": {"type": "object", "properties": {"label": {"type": "string", "enum": LABELS},
                                                                  "urgent": {"type": "boolean"}},
                                "required": ["label", "urgent"], "additionalProperties": False}},
+    "extract-json": {"json": {"type": "object", "properties": {"customer": {"type": "string", "maxLength": 40},
+                                                                 "amount": {"type": "number"},
+                                                                 "refund": {"type": "boolean"}},
+                              "required": ["customer", "amount", "refund"], "additionalProperties": False}},
 }
 CLASSIFY_MAX_TOKENS = 32
 DEFAULT_WORKLOADS = ("uniform", "varied", "short")  # what `qbatch bench` runs unless --workloads says
@@ -39,6 +43,13 @@ DEFAULT_WORKLOADS = ("uniform", "varied", "short")  # what `qbatch bench` runs u
 # then a document of its own. docqa: documents asked several questions each, document first so the
 # rows of one document share its tokens as a prefix; (tokens per document, questions per document).
 PREFILL_INSTRUCTION_TOKENS = 370
+# Issue #34's other prefill-heavy shapes, each one instruction shared by every row then a text of its
+# own: (instruction tokens, the chat template's included, the text's (mean, low, high) tokens, lognormal, output tokens).
+# prefill-short: a short instruction over short texts (a sentiment or topic label); prefill-mix: texts
+# of very mixed lengths; extract-json: a small JSON object taken out of a document (the grammar ends
+# the row, up to its output tokens).
+PREFILL_SHAPES = {"prefill-short": (80, (120, 20, 400), 4), "prefill-mix": (200, (700, 50, 4000), 8),
+                  "extract-json": (120, (600, 300, 900), 48)}
 DOCQA_SHAPES = {"docqa": (800, 8), "docqa-large": (1500, 4)}
 WORD_POOL_SIZE = 4000
 
@@ -47,7 +58,8 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
     """(prompt tokens, output tokens) per row; prompt lengths include the chat template.
 
     uniform: 512 / 256. varied: lognormal, means ~300 (16..2048) / ~215 (8..1024).
-    short: ~200 (150..250) / 1..8, a classification-like job. small: ~190 (170..210) / 256, the
+    short: ~200 (150..250) / 1..8, a classification-like job. prefill-short, prefill-mix, extract-json:
+    PREFILL_SHAPES. small: ~190 (170..210) / 256, the
     notebook-sized job a warm Session serves (200 rows by default). prefill: ~820 (a shared ~370
     instruction + ~450 of its own) / 8. longgen: ~155 (130..180) / lognormal ~715 (64..2048).
     docqa: a ~800-token document + a ~20-token question / 16; docqa-large: ~1500 + ~20 / 16.
@@ -84,6 +96,11 @@ def sample_rows(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.0
         elif name == "prefill":
             rows.append(((("instruction", _scaled(PREFILL_INSTRUCTION_TOKENS, scale)),
                           (f"document{i}", _scaled(rng.randint(400, 500), scale))), _scaled(8, scale)))
+            continue
+        elif name in PREFILL_SHAPES:
+            instruction, (mean, low, high), output = PREFILL_SHAPES[name]
+            rows.append(((("instruction", _scaled(instruction, scale)),
+                          (f"text{i}", _scaled(_lognormal(rng, mean, low, high), scale))), _scaled(output, scale)))
             continue
         elif name == "longgen":
             prompt, output = rng.randint(130, 180), _lognormal(rng, 715, 64, 2048, sigma=0.6)

@@ -84,6 +84,20 @@ def tokenizer(bundled_model):
     return load_tokenizer(bundled_model)
 
 
+def test_issue_34_prefill_shapes_share_one_instruction_over_texts_of_their_lengths(tokenizer):
+    for name, instruction, (mean, low, high), output in (("prefill-short", 80, (120, 20, 400), 4),
+                                                         ("prefill-mix", 200, (700, 50, 4000), 8),
+                                                         ("extract-json", 120, (600, 300, 900), 48)):
+        rows = sample_rows(name, 4000)
+        assert {segments[0] for segments, _ in rows} == {("instruction", instruction)} and {o for _, o in rows} == {output}
+        texts = [segments[1][1] for segments, _ in rows]
+        assert low <= min(texts) and max(texts) <= high and 0.85 * mean <= statistics.mean(texts) <= 1.15 * mean
+    assert statistics.pstdev(segments[1][1] for segments, _ in sample_rows("prefill-mix", 4000)) > 400  # very mixed
+    extract = make_workload("extract-json", tokenizer, 3, scale=0.1)
+    assert extract.structured_outputs["json"]["required"] == ["customer", "amount", "refund"]
+    assert make_workload("prefill-short", tokenizer, 3).structured_outputs is None
+
+
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_workload_prompts_have_the_sampled_token_counts(tokenizer, name):
     workload = make_workload(name, tokenizer, 40, scale=0.5)
