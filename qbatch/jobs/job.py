@@ -27,6 +27,7 @@ from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
 from qbatch.log import log
 from qbatch.models import registry as models
+from qbatch.models.adapters import adapters_identity, check_adapters
 from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.folder import DUPLICATE_ID, input_identity, may_grow
 from qbatch.records import Failure, Request, Row
@@ -124,6 +125,7 @@ class Job:
             from qbatch.models.quantize import refuse_unrunnable
 
             refuse_unrunnable(model_path, spec)
+        spec = replace(spec, engine=check_adapters(spec.engine, model_path))  # before any engine starts
         auto_engines, auto_chunk_tokens = spec.engine.engines_per_gpu is None, spec.plan.chunk_tokens is None
         auto_kv, weights = spec.engine.kv_cache_memory_bytes is None, models.weights_bytes(model_path)
         spec = place_engines(spec, engines_per_gpu(spec.engine, weights), weights, auto_kv=auto_kv)
@@ -168,6 +170,10 @@ class Job:
         structured = self.spec.sampling.structured_outputs()
         if structured is not None:  # the schema or grammar files' content, not their names
             settings["structured_outputs"] = structured
+        if settings["lora"] is None:  # folders written before adapters existed: their fingerprint has no key for them
+            settings.pop("lora")
+        else:  # the adapters' content, not their folders: a changed adapter file is a changed setting
+            settings["lora"] = adapters_identity(self.spec.engine.lora)
         if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
             settings["backend"] = "vllm"
         seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
