@@ -23,7 +23,7 @@ def lora_kwargs(spec: EngineSpec) -> dict[str, Any]:
     the user left out are chosen here from the adapters' number (models/adapters.py sets the rank)."""
     if not spec.lora:
         return {}
-    max_loras = spec.max_loras or min(len(spec.lora), MAX_LORAS_CAP)
+    max_loras = batch_adapters(spec)
     if on_cpu():
         # vLLM 0.32's CPU LoRA ops pick a decoding base row's weights from slot -1, the last adapter slot
         # (lora_ops.bgmv_*: Python indexing), so a base row decodes with whichever adapter sits there. One
@@ -35,6 +35,12 @@ def lora_kwargs(spec: EngineSpec) -> dict[str, Any]:
     if spec.max_lora_rank is not None:
         kwargs["max_lora_rank"] = spec.max_lora_rank
     return kwargs
+
+
+def batch_adapters(spec: EngineSpec) -> int:
+    """Adapters one batch of the engine can mix (vLLM's max_loras): --max-loras, else the adapters given,
+    at most MAX_LORAS_CAP."""
+    return spec.max_loras or min(len(spec.lora or ()), MAX_LORAS_CAP) or 1
 
 
 def adapter_ids(spec: EngineSpec) -> dict[str, int]:

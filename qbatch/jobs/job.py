@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.engines.base import hidden_size
+from qbatch.engines.lora import batch_adapters
 from qbatch.engines.placement import engines_per_gpu, shared_gpu_kv_cache_bytes
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.shapes import NamedColumns
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows, rows_size
-from qbatch.jobs.planning import FIRST_WINDOW, cut_group_chunks, order_groups
+from qbatch.jobs.planning import FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups
 from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
 from qbatch.log import log
@@ -279,7 +280,10 @@ class Job:
 
     def _plan(self, window: EncodedWindow) -> PlannedWindow:
         requests, refused = self.preparer.requests(window.drafts, window.encoded)
-        chunks = cut_group_chunks(order_groups(requests, self.spec.plan.order), self.spec.plan.chunk_tokens)
+        groups = order_groups(requests, self.spec.plan.order)
+        if self.spec.engine.lora and self.spec.plan.order != "input":
+            groups = by_adapter(groups, batch_adapters(self.spec.engine))
+        chunks = cut_group_chunks(groups, self.spec.plan.chunk_tokens)
         return PlannedWindow(window.failures + refused, list(chunks))
 
     def count_todo(self, done: set[str]) -> int:
