@@ -15,7 +15,6 @@ from qbatch.errors import RowError
 
 ADAPTER_COLUMNS = ("adapter", "lora")
 ADAPTER_COLUMN_SET = frozenset(ADAPTER_COLUMNS)
-UNKNOWN_ADAPTER = "unknown_adapter"
 
 
 class AdapterChoice:
@@ -36,6 +35,6 @@ class AdapterChoice:
         if name is None or name == "" or (isinstance(name, str) and name in self.base_names):
             return None
         if not isinstance(name, str) or name not in self.names:
-            raise RowError(UNKNOWN_ADAPTER, f"{where} names {name!r}, which is neither the base model nor one of the "
+            raise RowError("unknown_adapter", f"{where} names {name!r}, which is neither the base model nor one of the "
                                             f"job's adapters: {', '.join(sorted(self.names))}")
         return name
