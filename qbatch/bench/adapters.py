@@ -50,3 +50,26 @@ def _weight_shapes(model: Path, targets: tuple[str, ...]) -> dict[str, tuple[int
     if not shapes:
         raise ValueError(f"no {', '.join(targets)} weights in the safetensors files of {model}")
     return shapes
+
+
+ADAPTER_RANK = 16  # a common fine-tune's rank (PEFT's examples use 8 to 64)
+
+
+def adapters_workload(path: Path, num_adapters: int, model: str | None) -> tuple[Path, dict[str, str]]:
+    """The workload's JSONL with an `adapter` column naming adapter0..N-1 in turn, beside it, and N random
+    adapters of the model (written once, seeded by their number); the --lora table that names them."""
+    from qbatch.models import registry
+    from qbatch.spec import DEFAULT_MODEL
+
+    model_path = registry.resolve(model or DEFAULT_MODEL)
+    lora = {}
+    for number in range(num_adapters):
+        folder = path.parent / "adapters" / Path(model_path).name / f"adapter{number}"
+        if not (folder / CONFIG_FILE).is_file():
+            write_random_adapter(folder, model_path, rank=ADAPTER_RANK, seed=number)
+        lora[f"adapter{number}"] = str(folder)
+    mixed = path.with_name(f"{path.stem}-adapters{num_adapters}.jsonl")
+    with open(path, encoding="utf-8") as rows, open(mixed, "w", encoding="utf-8") as out:
+        for index, line in enumerate(rows):
+            out.write(json.dumps({**json.loads(line), "adapter": f"adapter{index % num_adapters}"}) + "\n")
+    return mixed, lora

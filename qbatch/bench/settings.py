@@ -25,7 +25,10 @@ RAW_BEST_MODES = ("vllm-best", "vllm-grouped")
 SHARED_ENGINE_MODES = ("vllm-text", "vllm-tokens", *QBATCH_MODES)  # on the one engine `_engine` starts
 DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200, "classify": 4096,
                 "classify-choice": 4096, "classify-json": 4096, "prefill": 8192, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
-EMBED_MODES = ("vllm-text", "vllm-tokens", "qbatch")  # vllm-*: one LLM.embed call with every text
+EMBED_MODES = ("vllm-text", "vllm-tokens", "qbatch")
+# --variant adapters=N: the qbatch mode with the workload's rows spread over N random LoRA adapters (one row
+# each in turn), against the qbatch mode's base model alone (issue 35's measurement)
+ADAPTERS_VARIANT = "adapters"  # vllm-*: one LLM.embed call with every text
 
 
 @dataclass
@@ -78,7 +81,14 @@ def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[st
 
     from qbatch.spec import JobSpec
 
-    values = {"progress": "none", **settings.run_settings, **(variant or {}), "inputs": [str(path)],
+    variant = dict(variant or {})
+    num_adapters = variant.pop(ADAPTERS_VARIANT, None)
+    if num_adapters:  # the workload's rows spread over N random adapters of the model (adapters.py)
+        from qbatch.bench.adapters import adapters_workload
+
+        path, variant["lora"] = adapters_workload(path, int(num_adapters), settings.run_settings.get("model"))
+        out = out.with_name(f"{out.name}-{ADAPTERS_VARIANT}{num_adapters}")
+    values = {"progress": "none", **settings.run_settings, **variant, "inputs": [str(path)],
               "output_dir": str(out), "ignore_eos": True, "restart": True}
     if settings.embeds:
         values["task"] = "embed"

@@ -51,9 +51,9 @@ def adapter_ids(spec: EngineSpec) -> dict[str, int]:
 class LoraRequests:
     """vLLM's LoRARequest for each of the job's adapters, made once; None for the base model."""
 
-    def __init__(self, spec: EngineSpec):
+    def __init__(self, spec: EngineSpec | None = None):
         self._requests: dict[str, Any] = {}
-        if spec.lora:
+        if spec is not None and spec.lora:
             from vllm.lora.request import LoRARequest
 
             folders = spec.lora

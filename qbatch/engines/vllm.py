@@ -89,6 +89,7 @@ class VllmEngine:
     _in_flight: dict[str, Any] = {}  # the running run's requests (replaced, never changed, here)
     _num_finished = _num_prompt_tokens = _num_cached_tokens = _num_generated_tokens = 0
     _log = EngineLog(None)  # where vLLM's output goes (vllm_output.py)
+    _loras = LoraRequests()  # each row's LoRA adapter as vLLM's LoRARequest (none: the base model)
 
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
