@@ -488,7 +488,8 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @click.option("-s", "--set", "settings", multiple=True, callback=_key_values, metavar="KEY=VALUE",
               help="A `qbatch run` setting for every mode (repeatable), e.g. -s max_num_seqs=512.")
 @click.option("--variant", multiple=True, callback=_key_values, metavar="'KEY=VALUE ...'",
-              help="Also run the qbatch mode with these planning settings (repeatable).")
+              help="Also run the qbatch mode with these planning settings (repeatable); adapters=N: with the "
+                   "rows spread over N random LoRA adapters of the model.")
 @click.option("--vllm-defaults", is_flag=True,
               help="Run the raw vLLM modes on vLLM's own engine defaults (the qbatch mode keeps qbatch's).")
 @click.option("--null-engine", is_flag=True, help="Time qbatch's pipeline alone against bare tokenization.")

@@ -149,6 +149,29 @@ def test_a_window_keeps_an_adapters_rows_together_only_past_max_loras():
     assert [r.row_index for r in grouped] == [4, 0, 5, 1, 6, 2, 7, 3]  # each adapter's rows longest first
 
 
+def test_data_parallel_workers_get_each_rows_adapter():
+    from qbatch.engines.base import Chunk
+    from qbatch.engines.dispatch import slim
+    from qbatch.records import Request
+
+    chunk = Chunk(3, [Request("a", 0, 0, [1, 2], {"max_tokens": 4}, None, {"text": "x"}, "p", adapter="one")])
+    (travelling,) = slim(chunk, 0).requests
+    assert (travelling.adapter, travelling.extra, travelling.prompt) == ("one", {}, None)
+
+
+def test_the_bench_variant_spreads_a_workloads_rows_over_random_adapters(bundled_model, tmp_path):
+    from qbatch.bench.settings import BenchSettings, qbatch_spec
+
+    path = tmp_path / "varied.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "prompt": "hi", "max_tokens": 4}) + "\n" for i in range(6)))
+    settings = BenchSettings(["varied"], ["qbatch"], {"model": bundled_model, "backend": "null"})
+    spec = qbatch_spec(settings, path, tmp_path / "out", {"adapters": 4})
+    assert sorted(spec.engine.lora) == ["adapter0", "adapter1", "adapter2", "adapter3"]
+    rows = [json.loads(line) for line in open(spec.input.inputs[0])]
+    assert [row["adapter"] for row in rows] == ["adapter0", "adapter1", "adapter2", "adapter3", "adapter0", "adapter1"]
+    assert spec.output.output_dir.endswith("out-adapters4")
+
+
 def test_a_session_picks_an_adapter_per_call_and_refuses_an_unknown_one(bundled_model, adapters):
     from qbatch import Session
     from qbatch.errors import SpecError
