@@ -126,10 +126,6 @@ class Job:
             from qbatch.models.quantize import refuse_unrunnable
 
             refuse_unrunnable(model_path, spec)
-        if spec.engine.lora and spec.engine.task == "embed":  # an embedding engine runs no adapter
-            log.warning("an embedding job runs the base model: lora ignored")
-            spec = replace(spec, engine=replace(spec.engine, lora=None, max_loras=None, max_lora_rank=None,
-                                                max_cpu_loras=None))
         spec = replace(spec, engine=check_adapters(spec.engine, model_path))  # before any engine starts
         auto_engines, auto_chunk_tokens = spec.engine.engines_per_gpu is None, spec.plan.chunk_tokens is None
         auto_kv, weights = spec.engine.kv_cache_memory_bytes is None, models.weights_bytes(model_path)

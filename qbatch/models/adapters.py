@@ -69,9 +69,13 @@ def read_adapter(name: str, path: str) -> Adapter:
 
 def check_adapters(spec: EngineSpec, model_path: str) -> EngineSpec:
     """The job's adapters read and checked against the base model; the spec with vLLM's max_lora_rank
-    set from them when the user left it out (the largest rank, rounded up to one vLLM takes)."""
+    set from them when the user left it out (the largest rank, rounded up to one vLLM takes). An embedding
+    job runs the base model: its adapters are left out, with a warning."""
     if not spec.lora:
         return spec
+    if spec.task == "embed":
+        log.warning("an embedding job runs the base model: lora ignored")
+        return dataclasses.replace(spec, lora=None, max_loras=None, max_lora_rank=None, max_cpu_loras=None)
     adapters = [read_adapter(name, path) for name, path in spec.lora.items()]
     modules = model_modules(model_path)
     for adapter in adapters:

@@ -182,3 +182,13 @@ def test_a_session_picks_an_adapter_per_call_and_refuses_an_unknown_one(bundled_
         assert len(session.generate(["hi"], adapter="two", max_tokens=4)) == 1
         with pytest.raises(SpecError, match="adapter='three' is not one of this session's LoRA adapters: one, two"):
             session.generate(["hi"], adapter="three")
+
+
+def test_an_embedding_job_runs_the_base_model(bundled_model, adapters, caplog):
+    from qbatch.models.adapters import check_adapters
+    from qbatch.spec import EngineSpec
+
+    spec = EngineSpec(model=bundled_model, task="embed", lora={k: str(v) for k, v in adapters.items()}, max_loras=2)
+    resolved = check_adapters(spec, bundled_model)
+    assert (resolved.lora, resolved.max_loras) == (None, None)
+    assert "an embedding job runs the base model: lora ignored" in caplog.text
