@@ -99,6 +99,8 @@ def _type_name(hint: Any) -> str:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is list:
         return f"list of {_type_name(typing.get_args(hint)[0])}"
+    if typing.get_origin(hint) is dict:  # lora: a [lora] table of NAME = "PATH"
+        return "table of str"
     if args and len(args) == 1:
         return _type_name(args[0])
     return getattr(hint, "__name__", str(hint))

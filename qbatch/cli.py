@@ -78,6 +78,21 @@ def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[
     return None if value is None else [item.strip() for item in value.split(",") if item.strip()]
 
 
+def _adapters(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str] | None:
+    """--lora NAME=PATH (repeatable) -> {NAME: PATH}; a name given twice is refused."""
+    if not values:
+        return None
+    adapters: dict[str, str] = {}
+    for text in values:
+        name, sep, path = text.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise click.BadParameter(f"expected NAME=PATH, got '{text}'", ctx=ctx, param=param)
+        if name.strip() in adapters:
+            raise click.BadParameter(f"adapter '{name.strip()}' is given twice", ctx=ctx, param=param)
+        adapters[name.strip()] = path.strip()
+    return adapters
+
+
 def _paths(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Path arguments in normal form (`out/x`, not `./out/x/` or `a/../out/x`): as every message prints them."""
     from qbatch._fs import normal_path
@@ -152,6 +167,12 @@ RUN_OPTIONS = [
     click.option("--structured-outputs-backend", type=click.Choice(STRUCTURED_OUTPUTS_BACKENDS), help="vLLM StructuredOutputsConfig.backend for constrained rows.  [default: auto]"),
     click.option("--disable-any-whitespace", is_flag=True, default=None, help="vLLM StructuredOutputsConfig.disable_any_whitespace: compact JSON, no free whitespace (xgrammar, guidance)."),
     click.option("--quantize", type=click.Choice(["awq"]), help="Quantize the model with AutoAWQ first (cached)."),
+    click.option("--lora", multiple=True, callback=_adapters, metavar="NAME=PATH", help="A LoRA adapter (a PEFT folder) "
+                 "rows can pick by NAME in their `adapter` column or an OpenAI line's body.model (repeatable); rows "
+                 "naming none use the base model."),
+    click.option("--max-loras", type=int, help="vLLM max_loras: adapters in one batch.  [default: the adapters given, at most 8]"),
+    click.option("--max-lora-rank", type=int, help="vLLM max_lora_rank.  [default: the adapters' largest rank, rounded up to one vLLM takes]"),
+    click.option("--max-cpu-loras", type=int, help="vLLM max_cpu_loras: adapters kept in CPU memory.  [default: the adapters given]"),
     click.option("--backend", type=click.Choice(BACKENDS), help="Engine: vllm, ray (engines on a Ray cluster), or null (returns instantly; for pipeline tests)."),
     click.option("--disable-log-stats/--enable-log-stats", default=None, help="vLLM disable_log_stats: --enable-log-stats adds running/waiting requests and KV-cache usage to the telemetry (vLLM then works out its stats every step).  [default: disabled]"),
     click.option("--ray-address", help="Ray cluster to join with --backend ray: auto (on a cluster node) or HOST:6379.  [default: $RAY_ADDRESS, else a local cluster]"),
@@ -467,7 +488,8 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @click.option("-s", "--set", "settings", multiple=True, callback=_key_values, metavar="KEY=VALUE",
               help="A `qbatch run` setting for every mode (repeatable), e.g. -s max_num_seqs=512.")
 @click.option("--variant", multiple=True, callback=_key_values, metavar="'KEY=VALUE ...'",
-              help="Also run the qbatch mode with these planning settings (repeatable).")
+              help="Also run the qbatch mode with these planning settings (repeatable); adapters=N: with the "
+                   "rows spread over N random LoRA adapters of the model.")
 @click.option("--vllm-defaults", is_flag=True,
               help="Run the raw vLLM modes on vLLM's own engine defaults (the qbatch mode keeps qbatch's).")
 @click.option("--null-engine", is_flag=True, help="Time qbatch's pipeline alone against bare tokenization.")

@@ -32,7 +32,14 @@ def print_summary(summary: Summary) -> None:
         ("results", f"{Path(summary.output_dir or '.') / 'results.parquet'} ({summary.total_ok:,} rows"
                     f"{_samples(summary.total_samples, summary.total_ok)})"),
         ("errors", f"{Path(summary.output_dir or '.') / 'errors.parquet'} ({summary.total_failed:,} rows)"),
+        *_adapter_lines(summary.adapters),
     ])
+
+
+def _adapter_lines(adapters: dict[str, dict[str, int]] | None) -> list[tuple[str, str]]:
+    """Rows and tokens of this run per LoRA adapter (jobs with adapters)."""
+    return [(f"adapter {name}", f"{counts['rows']:,} rows, tokens in / out {counts['prompt_tokens']:,} / "
+                                f"{counts['completion_tokens']:,}") for name, counts in sorted((adapters or {}).items())]
 
 
 def _cached(summary: Summary) -> str:

@@ -38,6 +38,7 @@ class Request:
     thinking: bool | None  # whether the model was asked to think (None: no thinking model)
     extra: dict[str, Any] = field(default_factory=dict)  # carried input columns
     prompt: str | None = None  # the rendered prompt, kept only with --include-prompt
+    adapter: str | None = None  # the LoRA adapter's name (EngineSpec.lora); None: the base model
 
     @property
     def num_prompt_tokens(self) -> int:

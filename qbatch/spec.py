@@ -173,6 +173,14 @@ class EngineSpec:
     disable_any_whitespace: bool | None = affects_results(None)
     backend: str = affects_results("vllm")  # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
     ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
+    # LoRA adapters by name (--lora NAME=PATH, a job file's [lora] table): a row picks one by name (its
+    # `adapter` column, or an OpenAI line's body.model); rows naming none use the base model. Their content
+    # enters the fingerprint (Job.fingerprint). vLLM's LoRA settings: None is chosen from the adapters
+    # (models/adapters.py), before the engine starts.
+    lora: dict[str, str] | None = affects_results(None)
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    max_cpu_loras: int | None = None
     # False: vLLM computes its scheduler stats every step (running/waiting requests, KV-cache usage: telemetry
     # records them); vLLM's LLM() default is True, as it costs per-step work in its engine loop
     disable_log_stats: bool = True
@@ -214,11 +222,16 @@ class EmbedSpec:
     embedding_dtype: str = affects_results("float32")  # float16 halves the output
 
 
+# vLLM's LoRA settings (vllm/config/lora.py): the ranks its LoRAConfig takes, and qbatch's names for them
+LORA_SETTINGS = ("lora", "max_loras", "max_lora_rank", "max_cpu_loras")
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 # Settings of one task only: an embedding job takes none of generation's (chat turns, sampling,
 # constraints, thinking), a generation job none of embedding's. `qbatch embed` has no flags for the
 # first; fingerprints and reports leave out whichever does not apply.
 GENERATION_ONLY = frozenset({"messages_column", "system_prompt", "raw", "thinking", "reasoning_parser", "quantize",
-                             "structured_outputs_backend", "disable_any_whitespace",
+                             "structured_outputs_backend", "disable_any_whitespace", *LORA_SETTINGS,
                              *(f.name for f in dataclasses.fields(SamplingSpec))})
 EMBEDDING_ONLY = frozenset(f.name for f in dataclasses.fields(EmbedSpec))
 
@@ -291,7 +304,7 @@ class JobSpec:
                 raise SpecError(f"--gpus lists {len(self.engine.gpus)} GPUs but data_parallel_size is "
                                 f"{self.engine.data_parallel_size}; give one GPU per engine")
         for name in ("chunk_tokens", "engines_per_gpu", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                     "kv_cache_memory_bytes", "limit"):
+                     "kv_cache_memory_bytes", "limit", "max_loras", "max_cpu_loras"):
             value = next(getattr(part, name) for part in (self.engine, self.plan, self.input) if hasattr(part, name))
             if value is not None:
                 _check_min(name, value, 1)
@@ -300,6 +313,7 @@ class JobSpec:
             raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")
         _check_choice("backend", self.engine.backend, BACKENDS)
         self._check_embed()
+        self._check_lora()
         self._check_ray()
         if self.engine.compilation_mode not in (None, 0, 1, 2, 3):
             raise SpecError(f"compilation_mode must be 0, 1, 2 or 3 (vLLM's CompilationMode), "
@@ -371,6 +385,31 @@ class JobSpec:
                             f"got structured_outputs_backend {backend or 'auto'}",
                             hint="add --structured-outputs-backend xgrammar (or guidance)")
 
+    def _check_lora(self) -> None:
+        """The adapters' names and vLLM's LoRA rules that need no file (models/adapters.py reads the adapters)."""
+        engine = self.engine
+        lora = engine.lora
+        if lora is not None:
+            if not isinstance(lora, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in lora.items()):
+                raise SpecError(f"lora must be a table of adapter names and folders, got {_show(lora)}",
+                                hint='--lora NAME=PATH, or in a job file: [lora] NAME = "PATH"')
+            for name, path in lora.items():
+                if not name.strip() or not path.strip():
+                    raise SpecError(f"an adapter needs a name and a folder, got '{name}={path}'",
+                                    hint="--lora NAME=PATH")
+                if name == engine.model:
+                    raise SpecError(f"the adapter name '{name}' is the base model's: rows naming it would be "
+                                    "ambiguous", where=f"adapter {name}: {path}", hint="give the adapter another name")
+        if engine.max_lora_rank is not None and engine.max_lora_rank not in LORA_RANKS:
+            raise SpecError(f"max_lora_rank must be one of vLLM's {', '.join(map(str, LORA_RANKS))}; "
+                            f"got {engine.max_lora_rank}", hint="pass --max-lora-rank with one of them")
+        if engine.max_loras is not None and engine.max_cpu_loras is not None and engine.max_cpu_loras < engine.max_loras:
+            raise SpecError(f"max_cpu_loras ({engine.max_cpu_loras}) must be >= max_loras ({engine.max_loras}) "
+                            "(vLLM's rule)", hint="raise --max-cpu-loras or lower --max-loras")
+        if not lora and any(getattr(engine, name) is not None for name in LORA_SETTINGS[1:]):
+            raise SpecError("--max-loras, --max-lora-rank and --max-cpu-loras size vLLM's LoRA adapters; "
+                            "the job has none", hint="add --lora NAME=PATH, or leave them out")
+
     def _check_ray(self) -> None:
         if self.engine.backend == "ray" and self.engine.gpus is not None:
             raise SpecError("--gpus picks GPUs of this machine; with --backend ray, Ray assigns them",
@@ -394,6 +433,9 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     for key in ("inputs", "output_dir", "output-dir"):
         if key in data:
             data[key] = _relative_to(path.parent, data[key])
+    lora = data.get("lora")
+    if isinstance(lora, dict):  # [lora] NAME = "PATH": folders relative to the job file
+        data["lora"] = {name: _relative_to(path.parent, folder) for name, folder in lora.items()}
     model = data.get("model")
     if isinstance(model, str) and model.startswith("."):
         data["model"] = str((path.parent / model).resolve())

@@ -22,7 +22,7 @@ def test_flat_keys_accept_dashes_and_route_to_sections():
         ({"max_tokens": "10"}, 'max_tokens must be an integer, got "10"'),
         ({"shape": "csv"}, "shape must be one of auto, prompt, chat, openai; got 'csv'"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5"),
-        ({"colour": 1}, "unknown setting 'colour'"),
+        ({"flavour": 1}, "unknown setting 'flavour'"),  # no setting is close to it (colour: lora)
         ({"shard": "3/2"}, "shard must satisfy 0 <= I < N, got '3/2'"),
     ],
 )
@@ -155,7 +155,7 @@ def test_logit_bias_reaches_vllm_as_token_ids():
         ({"inputs": ["a.jsonl", 2]}, 'inputs must be a list of strings, got ["a.jsonl", 2]'),
         ({"thinking": "no"}, 'thinking must be true or false, got "no"'),
         ({"max_token": 5}, "unknown setting 'max_token' (did you mean max_tokens?)"),
-        ({"colour": 1}, "unknown setting 'colour'"),
+        ({"flavour": 1}, "unknown setting 'flavour'"),  # no setting is close to it (colour: lora)
     ],
 )
 def test_wrong_types_name_the_key_the_type_and_the_value(values, message):

@@ -27,6 +27,9 @@ DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200, "c
                 "classify-choice": 4096, "classify-json": 4096, "prefill": 8192,
                 "prefill-short": 16384, "prefill-mix": 4096, "extract-json": 4096, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
 EMBED_MODES = ("vllm-text", "vllm-tokens", "qbatch")  # vllm-*: one LLM.embed call with every text
+# --variant adapters=N: the qbatch mode with the workload's rows spread over N random LoRA adapters (one row
+# each in turn), against the qbatch mode's base model alone (issue 35's measurement)
+ADAPTERS_VARIANT = "adapters"
 
 
 @dataclass
@@ -79,7 +82,14 @@ def qbatch_spec(settings: BenchSettings, path: Path, out: Path, variant: dict[st
 
     from qbatch.spec import JobSpec
 
-    values = {"progress": "none", **settings.run_settings, **(variant or {}), "inputs": [str(path)],
+    variant = dict(variant or {})
+    num_adapters = variant.pop(ADAPTERS_VARIANT, None)
+    if num_adapters:  # the workload's rows spread over N random adapters of the model (adapters.py)
+        from qbatch.bench.adapters import adapters_workload
+
+        path, variant["lora"] = adapters_workload(path, int(num_adapters), settings.run_settings.get("model"))
+        out = out.with_name(f"{out.name}-{ADAPTERS_VARIANT}{num_adapters}")
+    values = {"progress": "none", **settings.run_settings, **variant, "inputs": [str(path)],
               "output_dir": str(out), "ignore_eos": True, "restart": True}
     if settings.embeds:
         values["task"] = "embed"

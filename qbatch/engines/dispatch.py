@@ -236,8 +236,8 @@ def _rows(worker: Worker) -> int:
 
 
 def slim(chunk: Chunk, number: int) -> Chunk:
-    """The chunk as a worker needs it, numbered as it travels: token ids and sampling, not the carried
-    columns or prompt text."""
+    """The chunk as a worker needs it, numbered as it travels: token ids, sampling and the LoRA adapter's name,
+    not the carried columns or prompt text."""
     return Chunk(number, [replace(r, extra={}, prompt=None) for r in chunk.requests])
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from qbatch.engines import compile_cache
 from qbatch.engines.base import END, REPORT_S, Chunk
 from qbatch.engines.detokenize import FinalDecoder
+from qbatch.engines.lora import LoraRequests, lora_kwargs
 from qbatch.engines.messages import EngineSample
 from qbatch.engines.platform import bind_cpu_cores, cpu_has_bf16, engine_arg_names, on_cpu, on_hopper
 from qbatch.engines.start_errors import start_error, start_log
@@ -88,6 +89,7 @@ class VllmEngine:
     _in_flight: dict[str, Any] = {}  # the running run's requests (replaced, never changed, here)
     _num_finished = _num_prompt_tokens = _num_cached_tokens = _num_generated_tokens = 0
     _log = EngineLog(None)  # where vLLM's output goes (vllm_output.py)
+    _loras = LoraRequests()  # each row's LoRA adapter as vLLM's LoRARequest (none: the base model)
 
     def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
@@ -104,6 +106,7 @@ class VllmEngine:
             bind_cpu_cores()
         self.llm, self._log = start_llm(spec.model, model_path, kwargs)
         try:
+            self._loras = LoraRequests(spec)
             self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
             self._decoder = None if self.embeds else FinalDecoder.for_llm(self.llm)
             self._watchdog = EngineWatchdog(self.llm.llm_engine)
@@ -214,7 +217,8 @@ class VllmEngine:
                                             detokenize=self._vllm_detokenizes(request))
                 request_id = f"q{self._next_id}"
                 self._next_id += 1
-                engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params)
+                engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params,
+                                   lora_request=self._loras.get(request.adapter))
             except _engine_dead_errors() as exc:  # the engine died between steps: no row's fault
                 raise self._failed(exc) from exc
             except (ValueError, TypeError, *_request_errors()) as exc:  # a row vLLM rejects fails alone
@@ -466,6 +470,7 @@ def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True,
         kwargs["reasoning_parser"] = spec.reasoning_parser
     if spec.task == "embed":
         kwargs.update(pooling_kwargs(model_path))
+    kwargs.update(lora_kwargs(spec))
     if on_cpu():
         kwargs.update(_cpu_defaults(spec))
     if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():

@@ -18,6 +18,7 @@ from typing import Any
 
 from qbatch.errors import ModelError, RowError, SpecError, first_line
 from qbatch.records import EMBED_SAMPLING, Failure, Request, Row
+from qbatch.inputs.adapters import ADAPTER_COLUMN_SET, AdapterChoice
 from qbatch.inputs.shapes import BATCH_URLS, fallback_id, is_openai, own_id, positional_id, row_shape
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.inputs.text import escaped
@@ -46,6 +47,7 @@ class Draft:
     thinking: bool | None
     extra: dict[str, Any]
     ids: list[int] | None = None  # token ids the row gives (OpenAI's token-array prompt or input): not encoded
+    adapter: str | None = None  # the LoRA adapter the row names (None: the base model)
 
 
 @functools.lru_cache(maxsize=8)
@@ -111,6 +113,7 @@ class Preparer:
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
         self.splicer = ChatSplicer(_chat_template(tokenizer) if self.has_template else None, self._apply_template)
         self._backend_agrees: dict[bool, bool] = {}  # add_special_tokens -> backend gives tokenizer()'s ids
+        self.adapters = AdapterChoice(spec.engine.lora, spec.engine.model) if spec.engine.lora else None
         if not self.input.raw and not self.has_template and self.input.shape != "openai" and not self.embeds:
             raise SpecError(
                 "the model has no chat template, so prompts cannot be sent as chat turns",
@@ -147,8 +150,13 @@ class Preparer:
         shape = row_shape(data, self.input)
         if self.embeds:
             return self._draft_embed(row, rid, data, shape)
-        if shape == "openai":
-            return self._draft_openai(row, rid, data)
+        adapter = self.adapters.of(data, shape == "openai") if self.adapters else None
+        draft = self._draft_openai(row, rid, data) if shape == "openai" else self._draft_text(row, rid, data, shape)
+        draft.adapter = adapter
+        return draft
+
+    def _draft_text(self, row: Row, rid: str, data: dict[str, Any], shape: str) -> Draft:
+        """A row of text, chat messages or a --template's columns."""
         overrides = sampling_overrides(data)
         thinking = thinking_flag(data.get("enable_thinking"), self.input.thinking)
         if shape == "chat":
@@ -267,6 +275,8 @@ class Preparer:
         """The columns carried to the results: every input column, the prompt's or messages' included (a
         result shows its question), or --keep-columns, less --drop-columns."""
         keep, drop = self.input.keep_columns, self.input.drop_columns
+        if self.adapters and not ADAPTER_COLUMN_SET.isdisjoint(data):  # the results' own `adapter` column says it
+            data = {name: value for name, value in data.items() if name not in ADAPTER_COLUMN_SET}
         if keep is not None:
             return {name: data.get(name) for name in keep}
         if drop:
@@ -413,7 +423,7 @@ class Preparer:
             thinking = True if draft.thinking is None else draft.thinking
         prompt = draft.text if self.spec.output.include_prompt else None
         return Request(draft.id, draft.row.source_index, draft.row.row_index, ids, sampling, thinking,
-                       draft.extra, prompt)
+                       draft.extra, prompt, draft.adapter)
 
     def _embed_request(self, draft: Draft, ids: list[int]) -> Request:
         """An embedding request: the whole input fits max_model_len (vLLM's pooling runner takes a prompt

@@ -17,16 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.engines.base import hidden_size
+from qbatch.engines.lora import batch_adapters
 from qbatch.engines.placement import engines_per_gpu, shared_gpu_kv_cache_bytes
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.shapes import NamedColumns
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows, rows_size
-from qbatch.jobs.planning import FIRST_WINDOW, cut_group_chunks, order_groups
+from qbatch.jobs.planning import FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups
 from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
 from qbatch.log import log
 from qbatch.models import registry as models
+from qbatch.models.adapters import adapters_identity, check_adapters
 from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.folder import DUPLICATE_ID, input_identity, may_grow
 from qbatch.records import Failure, Request, Row
@@ -124,6 +126,7 @@ class Job:
             from qbatch.models.quantize import refuse_unrunnable
 
             refuse_unrunnable(model_path, spec)
+        spec = replace(spec, engine=check_adapters(spec.engine, model_path))  # before any engine starts
         auto_engines, auto_chunk_tokens = spec.engine.engines_per_gpu is None, spec.plan.chunk_tokens is None
         auto_kv, weights = spec.engine.kv_cache_memory_bytes is None, models.weights_bytes(model_path)
         spec = place_engines(spec, engines_per_gpu(spec.engine, weights), weights, auto_kv=auto_kv)
@@ -168,6 +171,10 @@ class Job:
         structured = self.spec.sampling.structured_outputs()
         if structured is not None:  # the schema or grammar files' content, not their names
             settings["structured_outputs"] = structured
+        if settings["lora"] is None:  # folders written before adapters existed: their fingerprint has no key for them
+            settings.pop("lora")
+        else:  # the adapters' content, not their folders: a changed adapter file is a changed setting
+            settings["lora"] = adapters_identity(self.spec.engine.lora)
         if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
             settings["backend"] = "vllm"
         seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
@@ -273,7 +280,10 @@ class Job:
 
     def _plan(self, window: EncodedWindow) -> PlannedWindow:
         requests, refused = self.preparer.requests(window.drafts, window.encoded)
-        chunks = cut_group_chunks(order_groups(requests, self.spec.plan.order), self.spec.plan.chunk_tokens)
+        groups = order_groups(requests, self.spec.plan.order)
+        if self.spec.engine.lora and self.spec.plan.order != "input":
+            groups = by_adapter(groups, batch_adapters(self.spec.engine))
+        chunks = cut_group_chunks(groups, self.spec.plan.chunk_tokens)
         return PlannedWindow(window.failures + refused, list(chunks))
 
     def count_todo(self, done: set[str]) -> int:

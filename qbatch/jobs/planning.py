@@ -52,6 +52,20 @@ def order_groups(requests: list[Request], order: str) -> list[list[Request]]:
     return [[r] for r in (sort_window(requests) if order == "longest-first-flat" else requests)]
 
 
+def by_adapter(groups: list[list[Request]], max_loras: int) -> list[list[Request]]:
+    """The window's groups with each LoRA adapter's rows together, where that helps vLLM: only when the
+    window names more adapters than one batch can mix (max_loras). Then a batch of mixed rows would make
+    vLLM swap adapters in and out of its slots as rows come and go; grouped, a chunk mostly needs a few.
+    The sort is stable: each adapter's rows keep their length order (the base model's rows first), and
+    windows stay in order, so rows of one window still go before the next window's. With no more adapters
+    than slots the window keeps its longest-first order: vLLM runs their rows in one batch anyway. A group of
+    rows sharing a prefix goes by its first row's adapter."""
+    names = {r.adapter for group in groups for r in group} - {None}
+    if len(names) <= max_loras:
+        return groups
+    return sorted(groups, key=lambda group: (group[0].adapter is not None, group[0].adapter or ""))
+
+
 def cut_chunks(requests: Iterable[Request], chunk_tokens: int) -> Iterator[list[Request]]:
     """Consecutive chunks whose total cost stays within `chunk_tokens`.
 

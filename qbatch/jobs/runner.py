@@ -86,7 +86,8 @@ class _Run:
 
     def __init__(self, job: Job, out: OutputDir, pool: EnginePool, events: RunEvents, started: float):
         self.job, self.out, self.pool, self.events, self.started = job, out, pool, events, started
-        self.summary = Summary(str(out.path), "running", task=job.spec.engine.task)
+        self.summary = Summary(str(out.path), "running", task=job.spec.engine.task,
+                               adapters={} if job.spec.engine.lora else None)
         self.manifest: dict[str, Any] | None = None  # once written: a stop from then on is recorded in it
         self.opened: Opened | None = None
         self._parts: PartWriter | None = None
@@ -259,6 +260,7 @@ class _Run:
         summary.prompt_tokens += prompt_tokens
         summary.completion_tokens += completion_tokens
         summary.cached_tokens += sum(c.num_cached_tokens for c in ok)
+        summary.count_adapters(ok)
         self.opened.progress.update(len(ok), tokens=prompt_tokens if parts.embed is not None else completion_tokens)
         tally = self._tallies[chunk.index]
         tally.rows += len(ok)

@@ -7,6 +7,9 @@ from typing import Any
 
 from qbatch.records import Failure
 
+BASE_MODEL = "(base model)"  # the key of rows without an adapter in Summary.adapters (no adapter name has parentheses)
+ADAPTER_COUNTS = ("rows", "prompt_tokens", "completion_tokens")
+
 
 @dataclass
 class Summary:
@@ -37,6 +40,19 @@ class Summary:
     parts: list[dict[str, Any]] = field(default_factory=list)
     task: str = "generate"  # or "embed": no output tokens, the summary counts input tokens
     engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (jobs/shape.py)
+    # jobs with LoRA adapters: per adapter (BASE_MODEL for rows of none) its rows and tokens, as rows_ok and
+    # prompt_tokens / completion_tokens count them; None for jobs without adapters
+    adapters: dict[str, dict[str, int]] | None = None
+
+    def count_adapters(self, completions: list[Any]) -> None:
+        """Rows that finished, counted by their adapter (jobs with adapters only)."""
+        if self.adapters is None:
+            return
+        for c in completions:
+            counts = self.adapters.setdefault(c.request.adapter or BASE_MODEL, dict.fromkeys(ADAPTER_COUNTS, 0))
+            counts["rows"] += 1
+            counts["prompt_tokens"] += c.request.num_prompt_tokens
+            counts["completion_tokens"] += c.num_generated_tokens
 
     def count_failures(self, failures: list[Failure]) -> None:
         self.rows_failed += len(failures)

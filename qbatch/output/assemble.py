@@ -182,7 +182,8 @@ def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> d
         choices: list[dict[str, Any]] = [
             {"index": r.get("sample_index") or 0, "text": r["text"], "finish_reason": r["finish_reason"],
              "logprobs": _completion_logprobs(r.get("logprobs"))} for r in rows]
-        body = {"id": f"cmpl-{row['id']}", "object": "text_completion", "created": created, "model": model,
+        body = {"id": f"cmpl-{row['id']}", "object": "text_completion", "created": created,
+                "model": row.get("adapter") or model,  # a LoRA adapter's rows name it, as vLLM's server does
                 "choices": choices, "usage": usage}
     else:
         choices = []
@@ -196,7 +197,8 @@ def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> d
                             "finish_reason": r["finish_reason"],
                             "logprobs": None if logprobs is None else {"content": [_chat_token(t) for t in logprobs],
                                                                        "refusal": None}})
-        body = {"id": f"chatcmpl-{row['id']}", "object": "chat.completion", "created": created, "model": model,
+        body = {"id": f"chatcmpl-{row['id']}", "object": "chat.completion", "created": created,
+                "model": row.get("adapter") or model,  # a LoRA adapter's rows name it, as vLLM's server does
                 "choices": choices, "usage": usage}
     return {"id": f"batch_req_{row['id']}", "custom_id": row["id"],
             "response": {"status_code": 200, "request_id": row["id"], "body": body}, "error": None}

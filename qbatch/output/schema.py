@@ -1,7 +1,7 @@
 """results.parquet's columns and types, decided by the job before any row is generated.
 
 The rule: the columns depend on the job, never on which of its rows succeeded. The job's task
-(generate or embed), its settings (`prompt` with --include-prompt; `sample_index` with n > 1;
+(generate or embed), its settings (`prompt` with --include-prompt; `adapter` with --lora; `sample_index` with n > 1;
 `parsed` and `parse_error` with a constraint; `logprobs` with logprobs, and `choice_logprobs` with
 a choice constraint too; the embedding's size and dtype) and its carried columns' types
 (columns.py) decide them. A run whose rows all failed thus writes an empty file with the same
@@ -22,7 +22,7 @@ import pyarrow as pa
 from qbatch.output.columns import JSON_TEXT, ColumnTypes, decode_schema, encode_schema
 from qbatch.output.embeddings import ARROW_TYPES, EMBEDDING_COLUMNS
 from qbatch.output.samples import COLUMN_TYPES
-from qbatch.output.tables import ID_COLUMN, RESULT_COLUMNS, RESULT_TAIL, carried_name, own_columns
+from qbatch.output.tables import ADAPTER_COLUMN, ID_COLUMN, RESULT_COLUMNS, RESULT_TAIL, carried_name, own_columns
 from qbatch.spec import JobSpec
 
 MANIFEST_KEY = "result_schema"
@@ -44,6 +44,8 @@ def result_schema(spec: JobSpec, column_types: ColumnTypes, vector_size: int | N
         fields += [("embedding", pa.list_(value) if size is None else pa.list_(value, size)),
                    ("prompt_tokens", pa.int32())]
     else:
+        if spec.engine.lora:
+            fields.append((ADAPTER_COLUMN, pa.string()))
         fields += [*RESULT_TAIL, *((name, COLUMN_TYPES[name]) for name in _asked_columns(spec))]
     return pa.schema(fields)
 

@@ -2,8 +2,8 @@
 
 Result columns: id, source, source_index (dropped at assembly), row_index, the carried input
 columns (types decided for the whole input: columns.py; one named like a result column is
-`input_<name>`), prompt (optional), then the generation's text, reasoning, finish_reason and
-token counts.
+`input_<name>`), prompt (optional), adapter (jobs with LoRA adapters), then the generation's text,
+reasoning, finish_reason and token counts.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
     columns.update(carried_columns(requests, column_types, own=own_columns(RESULT_COLUMNS, include_prompt)))
     if include_prompt:
         columns["prompt"] = [r.prompt for r in requests]
+    if any(r.adapter is not None for r in requests):  # a job with adapters has the column (schema.py): null elsewhere
+        columns[ADAPTER_COLUMN] = pa.array([r.adapter for r in requests], type=pa.string())
     if any(r.thinking is not None for r in requests):
         splits = [split_reasoning(c.text, c.request.thinking) for c in completions]
         columns["text"] = [text for _, text in splits]
@@ -99,6 +101,7 @@ def carried_columns(requests: list[Any], column_types: dict[str, pa.DataType | N
     return carried
 
 
+ADAPTER_COLUMN = "adapter"  # the LoRA adapter's name, null for the base model's rows (jobs with --lora)
 ID_COLUMN = "id"  # an input's `id` column is the results' id (as text): not carried again
 
 

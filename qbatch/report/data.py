@@ -52,6 +52,7 @@ def collect(output_dir: str | Path) -> dict[str, Any]:
         "engines": engines(timeline),
         "lengths": lengths(folder),
         "finish_reasons": finish_reasons(folder),
+        "adapters": adapters(folder),
         "errors": errors(folder),
         "chunks": chunks(stats),
     }
@@ -192,6 +193,21 @@ def finish_reasons(folder: Path) -> dict[str, int] | None:
 
     counts = _query(folder, "results.parquet", "part-", count)
     return None if counts is None else {str(reason): int(n) for reason, n in counts.iter_rows()}
+
+
+def adapters(folder: Path) -> list[dict[str, Any]] | None:
+    """Per LoRA adapter (null: the base model), its result rows and tokens; None for jobs without adapters."""
+    import polars as pl
+
+    def count(results: Any) -> Any:
+        if "adapter" not in results.collect_schema().names():
+            return None
+        return (results.group_by("adapter").agg(pl.len().alias("rows"), pl.col("prompt_tokens").sum(),
+                                                pl.col("completion_tokens").sum())
+                .collect().sort("adapter", nulls_last=False))
+
+    frame = _query(folder, "results.parquet", "part-", count)
+    return None if frame is None else frame.to_dicts()
 
 
 def errors(folder: Path) -> list[dict[str, Any]] | None:

@@ -69,6 +69,7 @@ def render(info: dict[str, Any]) -> str:
         _section("Finish reasons", "finish_reasons", charts.finish(info["finish_reasons"]), figures, "rows per reason"),
         _section("Per-chunk timings", "chunks", charts.chunks(info["chunks"]), figures,
                  "seconds between chunk completions, and rows per chunk (stats.json: the last completed run)"),
+        _adapters_section(info.get("adapters")),
         _errors_section(info["errors"]),
         _settings_section(manifest),
     ]
@@ -179,6 +180,16 @@ def _section(title: str, key: str, figure: dict[str, Any] | str, figures: dict[s
 
 
 # -- tables ------------------------------------------------------------------
+def _adapters_section(adapters: list[dict[str, Any]] | None) -> str:
+    """Rows and tokens per LoRA adapter (jobs with --lora only)."""
+    if not adapters:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(a['adapter'] or '(base model)')}</td><td>{a['rows']:,}</td>"
+                   f"<td>{a['prompt_tokens']:,}</td><td>{a['completion_tokens']:,}</td></tr>" for a in adapters)
+    return ("<section><h2>LoRA adapters</h2><table><tr><th>adapter</th><th>rows</th><th>prompt tokens</th>"
+            f"<th>output tokens</th></tr>{rows}</table></section>")
+
+
 def _errors_section(kinds: list[dict[str, Any]] | None) -> str:
     if kinds is None:
         body = '<p class="missing">not recorded: no errors.parquet or error parts yet</p>'

@@ -103,8 +103,11 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": settings.model, "object": "model", "created": 0,
-                                            "owned_by": "qbatch"}]}
+        base = {"id": settings.model, "object": "model", "created": 0, "owned_by": "qbatch"}
+        # the LoRA adapters (--lora) as vLLM's server lists its --lora-modules: a batch line's body.model picks one
+        adapters = [{"id": name, "object": "model", "created": 0, "owned_by": "qbatch", "parent": settings.model}
+                    for name in sorted(settings.engine.get("lora") or {})]
+        return {"object": "list", "data": [base, *adapters]}
 
     # -- files ---------------------------------------------------------------------
     @app.post("/v1/files")

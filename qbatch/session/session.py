@@ -82,7 +82,8 @@ class Session:
 
     Engine settings (`model`, `max_model_len`, `gpu_memory_utilization`, `backend`, ... : the
     `qbatch run` flags of the engine) are fixed for the session; job settings (`max_tokens`,
-    `thinking`, `template`, `output_dir`, ...) are given per call. `session.pool` holds the
+    `thinking`, `template`, `output_dir`, ...) are given per call; `lora={"NAME": "PATH"}` gives it LoRA
+    adapters, which rows pick by name (an `adapter` column, or `adapter=` on the quick paths). `session.pool` holds the
     engines (qbatch.engines.pool.EnginePool): the session's own, or the one it was given.
     """
 
@@ -175,7 +176,8 @@ class Session:
             return _read_result(summary, None if output_dir is None else str(folder))
 
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
-        """Completions of prompt strings, in order (each sent as a user turn through the chat template)."""
+        """Completions of prompt strings, in order (each sent as a user turn through the chat template).
+        `adapter="NAME"`: every prompt through one of the session's LoRA adapters (Session(lora={...}))."""
         return _texts(self.replies("prompt", prompts, **settings))
 
     def chat(self, conversations: Sequence[list[dict[str, Any]]], **settings: Any) -> list[str]:
@@ -187,13 +189,21 @@ class Session:
 
         The quick paths (this, generate, chat, the LangChain model) build the rows themselves, one a
         value, and return one answer a row: settings that choose other rows or columns, or more answers
-        a row (n > 1), are refused; run() takes them."""
+        a row (n > 1), are refused; run() takes them. `adapter`: the LoRA adapter every row goes through
+        (a name the session's `lora` gives; None: the base model), as run()'s rows name theirs in an
+        `adapter` column."""
         if column not in ("prompt", "messages"):
             raise SpecError(f"column must be 'prompt' or 'messages', got {column!r}")
+        adapter = settings.pop("adapter", None)
+        if adapter is not None and adapter not in (self.engine_settings.get("lora") or {}):
+            raise SpecError(f"adapter={adapter!r} is not one of this session's LoRA adapters: "
+                            f"{', '.join(sorted(self.engine_settings.get('lora') or {})) or 'it has none'}",
+                            where="adapter=", hint="Session(model=..., lora={'NAME': 'PATH'}) names them")
         values = _quick_values(column, values, settings)
         if not values:
             return []
-        rows = [{"id": str(i), column: value} for i, value in enumerate(values)]
+        rows = [{"id": str(i), column: value, **({"adapter": adapter} if adapter else {})}
+                for i, value in enumerate(values)]
         result = self.run(rows, **settings)
         replies = {row["id"]: Reply(row["text"], row["reasoning"], row["finish_reason"], row["prompt_tokens"],
                                     row["completion_tokens"])

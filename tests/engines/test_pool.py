@@ -137,7 +137,7 @@ class FakeLlmEngine:
         self.finished: list[str] = []
         self.aborted: list[str] = []
 
-    def add_request(self, request_id, prompt, params):
+    def add_request(self, request_id, prompt, params, lora_request=None):
         self.added.append(request_id)
 
     def step(self):

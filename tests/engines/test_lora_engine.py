@@ -1,0 +1,69 @@
+"""LoRA adapters on the real engine: rows of two adapters and of the base model in one run each get their own
+model's answer, the answer vLLM's own LLM.generate(..., lora_request=...) gives on the same engine."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from qbatch.bench.adapters import write_random_adapter
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The cat sat on", "Numbers: one two", "Write a word", "A B C D E F", "Hello world", "Red green blue"]
+
+
+@pytest.fixture(scope="module")
+def adapters_and_rows(tiny_qwen3, tmp_path_factory):
+    """Two random adapters of the model (seeded), and rows naming one, the other, or none in turn. One pair
+    of folders for the module: the tests' single engines have the same settings, one start."""
+    folder = tmp_path_factory.mktemp("adapters")
+    folders = {name: write_random_adapter(folder / name, tiny_qwen3, rank=8, seed=seed)
+               for name, seed in (("one", 1), ("two", 2))}
+    choice = [None, "one", "two"]
+    return folders, [{"id": f"r{i}", "prompt": text, "adapter": choice[i % 3]} for i, text in enumerate(PROMPTS * 2)]
+
+
+def run(cli, model: str, folders, path, out, *flags: str) -> dict:
+    """`qbatch run` of the rows, greedy, their results by id."""
+    result = cli("run", path, "-o", out, "--model", model, "--raw", "--no-thinking", "--temperature", 0,
+                 "--max-tokens", 8, "--max-model-len", 256, "--lora", f"one={folders['one']}",
+                 "--lora", f"two={folders['two']}", "--progress", "none", *flags)
+    assert result.exit_code == 0, result.output
+    return {r["id"]: r for r in pl.read_parquet(out / "results.parquet").to_dicts()}
+
+
+def test_rows_of_two_adapters_and_the_base_get_their_own_models_answers(cli, engine_pool, tiny_qwen3, write_jsonl,
+                                                                        tmp_path, adapters_and_rows):
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    folders, rows = adapters_and_rows
+    results = run(cli, tiny_qwen3, folders, write_jsonl(rows), tmp_path / "out")
+    assert [results[row["id"]]["adapter"] for row in rows] == [row["adapter"] for row in rows]
+
+    # vLLM's own answers on the engine the run used: every prompt under each model, one model at a time
+    (engine,) = [e for e in engine_pool.engines() if getattr(e, "_loras", None) and e._loras.get("one")]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    prompts = [{"prompt_token_ids": tokenizer(text)["input_ids"]} for text in PROMPTS * 2]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    requests = {None: None, **{name: LoRARequest(name, number, str(folders[name].resolve()))
+                               for number, name in enumerate(sorted(folders), start=1)}}
+    expected = {name: [o.outputs[0].text for o in engine.llm.generate(prompts, params, lora_request=request,
+                                                                       use_tqdm=False)]
+                for name, request in requests.items()}
+    for i, row in enumerate(rows):
+        assert results[row["id"]]["text"] == expected[row["adapter"]][i], (row, expected)
+    # each adapter changes the answers (random weights, large enough to change greedy choices)
+    for name in ("one", "two"):
+        assert sum(a != b for a, b in zip(expected[name], expected[None], strict=True)) >= len(PROMPTS)
+
+
+def test_data_parallel_engines_run_each_rows_adapter(cli, tiny_qwen3, write_jsonl, tmp_path, adapters_and_rows):
+    """Rows travel to the worker processes with their adapter: two engines answer as one does."""
+    folders, rows = adapters_and_rows
+    path = write_jsonl(rows)
+    one = run(cli, tiny_qwen3, folders, path, tmp_path / "one")
+    two = run(cli, tiny_qwen3, folders, path, tmp_path / "two", "--data-parallel-size", "2", "--chunk-tokens", "40")
+    assert {k: (r["adapter"], r["text"]) for k, r in two.items()} == {k: (r["adapter"], r["text"]) for k, r in one.items()}

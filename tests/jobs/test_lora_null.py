@@ -1,0 +1,194 @@
+"""LoRA adapters through the real CLI on the null engine (fast): the refusals before any engine starts, the
+rows' choice (adapter or lora column, an OpenAI line's body.model), the results' adapter column, the
+counts per adapter, the fingerprint, the job file's [lora] table, the engine arguments and the planner.
+The real engine's answers per adapter: tests/engines/test_lora_engine.py."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from qbatch.bench.adapters import write_random_adapter
+from qbatch.errors import EXIT_MISMATCH, EXIT_USAGE
+
+
+@pytest.fixture
+def adapters(bundled_model, tmp_path):
+    """Two random adapters of the bundled model: one of rank 8, two of rank 4 (seeded)."""
+    return {name: write_random_adapter(tmp_path / "adapters" / name, bundled_model, rank=rank, seed=seed)
+            for name, rank, seed in (("one", 8, 1), ("two", 4, 2))}
+
+
+@pytest.fixture
+def run_null(cli, bundled_model):
+    def run(*args):
+        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none",
+                   "--max-tokens", 4)
+
+    return run
+
+
+def lora_flags(adapters) -> list[str]:
+    return [flag for name, folder in adapters.items() for flag in ("--lora", f"{name}={folder}")]
+
+
+def test_rows_pick_adapters_by_column_and_body_model(run_null, adapters, write_jsonl, tmp_path, bundled_model):
+    rows = [{"id": "a", "prompt": "hi", "adapter": "one"}, {"id": "b", "prompt": "hi"},
+            {"id": "c", "prompt": "hi", "lora": "two"}, {"id": "d", "prompt": "hi", "adapter": "three"},
+            {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "two", "messages": [{"role": "user", "content": "hi"}]}},
+            {"custom_id": "f", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": bundled_model, "messages": [{"role": "user", "content": "hi"}]}}]
+    out = tmp_path / "out"
+    result = run_null(write_jsonl(rows), "-o", out, *lora_flags(adapters), "--output-format", "jsonl-openai")
+    assert result.exit_code == 0, result.output  # an unknown adapter fails its row, not the run
+    results = pl.read_parquet(out / "results.parquet")
+    assert dict(zip(results["id"], results["adapter"], strict=True)) == {"a": "one", "b": None, "c": "two",
+                                                                         "e": "two", "f": None}
+    assert "lora" not in results.columns and "input_adapter" not in results.columns  # the choice is the column
+    (error,) = pl.read_parquet(out / "errors.parquet").to_dicts()
+    assert (error["id"], error["error"]) == ("d", "unknown_adapter")
+    assert error["message"] == ("adapter names 'three', which is neither the base model nor one of the job's "
+                                "adapters: one, two")
+    stats = json.loads((out / "stats.json").read_text())
+    assert {name: counts["rows"] for name, counts in stats["adapters"].items()} == {"(base model)": 2, "one": 1,
+                                                                                      "two": 2}
+    assert "adapter two" in result.output and "2 rows, tokens in / out" in result.output
+    lines = {line["custom_id"]: line for line in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert lines["e"]["response"]["body"]["model"] == "two"  # as vLLM's server answers for an adapter
+
+
+def test_without_adapters_the_columns_are_data_and_body_model_changes_nothing(run_null, write_jsonl, tmp_path):
+    rows = [{"id": "a", "prompt": "hi", "adapter": "one"},
+            {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}}]
+    out = tmp_path / "out"
+    assert run_null(write_jsonl(rows), "-o", out).exit_code == 0
+    results = pl.read_parquet(out / "results.parquet")
+    assert results.height == 2 and results.filter(pl.col("id") == "a")["adapter"].to_list() == ["one"]
+
+
+@pytest.mark.parametrize(("make", "flags", "message"), [
+    (None, ["--lora", "one=missing"], "Error: the adapter folder does not exist (adapter one: missing)"),
+    ("empty", ["--lora", "one=ADAPTER"], "Error: the adapter folder has no adapter_config.json (adapter one: ADAPTER)"),
+    ("rank8", ["--lora", "one=ADAPTER", "--max-lora-rank", "1"],
+     "Error: the adapter's rank 8 is above --max-lora-rank (1) (adapter one: ADAPTER)"),
+    ("targets", ["--lora", "one=ADAPTER"],
+     "Error: the adapter's target modules nonexistent_proj are not in the base model (adapter one: ADAPTER)"),
+    (None, ["--lora", "one=x", "--max-lora-rank", "12"],
+     "Error: max_lora_rank must be one of vLLM's 1, 8, 16, 32, 64, 128, 256, 320, 512; got 12"),
+    (None, ["--max-loras", "2"], "Error: --max-loras, --max-lora-rank and --max-cpu-loras size vLLM's LoRA adapters; "
+                                 "the job has none"),
+])
+def test_bad_adapters_are_refused_before_any_engine_starts(run_null, bundled_model, write_jsonl, tmp_path, make,
+                                                           flags, message):
+    folder = tmp_path / "adapter"
+    if make == "empty":
+        folder.mkdir()
+    elif make is not None:
+        write_random_adapter(folder, bundled_model, rank=8)
+    if make == "targets":
+        config = json.loads((folder / "adapter_config.json").read_text())
+        (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["q_proj", "nonexistent_proj"]}))
+    flags = [flag.replace("ADAPTER", str(folder)) for flag in flags]
+    result = run_null(write_jsonl([{"id": "a", "prompt": "hi"}]), "-o", tmp_path / "out", *flags)
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert message.replace("ADAPTER", str(folder)) in result.output
+    assert "Hint: " in result.output
+
+
+def test_a_changed_adapter_file_is_a_changed_setting(run_null, adapters, write_jsonl, tmp_path):
+    path, out = write_jsonl([{"id": "a", "prompt": "hi", "adapter": "one"}]), tmp_path / "out"
+    assert run_null(path, "-o", out, *lora_flags(adapters)).exit_code == 0
+    assert run_null(path, "-o", out, *lora_flags(adapters)).exit_code == 0  # unchanged: resumes (nothing to do)
+    config = adapters["one"] / "adapter_config.json"
+    config.write_text(config.read_text().replace('"lora_alpha": 8', '"lora_alpha": 16'))
+    result = run_null(path, "-o", out, *lora_flags(adapters))
+    assert result.exit_code == EXIT_MISMATCH, result.output
+    assert "lora was {" in result.output
+
+
+def test_a_job_files_lora_table_names_folders_relative_to_it(cli, bundled_model, adapters, write_jsonl, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(f'inputs = ["{write_jsonl([{"id": "a", "prompt": "hi", "adapter": "two"}]).name}"]\n'
+                   f'output_dir = "out"\nmodel = "{bundled_model}"\nbackend = "null"\nmax_tokens = 4\n'
+                   '[lora]\none = "adapters/one"\ntwo = "adapters/two"\n')
+    result = cli("run", "--job", job, "--progress", "none")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "out" / "results.parquet")["adapter"].to_list() == ["two"]
+
+
+def test_vllm_settings_are_chosen_from_the_adapters(bundled_model, adapters, monkeypatch):
+    from qbatch.engines import lora
+    from qbatch.models.adapters import check_adapters
+    from qbatch.spec import EngineSpec
+
+    spec = check_adapters(EngineSpec(model=bundled_model, lora={k: str(v) for k, v in adapters.items()}), bundled_model)
+    assert spec.max_lora_rank == 8  # the largest rank, a rank vLLM takes
+    monkeypatch.setattr(lora, "on_cpu", lambda: False)
+    assert lora.lora_kwargs(spec) == {"enable_lora": True, "max_loras": 2, "max_cpu_loras": 2, "max_lora_rank": 8}
+    monkeypatch.setattr(lora, "on_cpu", lambda: True)  # one empty slot more: vLLM's CPU ops decode base rows from it
+    assert lora.lora_kwargs(spec)["max_loras"] == 3
+    assert lora.adapter_ids(spec) == {"one": 1, "two": 2}
+
+
+def test_a_window_keeps_an_adapters_rows_together_only_past_max_loras():
+    from qbatch.jobs.planning import by_adapter, order_groups
+    from qbatch.records import Request
+
+    def request(i: int, adapter: str | None) -> Request:
+        return Request(str(i), 0, i, [1] * (10 + i), {"max_tokens": 4}, None, adapter=adapter)
+
+    window = [request(i, [None, "a", "b", "c"][i % 4]) for i in range(8)]
+    groups = order_groups(window, "longest-first-flat")
+    assert by_adapter(groups, 3) == groups  # every adapter fits one batch: longest first as before
+    grouped = [g[0] for g in by_adapter(groups, 2)]
+    assert [r.adapter for r in grouped] == [None, None, "a", "a", "b", "b", "c", "c"]
+    assert [r.row_index for r in grouped] == [4, 0, 5, 1, 6, 2, 7, 3]  # each adapter's rows longest first
+
+
+def test_data_parallel_workers_get_each_rows_adapter():
+    from qbatch.engines.base import Chunk
+    from qbatch.engines.dispatch import slim
+    from qbatch.records import Request
+
+    chunk = Chunk(3, [Request("a", 0, 0, [1, 2], {"max_tokens": 4}, None, {"text": "x"}, "p", adapter="one")])
+    (travelling,) = slim(chunk, 0).requests
+    assert (travelling.adapter, travelling.extra, travelling.prompt) == ("one", {}, None)
+
+
+def test_the_bench_variant_spreads_a_workloads_rows_over_random_adapters(bundled_model, tmp_path):
+    from qbatch.bench.settings import BenchSettings, qbatch_spec
+
+    path = tmp_path / "varied.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "prompt": "hi", "max_tokens": 4}) + "\n" for i in range(6)))
+    settings = BenchSettings(["varied"], ["qbatch"], {"model": bundled_model, "backend": "null"})
+    spec = qbatch_spec(settings, path, tmp_path / "out", {"adapters": 4})
+    assert sorted(spec.engine.lora) == ["adapter0", "adapter1", "adapter2", "adapter3"]
+    rows = [json.loads(line) for line in open(spec.input.inputs[0])]
+    assert [row["adapter"] for row in rows] == ["adapter0", "adapter1", "adapter2", "adapter3", "adapter0", "adapter1"]
+    assert spec.output.output_dir.endswith("out-adapters4")
+
+
+def test_a_session_picks_an_adapter_per_call_and_refuses_an_unknown_one(bundled_model, adapters):
+    from qbatch import Session
+    from qbatch.errors import SpecError
+
+    with Session(bundled_model, backend="null", lora={name: str(folder) for name, folder in adapters.items()}) as session:
+        result = session.run([{"prompt": "hi", "adapter": "one"}, {"prompt": "hi"}], max_tokens=4)
+        assert result.results["adapter"].to_list() == ["one", None]
+        assert len(session.generate(["hi"], adapter="two", max_tokens=4)) == 1
+        with pytest.raises(SpecError, match="adapter='three' is not one of this session's LoRA adapters: one, two"):
+            session.generate(["hi"], adapter="three")
+
+
+def test_an_embedding_job_runs_the_base_model(bundled_model, adapters, caplog):
+    from qbatch.models.adapters import check_adapters
+    from qbatch.spec import EngineSpec
+
+    spec = EngineSpec(model=bundled_model, task="embed", lora={k: str(v) for k, v in adapters.items()}, max_loras=2)
+    resolved = check_adapters(spec, bundled_model)
+    assert (resolved.lora, resolved.max_loras) == (None, None)
+    assert "an embedding job runs the base model: lora ignored" in caplog.text
