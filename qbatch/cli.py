@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from qbatch import __version__
+from qbatch.versions import __version__
 from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file

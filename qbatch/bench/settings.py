@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbatch import __version__
+from qbatch.versions import __version__
 from qbatch.bench.workloads import DEFAULT_WORKLOADS, DOCQA_SHAPES, EMBED_WORKLOADS, sample_lengths
 from qbatch.errors import SpecError
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from qbatch import __version__
+from qbatch.versions import __version__
 from qbatch.output.folder import OutputDir, recorded
 from qbatch.spec import JobSpec
 from qbatch.versions import package_versions

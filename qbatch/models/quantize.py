@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qbatch import __version__
+from qbatch.versions import __version__
 from qbatch._fs import atomic_folder, exclusive_lock
 from qbatch.models import registry as models
 from qbatch.models.calibration import Calibration, calibration_files, files_sha256, load_calibration
