@@ -36,7 +36,8 @@ class Summary:
     # per part written: its rows and failed rows, when (written_s, from the generation's start), and write_s (jobs/parts.py)
     parts: list[dict[str, Any]] = field(default_factory=list)
     task: str = "generate"  # or "embed": no output tokens, the summary counts input tokens
-    engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (jobs/shape.py)
+    engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (plan/shape.py)
+    plan: str | None = None  # a dry run's plan in words: what the engines would get and why (plan/show.py)
 
     def count_failures(self, failures: list[Failure]) -> None:
         self.rows_failed += len(failures)
@@ -54,6 +55,7 @@ class Summary:
 
 def stats_dict(summary: Summary) -> dict[str, Any]:
     stats = asdict(summary)
+    stats.pop("plan")  # a dry run's, which writes no stats
     total = summary.prompt_tokens + summary.completion_tokens
     stats.update(output_tok_s=round(summary.output_tok_s, 1),
                  total_tok_s=round(total / summary.generate_s, 1) if summary.generate_s else 0.0,
