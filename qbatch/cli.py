@@ -163,7 +163,7 @@ RUN_OPTIONS = [
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
     click.option("--telemetry/--no-telemetry", default=None, help="Record GPU (or CPU) and engine counters once a second into OUT_DIR/telemetry.parquet.  [default: on]"),
     click.option("--report", is_flag=True, default=None, help="Write OUT_DIR/report.html (qbatch report) when the run ends."),
-    click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; load no model."),
+    click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; print what the engines would get and why; load no model."),
 ]
 
 
