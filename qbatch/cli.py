@@ -17,12 +17,12 @@ from typing import Any
 
 import click
 
-from qbatch.versions import __version__
 from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, GENERATION_ONLY, EngineSpec
 from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
+from qbatch.versions import __version__
 
 
 class QbatchGroup(click.Group):

@@ -11,10 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from qbatch.versions import __version__
 from qbatch.output.folder import OutputDir, recorded
 from qbatch.spec import JobSpec
-from qbatch.versions import package_versions
+from qbatch.versions import __version__, package_versions
 
 MAX_RUNS = 20  # runs listed in a manifest, latest last
 

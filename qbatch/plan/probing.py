@@ -6,6 +6,7 @@ cache. Nothing here imports vLLM or torch (seconds each): the vLLM facts are rea
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import json
 import os
@@ -27,17 +28,17 @@ EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 def probe(spec: JobSpec) -> Machine:
     """The machine and the model for `spec`: the model downloaded or converted (quantized with
     --quantize awq) if need be, its config read; the GPU, cores and vLLM install looked at."""
-    engine = spec.engine
+    model = probe_model(spec)
     visible = tuple(d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip())
-    memory = gpu_memory_bytes(gpu_ids(engine, visible)[0]) if engine.backend != "null" else None
-    named = query_gpu_text("name,compute_cap", gpu_ids(engine, visible)[0]) if memory else None
-    name, capability = (named[0] + ["", ""])[:2] if named else (None, None)
+    device = gpu_ids(spec.engine, visible)[0]
+    memory = gpu_memory_bytes(device) if spec.engine.backend != "null" else None
+    name, capability = _gpu_identity(device) if memory else (None, None)
     return Machine(
-        model=probe_model(spec), platform=_platform(memory), gpu_name=name or None,
-        gpu_capability=_major(name, capability), gpu_memory_bytes=memory, gpu_count=len(query_gpus("index") or []),
-        cuda_visible_devices=visible, num_cores=len(os.sched_getaffinity(0)), cpu_has_bf16=_cpu_has_bf16(),
-        vllm_version=compile_cache.vllm_version(), vllm_args=_vllm_engine_args(), vllm_gpu_memory_utilization=vllm_utilization(),
-        warm_compiles=compile_cache.warm_markers(), extra_args=extra_engine_args())
+        model=model, platform=_platform(memory), gpu_name=name, gpu_capability=capability, gpu_memory_bytes=memory,
+        gpu_count=_gpu_count() if memory else 0, cuda_visible_devices=visible, num_cores=len(os.sched_getaffinity(0)),
+        cpu_has_bf16=_cpu_has_bf16(), vllm_version=compile_cache.vllm_version(), vllm_args=_vllm_engine_args(),
+        vllm_gpu_memory_utilization=vllm_utilization(), warm_compiles=compile_cache.warm_markers(),
+        extra_args=extra_engine_args())
 
 
 def probe_model(spec: JobSpec) -> ModelFacts:
@@ -72,6 +73,19 @@ def extra_engine_args() -> dict[str, Any]:
     if not isinstance(extra, dict):
         raise SpecError(f"{EXTRA_ARGS_ENV} must be a JSON object of LLM(...) keyword arguments")
     return extra
+
+
+@functools.cache  # a GPU's name and kind do not change (each query is a subprocess)
+def _gpu_identity(device: str) -> tuple[str | None, int | None]:
+    """The GPU's name and major compute capability, as nvidia-smi gives them."""
+    rows = query_gpu_text("name,compute_cap", device)
+    name, capability = (rows[0] + ["", ""])[:2] if rows else ("", "")
+    return name or None, _major(name, capability)
+
+
+@functools.cache
+def _gpu_count() -> int:
+    return len(query_gpus("index") or [])
 
 
 def _is_decoder(model_path: str) -> bool:
@@ -139,11 +153,13 @@ def _class_fields(tree: ast.Module | None, name: str) -> dict[str, ast.AnnAssign
     return {}
 
 
+@functools.cache  # the installed vLLM does not change while this process runs
 def _vllm_engine_args() -> frozenset[str]:
     """The fields of vLLM's EngineArgs: the LLM(...) keyword arguments it accepts."""
     return frozenset(_class_fields(_vllm_source("engine.arg_utils"), "EngineArgs"))
 
 
+@functools.cache
 def vllm_utilization() -> float:
     """vLLM's default gpu_memory_utilization (CacheConfig), as its source writes it."""
     item = _class_fields(_vllm_source("config.cache"), "CacheConfig").get("gpu_memory_utilization")

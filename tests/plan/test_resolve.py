@@ -118,3 +118,26 @@ def test_session_plan_returns_the_plan_of_a_run_of_the_same_arguments(bundled_mo
         assert session.pool.engines() == []  # nothing started
     assert plan.engine.kwargs()["max_num_seqs"] == 16 and plan.spec.sampling.max_tokens == 4
     assert str(plan).startswith(f"model: {bundled_model} ")
+
+
+def test_the_probe_asks_nvidia_smi_for_the_gpus_name_and_kind(tmp_path, monkeypatch, bundled_model):
+    """No vLLM import and no CUDA: the GPU's memory, name and compute capability come from nvidia-smi."""
+    from qbatch.plan import placement, probing
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\ncase "$*" in\n*name,compute_cap*) echo "NVIDIA H200, 9.0";;\n'
+                    '*memory.total*) echo "143771";;\n*) printf "0\\n1\\n";;\nesac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    caches = (placement.gpu_memory_bytes, probing._gpu_identity, probing._gpu_count)
+    for cached in caches:
+        cached.cache_clear()
+    try:
+        machine = probing.probe(JobSpec.from_flat({"model": bundled_model}))
+    finally:
+        for cached in caches:
+            cached.cache_clear()
+    assert (machine.gpu_name, machine.gpu_capability, machine.gpu_memory_bytes, machine.gpu_count) == \
+        ("NVIDIA H200", 9, 143771 << 20, 2)
+    assert machine.model.path == bundled_model and machine.model.max_model_len == 8192
+    assert probing._major("NVIDIA H100 80GB HBM3", "") == 9  # an nvidia-smi without compute_cap
