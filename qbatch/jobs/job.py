@@ -26,7 +26,8 @@ from qbatch.jobs.stages import Stages
 from qbatch.log import log
 from qbatch.models import registry as models
 from qbatch.output.columns import ColumnScan, ColumnTypes
-from qbatch.output.folder import DUPLICATE_ID, input_identity, may_grow
+from qbatch.output.fingerprint import Fingerprint, input_identity, may_grow
+from qbatch.output.folder import DUPLICATE_ID
 from qbatch.plan import Machine, Plan, probe, resolve
 from qbatch.records import Failure, Request, Row
 from qbatch.sampling import SAMPLING_KEY_SET
@@ -145,7 +146,7 @@ class Job:
         return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
                         positional_prefix=len(self.files) > 1)
 
-    def fingerprint(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    def fingerprint(self, previous: dict[str, Any] | None = None) -> Fingerprint:
         """What the results depend on; hashes every input once (with the prefix the `previous`
         manifest's fingerprint saw of each input, so that appended rows can resume)."""
         settings = self.spec.result_settings()
@@ -157,12 +158,11 @@ class Job:
             settings["structured_outputs"] = structured
         if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
             settings["backend"] = "vllm"
-        seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
+        seen = Fingerprint.of_manifest(previous).seen_sizes()
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
         inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())), size=size)
                   for p, f, size in zip(self.files, formats, self.sizes, strict=True)]
-        return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
-                "inputs": inputs}
+        return Fingerprint(settings, models.model_identity(self.spec.engine.model, self.model_path), tuple(inputs))
 
     @property
     def sizes(self) -> list[int | None]:
