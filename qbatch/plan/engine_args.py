@@ -58,6 +58,9 @@ def llm_kwargs(spec: EngineSpec, max_model_len: int, machine: Machine, *,
             kwargs[name], why[name] = getattr(spec, name), "set"
     _structured(spec, kwargs, why)
     if spec.task == "embed":
+        # vLLM's pooling runner; a decoder (`...ForCausalLM`, Qwen3 and Qwen3-Embedding alike) is converted
+        # into an embedding model: its last token's hidden state, vLLM's default pooling for a converted
+        # decoder and Qwen3-Embedding's own.
         kwargs["runner"], why["runner"] = "pooling", "an embedding job"
         if machine.model.decoder:
             kwargs["convert"], why["convert"] = "embed", "a decoder turned into an embedding model"
