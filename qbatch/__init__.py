@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-__all__ = ["RunResult", "Session", "run"]
+from qbatch.versions import __version__
+__all__ = ["RunResult", "Session", "__version__", "run"]
 
 
 def run(data: Any, **settings: Any) -> Any:

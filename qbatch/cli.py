@@ -17,12 +17,12 @@ from typing import Any
 
 import click
 
-from qbatch import __version__
 from qbatch.log import setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, GENERATION_ONLY, EngineSpec
 from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
+from qbatch.versions import __version__
 from qbatch.bench.workloads import WORKLOADS as BENCH_WORKLOADS
 
 
@@ -185,7 +185,7 @@ RUN_OPTIONS = [
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
     click.option("--telemetry/--no-telemetry", default=None, help="Record GPU (or CPU) and engine counters once a second into OUT_DIR/telemetry.parquet.  [default: on]"),
     click.option("--report", is_flag=True, default=None, help="Write OUT_DIR/report.html (qbatch report) when the run ends."),
-    click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; load no model."),
+    click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; print what the engines would get and why; load no model."),
 ]
 
 

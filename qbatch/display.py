@@ -19,6 +19,10 @@ def print_summary(summary: Summary) -> None:
             ("chunks planned", f"{summary.num_chunks:,}" + _chunk_range(summary.chunks)),
             ("time", f"{summary.wall_s:.1f}s"),
         ])
+        if summary.plan:
+            click.echo("plan (what the engines would get, and why)")
+            for line in summary.plan.splitlines():
+                click.echo(f"  {line}")
         return
     embeds = summary.task == "embed"
     _table(f"qbatch {'embed' if embeds else 'run'} {summary.status}", [

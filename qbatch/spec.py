@@ -129,7 +129,7 @@ class PlanSpec:
     sort_window: int = 8192
     # or "longest-first-flat" (no prefix groups), or "input": rows reach the engine (and the parts) in input order
     order: str = "longest-first"
-    # None: DEFAULT_CHUNK_TOKENS, split among the engines (see resolve_engines). One engine is fed
+    # None: DEFAULT_CHUNK_TOKENS, split among the engines (qbatch/plan/resolve.py). One engine is fed
     # across chunk boundaries, so the size changes what a crash redoes (the chunks in flight) and the
     # number of parts, not the feed.
     chunk_tokens: int | None = None
@@ -144,7 +144,7 @@ class EngineSpec:
     revision: str | None = affects_results(None)
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
-    kv_cache_memory_bytes: int | None = None  # default on CPU: 2 GiB (engines/vllm.py)
+    kv_cache_memory_bytes: int | None = None  # default on CPU: 2 GiB (plan/engine_args.py)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     dtype: str = affects_results("auto")
@@ -152,7 +152,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     enforce_eager: bool | None = None  # None: True on CPU (compiling takes minutes there), else False
     # vLLM's compilation_config mode: 0 no torch.compile, 3 torch.compile. None: chosen from the job's
-    # shape (jobs/shape.py), else 0 on Hopper GPUs (engines/vllm.py) and vLLM's own default elsewhere.
+    # shape (plan/shape.py), else 0 on Hopper GPUs (plan/engine_args.py) and vLLM's own default elsewhere.
     compilation_mode: int | None = None
     # None: no seed (vLLM's engine seed 0, samples not reproducible). Set: each row gets a seed of its
     # own derived from it and the row id (qbatch.sampling.row_seed), so reruns repeat and rows differ.
@@ -161,10 +161,10 @@ class EngineSpec:
     performance_mode: str | None = "throughput"
     quantize: str | None = affects_results(None)  # "awq": quantize with AutoAWQ first, cached
     data_parallel_size: int = 1  # independent engines, one process per GPU (engines/processes.py)
-    engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by engines/placement.py
+    engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by plan/placement.py
     gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
     # vLLM's reasoning parser: a constraint then applies after the reasoning. None: "qwen3" for Qwen3
-    # models when the job has a constraint (Job.setup), else none (rows with their own need the flag).
+    # models when the job has a constraint (plan/resolve.py), else none (rows with their own need the flag).
     reasoning_parser: str | None = affects_results(None)
     # "embed": vectors instead of text (vLLM's runner="pooling"; a decoder gets convert="embed"): `qbatch embed`
     task: str = affects_results("generate")
@@ -330,19 +330,6 @@ class JobSpec:
                             "pass one of them")
         if self.output.restart and self.output.retry_errors:
             raise SpecError("--restart starts over; --retry-errors resumes: choose one")
-
-    def with_engines(self, engines_per_gpu: int) -> JobSpec:
-        """This spec with the engines per GPU fixed (once the model and GPUs are known) and the chunk
-        size that follows: a new spec, this one is left as it is."""
-        engine = dataclasses.replace(self.engine, engines_per_gpu=engines_per_gpu)
-        chunk_tokens = self.plan.chunk_tokens
-        if chunk_tokens is None:
-            # A chunk is done when its longest row is, so at the end one engine may still run a chunk
-            # while the others idle: with N engines, 16N times smaller chunks keep that tail short
-            # (docs/benchmarks.md, two H200s).
-            engines = engine.engine_count()
-            chunk_tokens = DEFAULT_CHUNK_TOKENS // (16 * engines) if engines > 1 else DEFAULT_CHUNK_TOKENS
-        return dataclasses.replace(self, engine=engine, plan=dataclasses.replace(self.plan, chunk_tokens=chunk_tokens))
 
     def result_settings(self) -> dict[str, Any]:
         """The settings marked `affects_results`, by name: what a rerun may not change."""

@@ -54,7 +54,10 @@ def test_parse_shard():
 
 
 def _resolved(values: dict, engines_per_gpu: int = 1) -> JobSpec:
-    return JobSpec.from_flat(values).with_engines(engines_per_gpu)
+    from qbatch.plan import Machine, ModelFacts, resolve
+
+    machine = Machine(ModelFacts("/m", weights_bytes=1 << 28, max_model_len=4096))
+    return resolve(JobSpec.from_flat({**values, "engines_per_gpu": engines_per_gpu}), machine).spec
 
 
 def test_default_chunk_budget_is_split_among_engines():

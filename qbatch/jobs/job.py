@@ -1,5 +1,5 @@
-"""A job: the spec resolved against the world (input files, model folder, context length, engines
-per GPU), its fingerprint, and its rows prepared window by window in stage threads.
+"""A job: its plan (the spec resolved against the machine and the model: qbatch/plan/), its input
+files, its fingerprint, and its rows prepared window by window in stage threads.
 
 A window's rows go through three stages, each in a thread of its own (stages.py), each passing
 a small frozen record to the next: RowWindow (rows to prepare) -> RenderedWindow (prompts
@@ -10,15 +10,13 @@ the engine gets).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields, replace
-from functools import cached_property
+from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from qbatch.engines.base import hidden_size
 from qbatch.engines.lora import batch_adapters
-from qbatch.engines.placement import engines_per_gpu, shared_gpu_kv_cache_bytes
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.shapes import NamedColumns
@@ -30,7 +28,9 @@ from qbatch.log import log
 from qbatch.models import registry as models
 from qbatch.models.adapters import adapters_identity, check_adapters
 from qbatch.output.columns import ColumnScan, ColumnTypes
-from qbatch.output.folder import DUPLICATE_ID, input_identity, may_grow
+from qbatch.output.fingerprint import Fingerprint, input_identity, may_grow
+from qbatch.output.folder import DUPLICATE_ID
+from qbatch.plan import Machine, Plan, probe, resolve
 from qbatch.records import Failure, Request, Row
 from qbatch.sampling import SAMPLING_KEY_SET
 from qbatch.spec import EMBEDDING_ONLY, JobSpec, SamplingSpec, parse_shard
@@ -84,72 +84,62 @@ class InputScan:
         return sum(self.rows_read)
 
 
-def place_engines(spec: JobSpec, engines_per_gpu: int, weights_bytes: int | None, *, auto_kv: bool) -> JobSpec:
-    """The spec with its engines per GPU (JobSpec.with_engines) and, where several share a GPU and
-    the user left their KV cache to vLLM (`auto_kv`), that KV cache fixed so they start together
-    (placement.shared_gpu_kv_cache_bytes): a new spec."""
-    if auto_kv:  # the size fixed for an earlier choice of engines goes
-        spec = replace(spec, engine=replace(spec.engine, kv_cache_memory_bytes=None))
-    spec = spec.with_engines(engines_per_gpu)
-    kv_bytes = shared_gpu_kv_cache_bytes(spec.engine, weights_bytes) if auto_kv else None
-    return replace(spec, engine=replace(spec.engine, kv_cache_memory_bytes=kv_bytes)) if kv_bytes else spec
-
-
 @dataclass(frozen=True)
 class Job:
-    """A spec resolved against the world: files, model folder, tokenizer, limits. `spec` is the
-    resolved spec (engines per GPU and chunk size fixed); the caller's spec is never changed."""
+    """A job's plan (the resolved spec, the engines' configuration: qbatch/plan/) and its inputs. `spec`
+    is the resolved spec; the caller's spec is never changed. A new plan for the job's shape
+    (with_plan) keeps the tokenizer loaded for the old one: it reads no engine setting."""
 
-    spec: JobSpec
+    plan: Plan
     files: list[Path]
-    model_path: str
-    max_model_len: int
-    auto_engines: bool = False  # engines per GPU chosen here, not by the user (jobs/shape.py may choose again)
-    auto_chunk_tokens: bool = False  # chunk_tokens follows the engines (JobSpec.with_engines)
-    auto_kv: bool = False  # the KV cache of engines sharing a GPU fixed here, not by the user (place_engines)
-    weights_bytes: int | None = None
     # Per input, the bytes of it this run reads (readers.rows_size), None: all of it. Decided once, here:
     # the fingerprint hashes and the pre-scan and the run read those bytes, whatever a writer appends meanwhile.
     input_sizes: tuple[int | None, ...] | None = None
+    loaded: dict[str, Preparer] = field(default_factory=dict, compare=False, repr=False)  # shared by with_plan
 
     @classmethod
-    def setup(cls, spec: JobSpec) -> Job:
+    def setup(cls, spec: JobSpec, machine: Machine | None = None) -> Job:
+        """The job of `spec`: its inputs found, the machine and model probed (unless given), the spec resolved."""
         files = expand_inputs(spec.input.inputs)
         sizes = tuple(rows_size(path) if may_grow(path, detect_format(path, spec.input.format)) else None
                       for path in files)
-        model_path = models.resolve(spec.engine.model, spec.engine.revision)
-        if spec.engine.quantize:
-            from qbatch.models.quantize import ensure_quantized
-
-            model_path = ensure_quantized(model_path, spec)
-        else:
-            from qbatch.models.quantize import refuse_unrunnable
-
-            refuse_unrunnable(model_path, spec)
-        spec = replace(spec, engine=check_adapters(spec.engine, model_path))  # before any engine starts
-        auto_engines, auto_chunk_tokens = spec.engine.engines_per_gpu is None, spec.plan.chunk_tokens is None
-        auto_kv, weights = spec.engine.kv_cache_memory_bytes is None, models.weights_bytes(model_path)
-        spec = place_engines(spec, engines_per_gpu(spec.engine, weights), weights, auto_kv=auto_kv)
-        if spec.engine.reasoning_parser is None and (spec.sampling.structured_outputs() is not None
-                                                     or spec.sampling.thinking_token_budget is not None):
-            # Only jobs with a constraint or a thinking budget get the parser (an engine setting: a key
-            # of its own in the cache); vLLM ends the reasoning at the budget only with a parser.
-            parser = models.reasoning_parser(model_path)
-            if parser is not None:
-                spec = replace(spec, engine=replace(spec.engine, reasoning_parser=parser))
-        if spec.sampling.thinking_token_budget is not None and spec.engine.reasoning_parser is None:
-            raise SpecError("--thinking-token-budget needs a reasoning parser, and qbatch knows none for this model "
-                            "(vLLM would refuse every row)", hint="pass --reasoning-parser NAME (vLLM's parser names)")
-        max_model_len = spec.engine.max_model_len or models.model_max_len(model_path, spec.engine.revision)
+        machine = machine or probe(spec)
+        # the adapters read and checked against the base model before any engine starts
+        spec = replace(spec, engine=check_adapters(spec.engine, machine.model.path))
+        plan = resolve(spec, machine)
         if spec.engine.task == "embed":
-            check_dimensions(spec, model_path)
+            check_dimensions(plan.spec, plan.model_path)
             _warn_generation_settings(spec)
-        return cls(spec, files, model_path, max_model_len, auto_engines, auto_chunk_tokens, auto_kv, weights, sizes)
+        return cls(plan, files, sizes)
 
-    @cached_property
+    def with_plan(self, plan: Plan) -> Job:
+        return self if plan == self.plan else replace(self, plan=plan)
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.plan.spec
+
+    @property
+    def model_path(self) -> str:
+        return self.plan.model_path
+
+    @property
+    def max_model_len(self) -> int:
+        return self.plan.max_model_len
+
+    @property
+    def weights_bytes(self) -> int | None:
+        return self.plan.machine.model.weights_bytes
+
+    @property
     def preparer(self) -> Preparer:
         """Loaded on first use: importing Transformers and loading the tokenizer takes seconds,
         which engines started first spend loading beside it."""
+        if "preparer" not in self.loaded:
+            self.loaded["preparer"] = self._load_preparer()
+        return self.loaded["preparer"]
+
+    def _load_preparer(self) -> Preparer:
         spec = self.spec
         tokenizer = load_tokenizer(spec.engine.tokenizer or self.model_path, spec.engine.revision)
         base = {**generation_defaults(self.model_path), "max_tokens": spec.sampling.max_tokens}
@@ -161,7 +151,7 @@ class Job:
         return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
                         positional_prefix=len(self.files) > 1)
 
-    def fingerprint(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    def fingerprint(self, previous: dict[str, Any] | None = None) -> Fingerprint:
         """What the results depend on; hashes every input once (with the prefix the `previous`
         manifest's fingerprint saw of each input, so that appended rows can resume)."""
         settings = self.spec.result_settings()
@@ -177,12 +167,11 @@ class Job:
             settings["lora"] = adapters_identity(self.spec.engine.lora)
         if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
             settings["backend"] = "vllm"
-        seen = {i["path"]: i.get("size") for i in (previous or {}).get("fingerprint", {}).get("inputs", [])}
+        seen = Fingerprint.of_manifest(previous).seen_sizes()
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
         inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())), size=size)
                   for p, f, size in zip(self.files, formats, self.sizes, strict=True)]
-        return {"settings": settings, "model": models.model_identity(self.spec.engine.model, self.model_path),
-                "inputs": inputs}
+        return Fingerprint(settings, models.model_identity(self.spec.engine.model, self.model_path), tuple(inputs))
 
     @property
     def sizes(self) -> list[int | None]:

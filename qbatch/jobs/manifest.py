@@ -11,19 +11,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from qbatch import __version__
-from qbatch.output.folder import OutputDir, recorded
+from qbatch.output.fingerprint import Fingerprint
+from qbatch.output.folder import OutputDir
 from qbatch.spec import JobSpec
-from qbatch.versions import package_versions
+from qbatch.versions import __version__, package_versions
 
 MAX_RUNS = 20  # runs listed in a manifest, latest last
 
 
-def new_manifest(spec: JobSpec, model_path: str, previous: dict[str, Any] | None, fingerprint: dict[str, Any], *,
+def new_manifest(spec: JobSpec, model_path: str, previous: dict[str, Any] | None, fingerprint: Fingerprint, *,
                  status: str) -> dict[str, Any]:
     """The manifest of this run: the previous one's history, this run's fingerprint, spec and versions."""
     manifest = dict(previous or {"created_at": now(), "runs": []})
-    manifest.update(qbatch_version=__version__, status=status, updated_at=now(), fingerprint=recorded(fingerprint),
+    manifest.update(qbatch_version=__version__, status=status, updated_at=now(), fingerprint=fingerprint.save(),
                     spec=json.loads(json.dumps(spec.flat(), default=str)), versions=package_versions(),
                     limit=spec.input.limit, model_path=model_path)
     manifest["runs"] = [*manifest.get("runs", []), {"started_at": now(), "pid": os.getpid()}][-MAX_RUNS:]

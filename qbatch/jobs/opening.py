@@ -22,6 +22,7 @@ from qbatch.jobs.manifest import input_rows, new_manifest
 from qbatch.jobs.progress import Progress
 from qbatch.log import log
 from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_manifest
+from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.folder import OutputDir
 from qbatch.output.schema import result_schema
 from qbatch.output.schema import to_manifest as schema_to_manifest
@@ -33,7 +34,7 @@ class Found:
     fingerprint (checked against the previous one's)."""
 
     previous: dict[str, Any] | None
-    fingerprint: dict[str, Any]
+    fingerprint: Fingerprint
     done: set[str]
 
 

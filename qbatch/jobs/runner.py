@@ -38,6 +38,7 @@ from qbatch.jobs.summary import Summary, stats_dict
 from qbatch.jobs.telemetry import Telemetry
 from qbatch.output.assemble import assemble
 from qbatch.output.folder import OutputDir
+from qbatch.plan import Plan
 from qbatch.records import Failure
 from qbatch.spec import JobSpec
 
@@ -50,7 +51,7 @@ def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Sum
     started = time.monotonic()
     if spec.output.dry_run:
         with spooled_for_dry_run(spec) as spooled, rare_collections():
-            return dry_run(Job.setup(spooled), started)
+            return dry_run(choose_for_shape(Job.setup(spooled), set(), pool), started)
     # Inputs read once (stdin, pipes) are copied into the output folder: under its lock, so set up after it.
     job = None if has_streams(spec.input.inputs) else Job.setup(spec)
     if not spec.output.output_dir:
@@ -99,9 +100,9 @@ class _Run:
     def execute(self) -> Summary:
         found, started_early = self._prepare()
         job = self.job
-        engine_up = started_early is None and self.pool.has(job.spec.engine, job.model_path, job.max_model_len)
+        engine_up = started_early is None and self.pool.has(job.plan.engine)
         # Windows are prepared beside the pre-scan, unless the engine's start forks (then after it).
-        early = not self.pool.would_fork(job.spec.engine, job.model_path, job.max_model_len)
+        early = not self.pool.would_fork(job.plan.engine)
         stopped = False
         with job.windows(found.done, start=early) as windows:
             try:
@@ -129,12 +130,13 @@ class _Run:
         fingerprint = self.job.fingerprint(None if spec.output.restart else self.out.manifest())
         previous = self.out.check_fingerprint(fingerprint, restart=spec.output.restart)
         found = Found(previous, fingerprint, self.out.done_ids(include_errors=not spec.output.retry_errors))
-        self.job, choice = choose_for_shape(self.job, found.done, self.pool)  # before any engine starts
+        self.job = choose_for_shape(self.job, found.done, self.pool)  # before any engine starts
+        choice = self.job.plan.choice
         self.summary.rows_skipped = len(found.done)
         self.summary.engine_choice = choice.reason if choice else None
         started_early = None
         if previous is None or previous.get("status") != "completed":  # a completed job most likely has nothing left
-            started_early = self.pool.start_early(self.job.spec.engine, self.job.model_path, self.job.max_model_len)
+            started_early = self.pool.start_early(self.job.plan.engine)
         self.job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
         return found, started_early
 
@@ -149,7 +151,7 @@ class _Run:
         as they finish and write them as parts; True when the caller's stop ended the generation."""
         job = self.job
         t0 = time.monotonic()
-        engine = self.pool.get(job.spec.engine, job.model_path, job.max_model_len)
+        engine = self.pool.get(job.plan.engine)
         self.summary.engine_start_s = time.monotonic() - (started_early or t0)
         early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
         ready = f"engine ready in {self.summary.engine_start_s:.1f}s{early}"
@@ -319,9 +321,17 @@ class _Run:
             telemetry.close(compact_parts=compact)
 
 
+def plan(spec: JobSpec, pool: EnginePool) -> Plan:
+    """The plan a run of `spec` on `pool` would follow (its shape sampled where it may choose the engines);
+    nothing is written, no engine starts."""
+    with spooled_for_dry_run(spec) as spooled:
+        return choose_for_shape(Job.setup(spooled), set(), pool).plan
+
+
 def dry_run(job: Job, started: float) -> Summary:
-    """Read, template, tokenize and validate everything; plan the chunks; load no engine."""
-    summary = Summary(None, "dry-run")
+    """Read, template, tokenize and validate everything; plan the chunks; load no engine. The summary
+    carries the plan in words."""
+    summary = Summary(None, "dry-run", plan=str(job.plan))
     check_not_empty(job, job.scan(set()))
     for item in job.work(set()):
         if item and isinstance(item[0], Failure):

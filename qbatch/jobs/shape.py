@@ -1,4 +1,5 @@
-"""A job's shape before it generates, and the engines it gets from it.
+"""A job's shape before it generates, sampled so that the plan can choose its engines from it
+(qbatch/plan/shape.py decides; this module samples).
 
 The shape (rows; prompt and output tokens) comes from the first SAMPLE_ROWS rows to process,
 rendered and tokenized as the run will (the tokenizer loads here, once, instead of beside the
@@ -6,62 +7,39 @@ engines' start), and the inputs' sizes. It is taken before any engine starts: en
 and torch.compile are fixed when an engine starts, and engines sharing a GPU start right after
 the output folder's checks (runner.py) to load beside the tokenizer and the id pre-scan. So the
 choice costs the engines the tokenizer's load of head start (seconds, against 20-60 s of
-engine start), and only in jobs where it can change something: on a GPU, with the vLLM
-backend, when the user set neither --engines-per-gpu, --compilation-mode, --enforce-eager nor
-a compilation_config in QBATCH_VLLM_ARGS (an explicit setting always wins).
+engine start), and only in jobs where it can change something (plan/shape.py's may_choose).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 
-from qbatch.engines import compile_cache
-from qbatch.engines.placement import TORCH_COMPILE, EngineChoice, choose_engines, gpu_ids, gpu_memory_bytes
 from qbatch.engines.pool import EnginePool
-from qbatch.engines.vllm import EXTRA_ARGS_ENV  # a compilation_config there is the user's choice
 from qbatch.inputs.readers import detect_format
-from qbatch.jobs.job import Job, place_engines
+from qbatch.jobs.job import Job
 from qbatch.log import log
-from qbatch.spec import JobSpec, parse_shard
+from qbatch.plan.shape import JobShape, candidates, may_choose, resolve_for_shape
+from qbatch.spec import parse_shard
 
 SAMPLE_ROWS = 512
 
 
-@dataclass(frozen=True)
-class JobShape:
-    """Rows to process and their tokens (output: max_tokens x n, the most they may generate)."""
-
-    rows: int
-    prompt_tokens: int
-    output_tokens: int
-    estimated: bool  # from a sample and the inputs' sizes (else every row was sampled)
-
-
-def choose_for_shape(job: Job, done: set[str], pool: EnginePool) -> tuple[Job, EngineChoice | None]:
-    """The job with the engines its shape calls for (a new Job; its spec a new spec), and the choice;
-    the job as it is and None where no choice is made. An engine of `pool` that fits the job is chosen first."""
-    if not _may_choose(job):
-        return job, None
-    default_engines = job.spec.engine.engines_per_gpu or 1
-    compiled = [_with_choice(job, EngineChoice(n, TORCH_COMPILE, "")).spec.engine
-                for n in dict.fromkeys((default_engines, 1))]  # the choices a warm and a cold cache give
-    for running in (job.spec.engine, *compiled):  # a warm engine (a Session's) beats any start
-        if pool.has(running, job.model_path, job.max_model_len):
-            return _with_choice(job, EngineChoice(running.engines_per_gpu or 1, running.compilation_mode,
-                                                  "an engine with these settings is running: reused")), None
+def choose_for_shape(job: Job, done: set[str], pool: EnginePool) -> Job:
+    """The job with the engines its shape calls for (a new plan: job.plan.choice says which and why); the
+    job as it is where no choice is made. An engine of `pool` that fits the job is chosen first."""
+    if not may_choose(job.plan):
+        return job
+    for plan in candidates(job.plan):  # a warm engine (a Session's) beats any start
+        if pool.has(plan.engine):
+            return job.with_plan(plan)
     shape = sample_shape(job, done)
-    if not shape.rows:
-        return job, None
-    warm = compile_cache.is_warm(compiled[0].one_engine(), job.model_path, job.max_model_len)
-    choice = choose_engines(shape.prompt_tokens, shape.output_tokens, shape.rows, gpu=True, compile_cache_warm=warm,
-                            default_engines=default_engines)
-    estimated = f" (estimated from {SAMPLE_ROWS} rows)" if shape.estimated else ""
-    log.info("engines: %s%s", choice.reason, estimated)
-    return _with_choice(job, choice), choice
+    plan = resolve_for_shape(job.plan, shape)
+    if plan.choice is not None:
+        estimated = f" (estimated from {SAMPLE_ROWS} rows)" if shape.estimated else ""
+        log.info("engines: %s%s", plan.choice.reason, estimated)
+    return job.with_plan(plan)
 
 
 def sample_shape(job: Job, done: set[str]) -> JobShape:
@@ -99,25 +77,3 @@ def _estimate_rows(job: Job, sample: list, done: set[str]) -> int:
     if spec.input.shard:
         rows //= parse_shard(spec.input.shard)[1]
     return max(rows - len(done), len(sample))
-
-
-def _may_choose(job: Job) -> bool:
-    engine = job.spec.engine
-    if engine.backend != "vllm" or not job.auto_engines or engine.compilation_mode is not None \
-            or engine.enforce_eager is not None or "compilation_config" in os.environ.get(EXTRA_ARGS_ENV, ""):
-        return False
-    return gpu_memory_bytes(gpu_ids(engine)[0]) is not None
-
-
-def _with_choice(job: Job, choice: EngineChoice) -> Job:
-    """The job with `choice`'s engines (and, unless the user set it, the chunk size that follows)."""
-    spec = job.spec
-    if (spec.engine.engines_per_gpu, spec.engine.compilation_mode) == (choice.engines_per_gpu,
-                                                                        choice.compilation_mode):
-        return job
-    plan = replace(spec.plan, chunk_tokens=None) if job.auto_chunk_tokens else spec.plan
-    chosen: JobSpec = replace(spec, plan=plan, engine=replace(spec.engine, compilation_mode=choice.compilation_mode))
-    new = replace(job, spec=place_engines(chosen, choice.engines_per_gpu, job.weights_bytes, auto_kv=job.auto_kv))
-    if "preparer" in job.__dict__:  # the tokenizer loaded for the sample; it reads no engine setting
-        new.__dict__["preparer"] = job.preparer
-    return new

@@ -39,7 +39,8 @@ class Summary:
     # per part written: its rows and failed rows, when (written_s, from the generation's start), and write_s (jobs/parts.py)
     parts: list[dict[str, Any]] = field(default_factory=list)
     task: str = "generate"  # or "embed": no output tokens, the summary counts input tokens
-    engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (jobs/shape.py)
+    engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (plan/shape.py)
+    plan: str | None = None  # a dry run's plan in words: what the engines would get and why (plan/show.py)
     # jobs with LoRA adapters: per adapter (BASE_MODEL for rows of none) its rows and tokens, as rows_ok and
     # prompt_tokens / completion_tokens count them; None for jobs without adapters
     adapters: dict[str, dict[str, int]] | None = None
@@ -70,6 +71,7 @@ class Summary:
 
 def stats_dict(summary: Summary) -> dict[str, Any]:
     stats = asdict(summary)
+    stats.pop("plan")  # a dry run's, which writes no stats
     total = summary.prompt_tokens + summary.completion_tokens
     stats.update(output_tok_s=round(summary.output_tok_s, 1),
                  total_tok_s=round(total / summary.generate_s, 1) if summary.generate_s else 0.0,

@@ -25,14 +25,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qbatch import __version__
 from qbatch._fs import atomic_folder, exclusive_lock
 from qbatch.models import registry as models
 from qbatch.models.calibration import Calibration, calibration_files, files_sha256, load_calibration
 from qbatch.errors import MissingDependency, ModelError, OutputError, SpecError, first_line
 from qbatch.log import log as qbatch_log
 from qbatch.spec import JobSpec
-from qbatch.versions import package_versions
+from qbatch.versions import __version__, package_versions
 
 META_NAME = "qbatch-quantize.json"
 VERSIONS = ("gemm", "gemv")

@@ -1,4 +1,5 @@
-"""The output folder: atomic parts, manifest and fingerprint, done ids, lock, final files.
+"""The output folder: atomic parts, manifest, done ids, lock, final files (the fingerprint the manifest
+holds, and its check: fingerprint.py).
 
     OUT_DIR/
       .qbatch.lock          fcntl lock held by the live run (the OS drops it when the process dies)
@@ -28,9 +29,9 @@ import pyarrow.parquet as pq
 
 from qbatch._fs import OUTPUT_LOCK, TMP_MARK, atomic_write, atomic_write_json, normal_path, output_error, output_os_errors
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
+from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.reading import PART_HINT, read_manifest, reading
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
-from qbatch.spec import COMPRESSED_SUFFIXES
 
 LOCK_NAME = OUTPUT_LOCK
 RESULT_PREFIX, ERROR_PREFIX = "part-", "errors-"
@@ -123,7 +124,7 @@ class OutputDir:
     def write_stats(self, stats: dict[str, Any]) -> None:
         atomic_write_json(self.path / "stats.json", stats)
 
-    def check_fingerprint(self, fingerprint: dict[str, Any], *, restart: bool) -> dict[str, Any] | None:
+    def check_fingerprint(self, fingerprint: Fingerprint, *, restart: bool) -> dict[str, Any] | None:
         """The previous manifest if it matches; raise CheckpointMismatch if not; wipe on restart."""
         previous = self.manifest()
         if restart:
@@ -134,7 +135,7 @@ class OutputDir:
                 raise CheckpointMismatch("output folder has parts but no manifest.json", where=str(self.path),
                                          hint="rerun with --restart to start over")
             return None
-        changes = fingerprint_changes(previous.get("fingerprint", {}), fingerprint)
+        changes = Fingerprint.of_manifest(previous).changes(fingerprint)
         if changes:
             raise CheckpointMismatch(
                 "output folder holds results of a different configuration: " + "; ".join(changes),
@@ -210,98 +211,3 @@ class OutputDir:
             self._last_number[prefix] = int(existing[-1].stem.removeprefix(prefix)) if existing else 0
         self._last_number[prefix] += 1
         return self._last_number[prefix]
-
-
-def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What differs between two fingerprints, in words. Inputs may only have grown (appended rows)."""
-    changes = []
-    for key in sorted(set(old.get("settings", {})) | set(new.get("settings", {}))):
-        before, after = old.get("settings", {}).get(key), new.get("settings", {}).get(key)
-        if before != after:
-            changes.append(f"{key} was {before!r}, now {after!r}")
-    if old.get("model") != new.get("model"):
-        changes.append(f"model was {old.get('model')}, now {new.get('model')}")
-    old_inputs, new_inputs = old.get("inputs", []), new.get("inputs", [])
-    if [i["path"] for i in old_inputs] != [i["path"] for i in new_inputs]:
-        changes.append(f"inputs were {[i['path'] for i in old_inputs]}, now {[i['path'] for i in new_inputs]}")
-    else:
-        for before, after in zip(old_inputs, new_inputs, strict=True):
-            reason = input_change(before, after)
-            if reason:
-                changes.append(f"input {after['path']} changed (not only appended to): {reason}")
-    return changes
-
-
-HASH_BLOCK_BYTES = 1 << 20
-
-
-def input_identity(path: Path, fmt: str, *, seen_size: int | None = None, size: int | None = None) -> dict[str, Any]:
-    """Size and SHA-256 of the file's first `size` bytes (None: the whole file), read once, block by block.
-
-    `size` is what the run reads as rows (readers.rows_size: a JSONL file's last line that a writer is
-    still writing is left for a later run, and is no part of this run's input). Any changed byte,
-    anywhere, changes the hash: a hash of the start and end alone let a row edited in the middle of
-    a large file resume (and double). With `seen_size`, the size the previous run hashed, the same
-    pass also hashes the first `seen_size` bytes ("prefix"): when that equals the previous hash, the
-    file only grew; the prefix also says whether the bytes after it start with a newline (a last
-    line the previous run read without its newline then ended unchanged).
-    """
-    import hashlib
-
-    whole = hashlib.sha256()
-    prefix: dict[str, Any] | None = None
-    read, last_byte = 0, b""
-    with open(path, "rb") as handle:
-        while block := handle.read(HASH_BLOCK_BYTES if size is None else min(HASH_BLOCK_BYTES, size - read)):
-            if seen_size is not None and prefix is None and read + len(block) >= seen_size:
-                head = whole.copy()
-                head.update(block[:seen_size - read])
-                prefix = {"size": seen_size, "sha256": head.hexdigest()}
-            whole.update(block)
-            read += len(block)
-            last_byte = block[-1:]
-        if prefix is not None and seen_size != read:
-            handle.seek(seen_size)  # type: ignore[arg-type]
-            prefix["line_ended"] = handle.read(2).startswith((b"\n", b"\r\n"))
-    identity = {"path": str(path.resolve()), "format": fmt, "size": read, "sha256": whole.hexdigest(),
-                "ends_with_newline": last_byte == b"\n"}
-    if prefix is not None and seen_size != read:
-        identity["prefix"] = prefix
-    return identity
-
-
-def may_grow(path: str | Path, fmt: str) -> bool:
-    """Only uncompressed JSONL files may grow between runs (rows appended); other inputs must stay as they were."""
-    return fmt == "jsonl" and not str(path).lower().endswith(COMPRESSED_SUFFIXES)
-
-
-def recorded(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """The fingerprint as a manifest keeps it: without the prefix hashes, which only this run's check uses."""
-    inputs = [{k: v for k, v in i.items() if k != "prefix"} for i in fingerprint.get("inputs", [])]
-    return {**fingerprint, "inputs": inputs}
-
-
-def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    """Why `new` cannot resume the results of `old`, or None: unchanged, or an uncompressed
-    JSONL file that only grew by whole lines (its old bytes intact, its old last line ended,
-    or ended now by the newline that follows it)."""
-    if "sha256" not in old:
-        return "the output was made by an older qbatch that hashed only the file's start and end"
-    if old["format"] != new["format"]:
-        return f"format was {old['format']}, now {new['format']}"
-    if (old["size"], old["sha256"]) == (new["size"], new["sha256"]):
-        return None
-    if new["size"] < old["size"]:
-        return f"it shrank from {old['size']:,} to {new['size']:,} bytes"
-    if new["size"] == old["size"]:
-        return f"same size ({new['size']:,} bytes), different content"
-    if not may_grow(old["path"], old["format"]):
-        return f"it grew from {old['size']:,} to {new['size']:,} bytes; only uncompressed JSONL files may grow"
-    prefix = new.get("prefix")
-    if prefix is None or prefix["size"] != old["size"]:  # two manifests compared (merge): no prefix hash
-        return f"it grew from {old['size']:,} to {new['size']:,} bytes"
-    if prefix["sha256"] != old["sha256"]:
-        return f"its first {old['size']:,} bytes (what the last run read) differ"
-    if old["size"] and not old.get("ends_with_newline") and not prefix.get("line_ended"):
-        return "rows were appended to a file that did not end with a newline, so its last row changed"
-    return None

@@ -15,14 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.output.assemble import assemble
-from qbatch.output.folder import (
-    ERROR_PREFIX,
-    RESULT_PREFIX,
-    OutputDir,
-    fingerprint_changes,
-    input_change,
-    input_identity,
-)
+from qbatch.output.fingerprint import Fingerprint, InputIdentity, input_change, input_identity
+from qbatch.output.folder import ERROR_PREFIX, RESULT_PREFIX, OutputDir
 from qbatch.output.reading import read_manifest
 from qbatch.output.schema import from_manifest as result_schema_of
 from qbatch.output.schema import to_manifest as schema_to_manifest
@@ -40,6 +34,10 @@ class Shard:
     manifest: dict[str, Any]
     index: int
     total: int
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint.of_manifest(self.manifest)
 
     @property
     def name(self) -> str:
@@ -68,10 +66,9 @@ def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False)
         )
         first = shards[0].manifest
         schema = result_schema_of(first)
-        fingerprint = dict(first["fingerprint"])
-        fingerprint["settings"] = {**fingerprint["settings"], "shard": None}
+        fingerprint = shards[0].fingerprint.without_shard()
         out.write_manifest({"status": "completed", "merged_from": [str(Path(s.folder).resolve()) for s in shards],
-                            "fingerprint": fingerprint, "counts": counts, "spec": first.get("spec", {}),
+                            "fingerprint": fingerprint.save(), "counts": counts, "spec": first.get("spec", {}),
                             "input_rows": first["input_rows"], "limit": None, "covered_inputs": True,
                             **({} if schema is None else schema_to_manifest(schema))})
         return counts
@@ -101,7 +98,7 @@ def _read_shards(shard_dirs: list[str]) -> list[Shard]:
         if manifest is None:
             raise OutputError("not a qbatch output folder (no manifest.json)", where=folder,
                               hint="pass the -o folders of `qbatch run --shard I/N` runs")
-        shard = manifest.get("fingerprint", {}).get("settings", {}).get("shard")
+        shard = Fingerprint.of_manifest(manifest).shard
         if shard is None:
             raise CheckpointMismatch("a folder was not run with --shard", where=folder,
                                      hint="merge only the outputs of one job's --shard I/N runs")
@@ -144,14 +141,9 @@ def _check_finished(shard: Shard) -> None:
 
 def _check_same_job(shards: list[Shard]) -> None:
     """Same model and result-changing settings; the same input files (their contents: _check_same_inputs)."""
-    def job(shard: Shard) -> dict[str, Any]:
-        fingerprint = shard.manifest["fingerprint"]
-        settings = {k: v for k, v in fingerprint["settings"].items() if k != "shard"}
-        return {**fingerprint, "settings": settings, "inputs": []}
-
     first = shards[0]
     for shard in shards[1:]:
-        changes = fingerprint_changes(job(first), job(shard))
+        changes = first.fingerprint.as_job().changes(shard.fingerprint.as_job())
         paths, first_paths = _input_paths(shard), _input_paths(first)
         if paths != first_paths:
             changes.append(f"inputs were {first_paths}, now {paths}")
@@ -188,25 +180,25 @@ def _rows_were(count: int) -> str:
     return "1 row was" if count == 1 else f"{count} rows were"
 
 
-def _only_appended(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def _only_appended(old: InputIdentity, new: InputIdentity) -> bool:
     """Whether the shard that read `old` saw a prefix of the file the other read as `new` (appended
     rows, not another version): told from the file as it is now, when it is still `new`."""
-    if old["size"] >= new["size"]:
+    if old.size >= new.size:
         return False
     try:
-        now = input_identity(Path(new["path"]), new["format"], seen_size=old["size"], size=new["size"])
+        now = input_identity(Path(new.path), new.format, seen_size=old.size, size=new.size)
     except OSError:  # the input is gone or unreadable now: it cannot be told
         return False
-    return now["sha256"] == new["sha256"] and input_change(old, now) is None
+    return now.sha256 == new.sha256 and input_change(old, now) is None
 
 
 def _rows(shard: Shard, position: int) -> int:
     return shard.manifest["input_rows"][position]["rows"]
 
 
-def _identity(shard: Shard, position: int) -> dict[str, Any]:
-    """An input's identity as recorded, compared as one whole value (its fields are checkpoint's business)."""
-    return shard.manifest["fingerprint"]["inputs"][position]
+def _identity(shard: Shard, position: int) -> InputIdentity:
+    """An input's identity as recorded, compared as one whole value (its fields are the fingerprint's business)."""
+    return shard.fingerprint.inputs[position]
 
 
 def _check_parts(shard: Shard) -> None:

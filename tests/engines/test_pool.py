@@ -10,12 +10,14 @@ from types import SimpleNamespace
 import pytest
 
 from qbatch.engines.base import Chunk
+from qbatch.engines.config import EngineConfig
 from qbatch.engines.messages import Failed, Finished, Output, Ready, Stop, Want
 from qbatch.engines.pool import EnginePool
 from qbatch.engines.vllm import VllmEngine
 from qbatch.errors import EngineError, ModelError
+from qbatch.plan import Machine, ModelFacts, resolve
 from qbatch.records import Request
-from qbatch.spec import EngineSpec
+from qbatch.spec import JobSpec
 
 
 class FakeEngine:
@@ -38,21 +40,25 @@ class Starts:
     def __init__(self, *engines):
         self.engines, self.count = list(engines), 0
 
-    def __call__(self, spec, model_path, max_model_len, *, wait=True):
+    def __call__(self, config, *, wait=True):
         self.count += 1
         return self.engines.pop(0)
 
 
-SPEC = EngineSpec(model="m")
+def config(max_model_len: int = 512, **fields) -> EngineConfig:
+    """An engine configuration of model "m" (fields: EngineConfig's, e.g. backend="null")."""
+    return EngineConfig.of({"max_model_len": max_model_len}, **{"backend": "vllm", "task": "generate", "model": "m",
+                                                                 "model_path": "m", "max_model_len": max_model_len,
+                                                                 **fields})
 
 
 def test_an_engine_starts_once_and_serves_the_next_runs_of_its_settings():
     starts = Starts(FakeEngine(), FakeEngine())
     pool = EnginePool(start=starts)
-    first = pool.get(SPEC, "m", 512)
-    assert pool.has(SPEC, "m", 512) and not pool.would_fork(SPEC, "m", 512)
-    assert pool.get(SPEC, "m", 512) is first and starts.count == 1
-    second = pool.get(SPEC, "m", 1024)  # other settings, another engine
+    first = pool.get(config(512))
+    assert pool.has(config(512)) and not pool.would_fork(config(512))
+    assert pool.get(config(512)) is first and starts.count == 1
+    second = pool.get(config(1024))  # other settings, another engine
     assert second is not first and starts.count == 2 and pool.engines() == [first, second]
 
 
@@ -60,19 +66,19 @@ def test_drop_dead_forgets_dead_engines_and_aborts_leftovers_in_the_living():
     dead, living, remote = FakeEngine(alive=False), FakeEngine(), SimpleNamespace(close=lambda: None)
     pool = EnginePool(start=Starts(dead, living, remote))  # remote: workers elsewhere, no is_alive
     for length in (1, 2, 3):
-        pool.get(SPEC, "m", length)
+        pool.get(config(length))
     pool.drop_dead()
-    assert pool.engines() == [living, remote] and not pool.has(SPEC, "m", 1)
+    assert pool.engines() == [living, remote] and not pool.has(config(1))
     assert dead.closed and living.aborted == 1 and not living.closed
 
 
 def test_max_engines_closes_the_least_recently_used_first():
     a, b, c = FakeEngine(), FakeEngine(), FakeEngine()
     pool = EnginePool(max_engines=2, start=Starts(a, b, c))
-    pool.get(SPEC, "m", 1)
-    pool.get(SPEC, "m", 2)
-    pool.get(SPEC, "m", 1)  # a used last: b goes first
-    pool.get(SPEC, "m", 3)
+    pool.get(config(1))
+    pool.get(config(2))
+    pool.get(config(1))  # a used last: b goes first
+    pool.get(config(3))
     assert b.closed and not a.closed and pool.engines() == [a, c]
     with pytest.raises(ValueError, match="max_engines must be >= 1, got 0"):
         EnginePool(max_engines=0)
@@ -81,8 +87,8 @@ def test_max_engines_closes_the_least_recently_used_first():
 def test_close_all_and_the_end_of_a_with_block_close_every_engine():
     a, b = FakeEngine(), FakeEngine()
     with EnginePool(start=Starts(a, b)) as pool:
-        pool.get(SPEC, "m", 1)
-        pool.get(SPEC, "m", 2)
+        pool.get(config(1))
+        pool.get(config(2))
     assert a.closed and b.closed and pool.engines() == []
 
 
@@ -90,7 +96,7 @@ def test_a_pool_its_owner_dropped_closes_its_engines():
     """A pool nobody holds any more (a Session gone) takes its engines along; so does the program's exit."""
     engine = FakeEngine()
     pool = EnginePool(start=Starts(engine))
-    pool.get(SPEC, "m", 1)
+    pool.get(config(1))
     del pool
     gc.collect()
     assert engine.closed
@@ -98,9 +104,10 @@ def test_a_pool_its_owner_dropped_closes_its_engines():
 
 def test_the_null_engine_is_not_kept():
     pool = EnginePool()
-    engine = pool.get(EngineSpec(backend="null"), "m", 512)
-    assert engine.run is not None and pool.engines() == [] and not pool.has(EngineSpec(backend="null"), "m", 512)
-    assert not pool.would_fork(EngineSpec(backend="null"), "m", 512)
+    null = config(backend="null")
+    engine = pool.get(null)
+    assert engine.run is not None and pool.engines() == [] and not pool.has(null)
+    assert not pool.would_fork(null)
 
 
 def test_an_engine_that_fails_to_start_is_forgotten():
@@ -110,15 +117,33 @@ def test_an_engine_that_fails_to_start_is_forgotten():
         def wait_ready(self):
             raise ModelError("engine worker(s) [0] exited while starting")
 
-    spec = EngineSpec(model="m", engines_per_gpu=2)
+    shared = config(engines_per_gpu=2)
     starts = Starts(FailsToLoad(), FakeEngine())
     pool = EnginePool(start=starts)
-    assert pool.start_early(spec, "m", 512) is not None and pool.start_early(spec, "m", 512) is None
+    assert pool.start_early(shared) is not None and pool.start_early(shared) is None
     with pytest.raises(ModelError):
-        pool.get(spec, "m", 512)
-    assert not pool.has(spec, "m", 512)
-    pool.get(spec, "m", 512)
+        pool.get(shared)
+    assert not pool.has(shared)
+    pool.get(shared)
     assert starts.count == 2
+
+
+MACHINE = Machine(ModelFacts("/models/m", weights_bytes=1 << 28, max_model_len=4096), platform="cpu")
+
+
+def test_runs_differing_only_in_job_settings_share_one_engine():
+    """The pool's key is the engine configuration alone: a seed (it seeds rows), sampling and chunking reach
+    no LLM(...) argument and start no engine; a real engine setting starts another."""
+    starts = Starts(FakeEngine(), FakeEngine())
+    pool = EnginePool(start=starts)
+
+    def engine_for(**settings):
+        return pool.get(resolve(JobSpec.from_flat({"model": "m", **settings}), MACHINE).engine)
+
+    first = engine_for(seed=1)
+    assert engine_for(seed=2, temperature=0.3, max_tokens=9, chunk_tokens=1000) is first
+    assert engine_for() is first and starts.count == 1
+    assert engine_for(seed=2, max_num_seqs=64) is not first and starts.count == 2
 
 
 def test_worker_messages_survive_pickling():

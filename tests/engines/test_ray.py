@@ -56,22 +56,25 @@ def test_ray_settings_that_cannot_work_are_refused(cli, ray_job, flags, message)
 
 def test_a_run_may_move_between_the_vllm_and_ray_backends(bundled_model):
     from qbatch.jobs.job import Job
+    from qbatch.plan import Machine, ModelFacts, resolve
     from qbatch.spec import JobSpec
 
     def fingerprint(backend: str) -> dict:
         spec = JobSpec.from_flat({"model": bundled_model, "backend": backend})
-        return Job(spec, [], bundled_model, 512).fingerprint()
+        return Job(resolve(spec, Machine(ModelFacts(bundled_model, max_model_len=512))), []).fingerprint()
 
     assert fingerprint("ray") == fingerprint("vllm") != fingerprint("null")
 
 
 def test_an_actor_that_cannot_find_the_model_says_which_node():
+    from qbatch.engines.config import EngineConfig
     from qbatch.engines.ray_actors import EngineActor
     from qbatch.errors import ModelError
-    from qbatch.spec import EngineSpec
 
+    config = EngineConfig.of({}, backend="vllm", task="generate", model="m", model_path="/nowhere/model",
+                             max_model_len=512)
     with pytest.raises(ModelError, match=r"^model folder not found on Ray node .+ \(/nowhere/model\)$") as info:
-        EngineActor(EngineSpec(), "/nowhere/model", 512).start(0, 0, 1)
+        EngineActor(config).start(0, 0, 1)
     assert info.value.hint == "every node needs the model at the same path: a shared filesystem, or a copy"
 
 

@@ -148,10 +148,10 @@ def test_generation_fingerprints_hold_no_embedding_settings(bundled_model, tmp_p
     path = tmp_path / "in.jsonl"
     path.write_text('{"prompt": "hi"}\n')
     generate = Job.setup(JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "backend": "null"}))
-    assert not {"task", "dimensions", "normalize", "embedding_dtype"} & set(generate.fingerprint()["settings"])
+    assert not {"task", "dimensions", "normalize", "embedding_dtype"} & set(generate.fingerprint().settings)
     embed = Job.setup(JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "backend": "null",
                                          "task": "embed", "dimensions": 8}))
-    assert embed.fingerprint()["settings"]["task"] == "embed" and embed.fingerprint()["settings"]["dimensions"] == 8
+    assert embed.fingerprint().settings["task"] == "embed" and embed.fingerprint().settings["dimensions"] == 8
 
 
 def test_duckdb_reads_the_vectors(embed_null, write_jsonl, tmp_path):

@@ -120,18 +120,24 @@ def test_a_job_files_lora_table_names_folders_relative_to_it(cli, bundled_model,
     assert pl.read_parquet(tmp_path / "out" / "results.parquet")["adapter"].to_list() == ["two"]
 
 
-def test_vllm_settings_are_chosen_from_the_adapters(bundled_model, adapters, monkeypatch):
-    from qbatch.engines import lora
+def test_vllm_settings_are_chosen_from_the_adapters(bundled_model, adapters):
+    from qbatch.engines.lora import adapter_ids
     from qbatch.models.adapters import check_adapters
+    from qbatch.plan.engine_args import llm_kwargs
+    from qbatch.plan.machine import Machine, ModelFacts
     from qbatch.spec import EngineSpec
 
     spec = check_adapters(EngineSpec(model=bundled_model, lora={k: str(v) for k, v in adapters.items()}), bundled_model)
     assert spec.max_lora_rank == 8  # the largest rank, a rank vLLM takes
-    monkeypatch.setattr(lora, "on_cpu", lambda: False)
-    assert lora.lora_kwargs(spec) == {"enable_lora": True, "max_loras": 2, "max_cpu_loras": 2, "max_lora_rank": 8}
-    monkeypatch.setattr(lora, "on_cpu", lambda: True)  # one empty slot more: vLLM's CPU ops decode base rows from it
-    assert lora.lora_kwargs(spec)["max_loras"] == 3
-    assert lora.adapter_ids(spec) == {"one": 1, "two": 2}
+    lora_keys = ("enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank")
+    gpu = Machine(ModelFacts(bundled_model), platform="cuda", gpu_name="NVIDIA H200", gpu_capability=9)
+    kwargs, why = llm_kwargs(spec, 512, gpu)
+    assert {k: kwargs[k] for k in lora_keys} == {"enable_lora": True, "max_loras": 2, "max_cpu_loras": 2, "max_lora_rank": 8}
+    assert why["max_loras"] == "the job's adapters, at most 8 in a batch"
+    cpu_kwargs, _ = llm_kwargs(spec, 512, Machine(ModelFacts(bundled_model), platform="cpu"))
+    assert cpu_kwargs["max_loras"] == 3  # one empty slot more: vLLM's CPU ops decode base rows from it
+    assert "enable_lora" not in llm_kwargs(EngineSpec(model=bundled_model), 512, gpu)[0]
+    assert adapter_ids(adapters) == {"one": 1, "two": 2}
 
 
 def test_a_window_keeps_an_adapters_rows_together_only_past_max_loras():

@@ -1,17 +1,19 @@
-"""Engines per GPU and torch.compile from the job's shape (engines/placement.choose_engines,
-jobs/shape.py): a GPU faked, no engine started."""
+"""Engines per GPU and torch.compile from the job's shape (plan/placement.choose_engines, plan/shape.py,
+jobs/shape.py samples): a GPU machine built by hand, no engine started."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from qbatch.engines import compile_cache, placement
-from qbatch.engines.placement import COMPILE_REPAID_TOKENS, TORCH_COMPILE, WARM_COMPILE_REPAID_TOKENS, choose_engines
+from qbatch.engines import compile_cache
 from qbatch.engines.pool import EnginePool
 from qbatch.jobs import shape
 from qbatch.jobs.job import Job
+from qbatch.plan import placement, probing
+from qbatch.plan.placement import COMPILE_REPAID_TOKENS, TORCH_COMPILE, WARM_COMPILE_REPAID_TOKENS, choose_engines
 from qbatch.spec import JobSpec
 
 
@@ -33,20 +35,32 @@ def test_no_gpu_keeps_the_defaults():
     assert (choice.engines_per_gpu, choice.compilation_mode) == (1, None)
 
 
+GPU = {"platform": "cuda", "gpu_name": "NVIDIA H200", "gpu_capability": 9, "gpu_memory_bytes": 141 << 30,
+       "gpu_count": 1, "num_cores": 16}
+
+
 @pytest.fixture
 def gpu(monkeypatch, tmp_path):
-    """An H200's memory as nvidia-smi would report it, 16 cores, an empty compile cache."""
-    monkeypatch.setattr(placement, "gpu_memory_bytes", lambda device: 141 << 30)
-    monkeypatch.setattr(shape, "gpu_memory_bytes", lambda device: 141 << 30)
-    monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: set(range(16)))
+    """An H200's memory as nvidia-smi would report it, 16 cores (job_for's machine), an empty compile cache."""
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
-    monkeypatch.delenv(shape.EXTRA_ARGS_ENV, raising=False)
+    monkeypatch.delenv(probing.EXTRA_ARGS_ENV, raising=False)
+    return GPU
 
 
-def job_for(bundled_model, tmp_path, rows, **settings) -> Job:
+def job_for(bundled_model, tmp_path, rows, machine=GPU, **settings) -> Job:
+    """The job of these rows and settings on this machine (the probed one, with `machine`'s facts)."""
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return Job.setup(JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, **settings}))
+    spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, **settings})
+    return Job.setup(spec, dataclasses.replace(probing.probe(spec), **machine))
+
+
+def warmed(job: Job) -> Job:
+    """The job on its machine once an engine of its settings with torch.compile has compiled there."""
+    compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
+                            job.max_model_len)
+    machine = dataclasses.replace(job.plan.machine, warm_compiles=compile_cache.warm_markers())
+    return Job.setup(job.plan.requested, machine)
 
 
 DOCS = [{"id": str(i), "prompt": "Read this and answer. " + "lorem ipsum dolor " * 200} for i in range(40)]
@@ -56,9 +70,9 @@ def test_prefill_bound_job_with_a_warm_compile_gets_its_engines_compiled(gpu, bu
     monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)  # 40 rows of ~600 tokens repay it
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
     assert job.spec.engine.engines_per_gpu == 2  # the default for a small model on a big GPU
-    compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
-                            job.max_model_len)
-    chosen, choice = shape.choose_for_shape(job, set(), EnginePool())
+    job = warmed(job)
+    chosen = shape.choose_for_shape(job, set(), EnginePool())
+    choice = chosen.plan.choice
     assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (2, TORCH_COMPILE)
     assert chosen.spec.engine.kv_cache_memory_bytes == job.spec.engine.kv_cache_memory_bytes  # still start together
     assert "prefill-bound, compiled before on this machine" in choice.reason and choice.reason.startswith("40 rows")
@@ -69,7 +83,8 @@ def test_a_first_compile_runs_on_one_engine(gpu, bundled_model, tmp_path, monkey
     """With an empty compile cache one engine compiles (two would write the same cache files at once)."""
     monkeypatch.setattr(placement, "COMPILE_REPAID_TOKENS", 10_000)
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
-    chosen, choice = shape.choose_for_shape(job, set(), EnginePool())
+    chosen = shape.choose_for_shape(job, set(), EnginePool())
+    choice = chosen.plan.choice
     assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (1, TORCH_COMPILE)
     assert chosen.spec.plan.chunk_tokens == 4_194_304  # one engine: the chunk size of one
     assert "long enough to repay a first torch.compile" in choice.reason
@@ -78,32 +93,40 @@ def test_a_first_compile_runs_on_one_engine(gpu, bundled_model, tmp_path, monkey
 def test_cold_compile_and_decode_bound_jobs_keep_the_defaults(gpu, bundled_model, tmp_path, monkeypatch):
     monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
-    chosen, choice = shape.choose_for_shape(job, set(), EnginePool())
-    assert chosen.spec == job.spec and "too short to repay a first torch.compile" in choice.reason
+    chosen = shape.choose_for_shape(job, set(), EnginePool())
+    assert chosen.spec == job.spec and "too short to repay a first torch.compile" in chosen.plan.choice.reason
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=2048)
-    chosen, choice = shape.choose_for_shape(job, set(), EnginePool())
-    assert chosen.spec == job.spec and "decode-bound" in choice.reason
+    chosen = shape.choose_for_shape(job, set(), EnginePool())
+    assert chosen.spec == job.spec and "decode-bound" in chosen.plan.choice.reason
 
 
 @pytest.mark.parametrize("settings", [{"engines_per_gpu": 2}, {"compilation_mode": 0}, {"enforce_eager": False},
                                       {"backend": "null"}])
 def test_an_explicit_setting_always_wins(gpu, bundled_model, tmp_path, settings):
-    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8, **settings)
-    compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
-                            job.max_model_len)
-    assert shape.choose_for_shape(job, set(), EnginePool()) == (job, None)
+    job = warmed(job_for(bundled_model, tmp_path, DOCS, max_tokens=8, **settings))
+    assert shape.choose_for_shape(job, set(), EnginePool()) is job
 
 
 def test_a_compilation_config_in_qbatch_vllm_args_wins(gpu, bundled_model, tmp_path, monkeypatch):
-    monkeypatch.setenv(shape.EXTRA_ARGS_ENV, '{"compilation_config": {"mode": 0}}')
+    monkeypatch.setenv(probing.EXTRA_ARGS_ENV, '{"compilation_config": {"mode": 0}}')
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
-    assert shape.choose_for_shape(job, set(), EnginePool()) == (job, None)
+    assert shape.choose_for_shape(job, set(), EnginePool()) is job
 
 
-def test_no_choice_without_a_gpu(bundled_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(shape, "gpu_memory_bytes", lambda device: None)
-    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
-    assert shape.choose_for_shape(job, set(), EnginePool()) == (job, None)
+def test_no_choice_without_a_gpu(bundled_model, tmp_path):
+    job = job_for(bundled_model, tmp_path, DOCS, {**GPU, "platform": "cpu", "gpu_memory_bytes": None}, max_tokens=8)
+    assert shape.choose_for_shape(job, set(), EnginePool()) is job
+
+
+def test_an_engine_of_the_pool_that_fits_the_job_is_chosen_before_sampling(gpu, bundled_model, tmp_path):
+    """A Session's warm compiled engine serves a job its shape would give the defaults: no start at all."""
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=2048)
+    compiled = shape.candidates(job.plan)[1]
+    pool = EnginePool(start=lambda config, wait=True: type("Fake", (), {"close": lambda self: None})())
+    pool.get(compiled.engine)
+    chosen = shape.choose_for_shape(job, set(), pool)
+    assert chosen.plan.engine == compiled.engine and chosen.spec.engine.compilation_mode == TORCH_COMPILE
+    assert chosen.plan.choice is None
 
 
 def test_rows_estimated_from_a_sample_and_the_file_size(gpu, bundled_model, tmp_path, monkeypatch):
@@ -123,7 +146,7 @@ def test_engines_sharing_a_gpu_get_a_fixed_kv_cache_so_they_start_together(gpu, 
     assert job.spec.engine.engines_per_gpu == 2 and job.spec.engine.kv_cache_memory_bytes == expected
     # one compiled engine for a prefill-bound job's first compile: vLLM sizes its KV cache again (the whole GPU's)
     monkeypatch.setattr(placement, "COMPILE_REPAID_TOKENS", 10_000)
-    chosen, _ = shape.choose_for_shape(job, set(), EnginePool())
+    chosen = shape.choose_for_shape(job, set(), EnginePool())
     assert chosen.spec.engine.engines_per_gpu == 1 and chosen.spec.engine.kv_cache_memory_bytes is None
 
 
@@ -136,6 +159,6 @@ def test_the_users_memory_settings_win(gpu, bundled_model, tmp_path, settings, k
     assert job_for(bundled_model, tmp_path, DOCS, **settings).spec.engine.kv_cache_memory_bytes == kv_bytes
 
 
-def test_no_fixed_kv_cache_without_a_gpu(bundled_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(placement, "gpu_memory_bytes", lambda device: None)
-    assert job_for(bundled_model, tmp_path, DOCS, engines_per_gpu=2).spec.engine.kv_cache_memory_bytes is None
+def test_no_fixed_kv_cache_without_a_gpu(bundled_model, tmp_path):
+    no_gpu = {**GPU, "platform": "unknown", "gpu_memory_bytes": None}
+    assert job_for(bundled_model, tmp_path, DOCS, no_gpu, engines_per_gpu=2).spec.engine.kv_cache_memory_bytes is None

@@ -68,7 +68,7 @@ def spec(path, out, **settings) -> JobSpec:
 def up(pool: EnginePool, job_spec: JobSpec) -> JobSpec:
     """The job's engine started in `pool` before the run (as by a Session's earlier call)."""
     job = Job.setup(job_spec)
-    pool.get(job.spec.engine, job.model_path, job.max_model_len)
+    pool.get(job.plan.engine)
     return job_spec
 
 

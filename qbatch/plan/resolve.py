@@ -1,0 +1,174 @@
+"""A job's spec resolved against the machine once, before any engine starts: the Plan.
+
+`resolve(spec, machine)` is a pure function of the two (machine.py probes the world), so what an
+engine gets is decided here, in one place, and `--dry-run` prints it (show.py). A job's shape, known
+once its first rows are tokenized, may change the engines (jobs/shape.py samples it): that is a
+second pure step, `resolve_for_shape` (shape.py), which resolves the caller's spec again with the
+choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
+
+from qbatch.engines import compile_cache
+from qbatch.engines.config import EngineConfig
+from qbatch.errors import SpecError
+from qbatch.plan.engine_args import COMPILED_MODE, llm_kwargs
+from qbatch.plan.machine import Machine
+from qbatch.plan.placement import EngineChoice, engines_per_gpu, gpu_ids, shared_gpu_kv_cache_bytes
+from qbatch.spec import DEFAULT_CHUNK_TOKENS, EngineSpec, JobSpec
+
+# A chunk is done when its longest row is, so at the end one engine may still run a chunk while the
+# others idle: with N engines, 16N times smaller chunks keep that tail short (docs/benchmarks.md, two H200s).
+CHUNKS_PER_ENGINE = 16
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One setting qbatch resolved: its name, its value and why."""
+
+    name: str
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A job resolved once: the spec with every setting qbatch decides filled in (engines per GPU,
+    chunk size, KV cache of engines sharing a GPU, reasoning parser), the engines' configuration,
+    and why. `requested` is the caller's spec, never changed."""
+
+    spec: JobSpec
+    engine: EngineConfig
+    decisions: tuple[Decision, ...]
+    requested: JobSpec
+    machine: Machine
+    choice: EngineChoice | None = None  # the engines the job's shape chose (shape.py), if any
+
+    @property
+    def model_path(self) -> str:
+        return self.engine.model_path
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.spec.plan.chunk_tokens or DEFAULT_CHUNK_TOKENS
+
+    def decision(self, name: str) -> Decision:
+        return next(d for d in self.decisions if d.name == name)
+
+    def __str__(self) -> str:
+        from qbatch.plan.show import format_plan
+
+        return format_plan(self)
+
+
+def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = None, tuned: bool = True) -> Plan:
+    """The Plan of `spec` on `machine`; `choice`: the engines a job's shape chose (shape.py).
+    tuned=False: vLLM's own defaults in place of qbatch's throughput settings (benchmarks)."""
+    engine = spec.engine
+    if choice is not None:
+        engine = dataclasses.replace(engine, engines_per_gpu=choice.engines_per_gpu,
+                                     compilation_mode=choice.compilation_mode)
+    decisions: list[Decision] = []
+    engine = _reasoning_parser(spec, engine, machine, decisions)
+    max_model_len = _max_model_len(engine, machine, decisions)
+    count, why = engines_per_gpu(engine, machine)
+    engine = dataclasses.replace(engine, engines_per_gpu=count)
+    decisions.append(Decision("engines_per_gpu", count, choice.reason if choice else why))
+    if spec.engine.kv_cache_memory_bytes is None:  # the user left the KV cache to vLLM: qbatch may fix it
+        kv_bytes = shared_gpu_kv_cache_bytes(engine, machine)
+        engine = dataclasses.replace(engine, kv_cache_memory_bytes=kv_bytes)
+        if kv_bytes:
+            decisions.append(Decision("kv_cache_memory_bytes", kv_bytes, f"{count} engines share a GPU: a fixed "
+                                      "KV cache each, so they start together"))
+    chunk_tokens = _chunk_tokens(spec, engine, decisions)
+    resolved = dataclasses.replace(spec, engine=engine, plan=dataclasses.replace(spec.plan, chunk_tokens=chunk_tokens))
+    config = engine_config(engine, max_model_len, machine, decisions, tuned=tuned)
+    return Plan(resolved, config, tuple(decisions), spec, machine, choice)
+
+
+def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisions: list[Decision], *,
+                  tuned: bool = True) -> EngineConfig:
+    """The engines' configuration: each engine's LLM(...) arguments (its share of a shared GPU's memory
+    included), where they run, and whether engines sharing a GPU start together."""
+    share = _memory_share(spec, machine)
+    kwargs, why = llm_kwargs(spec if share is None else dataclasses.replace(spec, gpu_memory_utilization=share),
+                             max_model_len, machine, tuned=tuned)
+    for decision in decisions:
+        if decision.name in why:
+            why[decision.name] = decision.reason
+    if share is not None and why.get("gpu_memory_utilization") != "$QBATCH_VLLM_ARGS":
+        why["gpu_memory_utilization"] = f"the GPU's share of {spec.engines_per_gpu} engines sharing it"
+    compiled = (kwargs.get("compilation_config") or {}).get("mode") == COMPILED_MODE
+    marker = compile_cache.marker_settings(spec, machine.model.path, max_model_len, machine.vllm_version) \
+        if compiled else None
+    return EngineConfig.of(
+        kwargs, backend=spec.backend, task=spec.task, model=spec.model, model_path=machine.model.path,
+        max_model_len=max_model_len, platform=machine.platform,
+        devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
+        data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes),
+        ray_address=spec.ray_address, compile_marker=marker, reasons=tuple(sorted(why.items())),
+        lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())))
+
+
+def compile_cache_warm(spec: EngineSpec, max_model_len: int, machine: Machine) -> bool:
+    """Whether this machine compiled an engine of these settings before (engines/compile_cache.py)."""
+    settings = compile_cache.marker_settings(spec, machine.model.path, max_model_len, machine.vllm_version)
+    return compile_cache.marker_name(settings) in machine.warm_compiles
+
+
+def _reasoning_parser(spec: JobSpec, engine: EngineSpec, machine: Machine, decisions: list[Decision]) -> EngineSpec:
+    """Only jobs with a constraint or a thinking budget get the model's parser (an engine setting: an
+    engine of its own); vLLM ends the reasoning at the budget only with a parser."""
+    asks = spec.sampling.structured_outputs() is not None or spec.sampling.thinking_token_budget is not None
+    if engine.reasoning_parser is None and asks and machine.model.reasoning_parser is not None:
+        engine = dataclasses.replace(engine, reasoning_parser=machine.model.reasoning_parser)
+        decisions.append(Decision("reasoning_parser", engine.reasoning_parser,
+                                  "the model's family, for the job's constraint or thinking budget"))
+    if spec.sampling.thinking_token_budget is not None and engine.reasoning_parser is None:
+        raise SpecError("--thinking-token-budget needs a reasoning parser, and qbatch knows none for this model "
+                        "(vLLM would refuse every row)", hint="pass --reasoning-parser NAME (vLLM's parser names)")
+    return engine
+
+
+def _max_model_len(engine: EngineSpec, machine: Machine, decisions: list[Decision]) -> int:
+    if engine.max_model_len:
+        decisions.append(Decision("max_model_len", engine.max_model_len, "set"))
+        return engine.max_model_len
+    if machine.model.max_model_len is None:
+        raise ValueError("the machine's model facts lack max_model_len (probe() reads it when the spec has none)")
+    decisions.append(Decision("max_model_len", machine.model.max_model_len, "the model's context length"))
+    return machine.model.max_model_len
+
+
+def _chunk_tokens(spec: JobSpec, engine: EngineSpec, decisions: list[Decision]) -> int:
+    """The spec's chunk size, else DEFAULT_CHUNK_TOKENS split among the engines (CHUNKS_PER_ENGINE)."""
+    if spec.plan.chunk_tokens is not None:
+        decisions.append(Decision("chunk_tokens", spec.plan.chunk_tokens, "set"))
+        return spec.plan.chunk_tokens
+    engines = engine.engine_count()
+    if engines == 1:
+        decisions.append(Decision("chunk_tokens", DEFAULT_CHUNK_TOKENS, "the default for one engine"))
+        return DEFAULT_CHUNK_TOKENS
+    chunk_tokens = DEFAULT_CHUNK_TOKENS // (CHUNKS_PER_ENGINE * engines)
+    decisions.append(Decision("chunk_tokens", chunk_tokens, f"the default split for {engines} engines, so that "
+                              "they finish close together"))
+    return chunk_tokens
+
+
+def _memory_share(spec: EngineSpec, machine: Machine) -> float | None:
+    """gpu_memory_utilization of each of the engines sharing a GPU: the GPU's, split evenly; None
+    where one engine has its GPU (or runs on the CPU). Also with a fixed KV cache: vLLM still refuses
+    to start with less free memory than its utilization."""
+    share = spec.engines_per_gpu or 1
+    if share == 1 or machine.platform == "cpu" or spec.backend != "vllm":
+        return None
+    return (spec.gpu_memory_utilization or machine.vllm_gpu_memory_utilization) / share
