@@ -25,7 +25,6 @@ from qbatch.errors import QbatchError, Stopped, first_line
 from qbatch.inputs.validate import EMBEDDINGS_URL
 from qbatch.jobs.events import StopRequest
 from qbatch.log import log
-from qbatch.log import setup as setup_log
 from qbatch.output.assemble import assemble, json_line, write_openai_jsonl
 from qbatch.output.folder import OutputDir
 from qbatch.serve.config import ServeSettings
@@ -54,6 +53,7 @@ class BatchWorker(threading.Thread):
         self.settings = settings
         # the service's engines (it closes them); vLLM's output to the data folder's engine log
         self.session = Session(**settings.engine, engine_log=settings.data_dir / ENGINE_LOG, pool=pool)
+        self.session.sets_log_level = False  # the service's lines show while batches run
         self.ready = threading.Event()  # the engines are warm
         self.failed: str | None = None  # why the engines could not start
         self._stopping = threading.Event()
@@ -117,13 +117,8 @@ class BatchWorker(threading.Thread):
         log.info(f"serve: engines ready (model {self.settings.model})")
 
     def _session_run(self, data: Any, *, embed: bool = False, **settings: Any) -> None:
-        """`Session.run` (`embed`: Session.embed_result, `qbatch embed`'s job), then the logger back at INFO:
-        a run sets it from its `progress` (WARNING for none), and the service's state-change lines must
-        show whatever the runs' progress."""
-        try:
-            (self.session.embed_result if embed else self.session.run)(data, **settings)
-        finally:
-            setup_log("log")
+        """`Session.run` (`embed`: Session.embed_result, `qbatch embed`'s job)."""
+        (self.session.embed_result if embed else self.session.run)(data, **settings)
 
     def _next(self) -> dict[str, Any] | None:
         with self._claim:

@@ -89,6 +89,11 @@ class Session:
     engines (qbatch.engines.pool.EnginePool): the session's own, or the one it was given.
     """
 
+    # Each call sets qbatch's log level from its `progress` (warnings only for "none" or under a notebook's
+    # bar). False: the program using the Session owns the level (qbatch serve, whose own lines, from other
+    # threads, must show while a run goes on), and calls leave it as they find it.
+    sets_log_level = True
+
     def __init__(self, model: str | None = None, *, engine_log: str | os.PathLike | None = None,
                  pool: EnginePool | None = None, **engine_settings: Any) -> None:
         """`engine_log`: the file vLLM's own output goes to (its log lines, its processes' prints);
@@ -278,7 +283,8 @@ class Session:
         if stop_request is not None:
             events.stop = stop_request
         with _CALLS:
-            setup_log("none" if notebook else spec.output.progress)  # under a notebook's bar only warnings
+            if self.sets_log_level:
+                setup_log("none" if notebook else spec.output.progress)  # under a notebook's bar only warnings
             vllm_output.use(self.engine_log)
             self.pool.drop_dead()
             try:

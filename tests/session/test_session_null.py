@@ -273,3 +273,23 @@ def test_without_ipywidgets_jupyter_gets_the_text_bar_and_nothing_else(session, 
     assert [line for line in re.split(r"[\r\n]+", err) if line] == \
         [line for line in re.split(r"[\r\n]+", err) if re.match(r"\s*\d+%\|.*\| \d+/3 ", line)]
     assert "3/3" in err
+
+
+def test_a_session_that_leaves_the_log_level_to_its_program_keeps_it_through_a_quiet_run(bundled_model):
+    """qbatch serve's own lines (other threads) must show while a batch or its warm-up runs with progress
+    none: the service's Session leaves the level alone (a run of it once hid "listening on")."""
+    import logging
+
+    from qbatch.log import log, setup
+
+    setup("log")
+    try:
+        with Session(bundled_model, backend="null") as session:
+            session.sets_log_level = False
+            session.run(["hi"], max_tokens=1, progress="none")
+            assert log.level == logging.INFO
+            session.sets_log_level = True  # a Session of its own: progress none means warnings only
+            session.run(["hi"], max_tokens=1, progress="none")
+            assert log.level == logging.WARNING
+    finally:
+        setup("log")
