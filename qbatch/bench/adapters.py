@@ -48,8 +48,26 @@ def _weight_shapes(model: Path, targets: tuple[str, ...]) -> dict[str, tuple[int
             if kind == "weight" and module.rsplit(".", 1)[-1] in targets and len(shape) == 2:
                 shapes[module] = (shape[0], shape[1])
     if not shapes:
+        shapes = _config_shapes(model, targets)
+    if not shapes:
         raise ValueError(f"no {', '.join(targets)} weights in the safetensors files of {model}")
     return shapes
+
+
+def _config_shapes(model: Path, targets: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """The attention projections' shapes from config.json, for a folder without weights (a model run with
+    load_format dummy): a Llama-style decoder's model.layers.N.self_attn.{q,k,v,o}_proj."""
+    config_file = model / "config.json"
+    if not config_file.is_file():
+        return {}
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    kv = config.get("num_key_value_heads", heads) * head_dim
+    features = {"q_proj": (heads * head_dim, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden),
+                "o_proj": (hidden, heads * head_dim)}
+    return {f"model.layers.{layer}.self_attn.{name}": features[name]
+            for layer in range(config["num_hidden_layers"]) for name in targets if name in features}
 
 
 ADAPTER_RANK = 16  # a common fine-tune's rank (PEFT's examples use 8 to 64)

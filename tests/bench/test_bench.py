@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -401,3 +402,19 @@ def test_docqa_raw_best_grouped_and_qbatch_through_the_cli(cli, tiny_qwen3, tmp_
         ("vllm-best", 0), ("vllm-grouped", 0), ("vllm-grouped", 1), ("vllm-best", 1)]
     assert len(report["runs"]) == 6 and {r["notes"]["engine"] for r in report["runs"][:4]} == {"vllm-best"}
     assert "vs vllm-best" in result.output and "vs vllm-tokens" not in result.output
+
+
+def test_random_adapters_of_a_model_folder_without_weights_take_their_shapes_from_its_config(bundled_model, tmp_path):
+    """The GPU bench runs a dummy-weights model (config and tokenizer only): its adapters' shapes come from
+    config.json, the same shapes the weights' headers give where there are weights."""
+    import shutil
+
+    from qbatch.bench.adapters import _config_shapes, _weight_shapes, write_random_adapter
+
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert _config_shapes(Path(bundled_model), targets) == _weight_shapes(Path(bundled_model), targets)
+    bare = tmp_path / "dummy"
+    bare.mkdir()
+    shutil.copy(Path(bundled_model) / "config.json", bare)
+    adapter = write_random_adapter(tmp_path / "adapter", str(bare), rank=4)
+    assert (adapter / "adapter_model.safetensors").is_file()
