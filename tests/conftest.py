@@ -131,3 +131,18 @@ def engine_log(caplog):
     finally:
         log.removeHandler(caplog.handler)
         log.setLevel(level)
+
+
+@pytest.fixture
+def run_null(cli, bundled_model):
+    """`qbatch run ARGS` on the null engine with the bundled model's tokenizer, no progress output."""
+    def run(*args, pool=None):
+        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none", pool=pool)
+
+    return run
+
+
+@pytest.fixture
+def run_null_short(run_null):
+    """run_null with 4 output tokens a row."""
+    return lambda *args: run_null(*args, "--max-tokens", 4)

@@ -9,14 +9,6 @@ import polars as pl
 import pytest
 
 
-@pytest.fixture
-def run_null(cli, bundled_model):
-    def run(*args):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none",
-                   "--max-tokens", 4)
-
-    return run
-
 
 @pytest.fixture
 def embed_null(cli, bundled_model):
@@ -38,7 +30,7 @@ def openai_lines(path) -> list[dict]:
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 
 
-def test_openai_lines_are_keyed_by_custom_id_whatever_other_keys_they_carry(run_null, write_jsonl, tmp_path):
+def test_openai_lines_are_keyed_by_custom_id_whatever_other_keys_they_carry(run_null_short, write_jsonl, tmp_path):
     """Some tools write a top-level `id` beside custom_id (the same value on every line here): OpenAI
     ignores it, and so does qbatch; an answer comes back under its request's custom_id."""
     path = write_jsonl([
@@ -47,7 +39,7 @@ def test_openai_lines_are_keyed_by_custom_id_whatever_other_keys_they_carry(run_
         batch_line(None, CHAT, {"messages": [{"role": "user", "content": "hi"}]}, id="y"),  # no custom_id
     ])
     out = tmp_path / "out"
-    result = run_null(path, "-o", out, "--output-format", "jsonl-openai")
+    result = run_null_short(path, "-o", out, "--output-format", "jsonl-openai")
     assert result.exit_code == 0, result.output
     lines = openai_lines(out / "results.jsonl")  # results, then errors
     assert [(line["custom_id"], line["error"] and line["error"]["code"]) for line in lines] == [
@@ -64,14 +56,14 @@ def test_embedding_lines_are_keyed_by_custom_id(embed_null, write_jsonl, tmp_pat
     assert [line["custom_id"] for line in openai_lines(out / "results.jsonl")] == ["a", "b"]
 
 
-def test_id_column_names_the_key_of_rows_that_are_not_batch_lines(run_null, write_jsonl, tmp_path):
+def test_id_column_names_the_key_of_rows_that_are_not_batch_lines(run_null_short, write_jsonl, tmp_path):
     path = write_jsonl([{"key": "k1", "id": "same", "prompt": "one"}, {"key": "k2", "id": "same", "prompt": "two"}])
     out = tmp_path / "out"
-    assert run_null(path, "-o", out, "--id-column", "key").exit_code == 0
+    assert run_null_short(path, "-o", out, "--id-column", "key").exit_code == 0
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["k1", "k2"]
 
 
-def test_mixed_rows_of_a_dataframe_run_as_they_do_from_jsonl(run_null, tmp_path):
+def test_mixed_rows_of_a_dataframe_run_as_they_do_from_jsonl(run_null_short, tmp_path):
     """A DataFrame of prompt rows, chat rows and batch lines holds a null in every column a row lacks:
     a null counts as absent when a row's shape is decided."""
     frame = pl.DataFrame({
@@ -85,7 +77,7 @@ def test_mixed_rows_of_a_dataframe_run_as_they_do_from_jsonl(run_null, tmp_path)
     path = tmp_path / "mixed.parquet"
     frame.write_parquet(path)
     out = tmp_path / "out"
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert result.exit_code == 0, result.output
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["p", "m", "o"]
     assert not (out / "errors.parquet").exists() or pl.read_parquet(out / "errors.parquet").is_empty()
@@ -123,11 +115,11 @@ def test_token_id_inputs_are_one_input_and_arrays_of_several_are_refused(embed_n
     }
 
 
-def test_a_completions_prompt_may_be_token_ids(run_null, write_jsonl, tmp_path):
+def test_a_completions_prompt_may_be_token_ids(run_null_short, write_jsonl, tmp_path):
     path = write_jsonl([batch_line("t", COMPLETIONS, {"prompt": [10, 11, 12, 13]}),
                         batch_line("two", COMPLETIONS, {"prompt": ["a", "b"]})])
     out = tmp_path / "out"
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert result.exit_code == 0, result.output
     ok = pl.read_parquet(out / "results.parquet")
     assert ok.select("id", "prompt_tokens").rows() == [("t", 4)]

@@ -21,20 +21,12 @@ def adapters(bundled_model, tmp_path):
             for name, rank, seed in (("one", 8, 1), ("two", 4, 2))}
 
 
-@pytest.fixture
-def run_null(cli, bundled_model):
-    def run(*args):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none",
-                   "--max-tokens", 4)
-
-    return run
-
 
 def lora_flags(adapters) -> list[str]:
     return [flag for name, folder in adapters.items() for flag in ("--lora", f"{name}={folder}")]
 
 
-def test_rows_pick_adapters_by_column_and_body_model(run_null, adapters, write_jsonl, tmp_path, bundled_model):
+def test_rows_pick_adapters_by_column_and_body_model(run_null_short, adapters, write_jsonl, tmp_path, bundled_model):
     rows = [{"id": "a", "prompt": "hi", "adapter": "one"}, {"id": "b", "prompt": "hi"},
             {"id": "c", "prompt": "hi", "lora": "two"}, {"id": "d", "prompt": "hi", "adapter": "three"},
             {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions",
@@ -42,7 +34,7 @@ def test_rows_pick_adapters_by_column_and_body_model(run_null, adapters, write_j
             {"custom_id": "f", "method": "POST", "url": "/v1/chat/completions",
              "body": {"model": bundled_model, "messages": [{"role": "user", "content": "hi"}]}}]
     out = tmp_path / "out"
-    result = run_null(write_jsonl(rows), "-o", out, *lora_flags(adapters), "--output-format", "jsonl-openai")
+    result = run_null_short(write_jsonl(rows), "-o", out, *lora_flags(adapters), "--output-format", "jsonl-openai")
     assert result.exit_code == 0, result.output  # an unknown adapter fails its row, not the run
     results = pl.read_parquet(out / "results.parquet")
     assert dict(zip(results["id"], results["adapter"], strict=True)) == {"a": "one", "b": None, "c": "two",
@@ -60,12 +52,12 @@ def test_rows_pick_adapters_by_column_and_body_model(run_null, adapters, write_j
     assert lines["e"]["response"]["body"]["model"] == "two"  # as vLLM's server answers for an adapter
 
 
-def test_without_adapters_the_columns_are_data_and_body_model_changes_nothing(run_null, write_jsonl, tmp_path):
+def test_without_adapters_the_columns_are_data_and_body_model_changes_nothing(run_null_short, write_jsonl, tmp_path):
     rows = [{"id": "a", "prompt": "hi", "adapter": "one"},
             {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions",
              "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}}]
     out = tmp_path / "out"
-    assert run_null(write_jsonl(rows), "-o", out).exit_code == 0
+    assert run_null_short(write_jsonl(rows), "-o", out).exit_code == 0
     results = pl.read_parquet(out / "results.parquet")
     assert results.height == 2 and results.filter(pl.col("id") == "a")["adapter"].to_list() == ["one"]
 
@@ -82,7 +74,7 @@ def test_without_adapters_the_columns_are_data_and_body_model_changes_nothing(ru
     (None, ["--max-loras", "2"], "Error: --max-loras, --max-lora-rank and --max-cpu-loras size vLLM's LoRA adapters; "
                                  "the job has none"),
 ])
-def test_bad_adapters_are_refused_before_any_engine_starts(run_null, bundled_model, write_jsonl, tmp_path, make,
+def test_bad_adapters_are_refused_before_any_engine_starts(run_null_short, bundled_model, write_jsonl, tmp_path, make,
                                                            flags, message):
     folder = tmp_path / "adapter"
     if make == "empty":
@@ -93,19 +85,19 @@ def test_bad_adapters_are_refused_before_any_engine_starts(run_null, bundled_mod
         config = json.loads((folder / "adapter_config.json").read_text())
         (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["q_proj", "nonexistent_proj"]}))
     flags = [flag.replace("ADAPTER", str(folder)) for flag in flags]
-    result = run_null(write_jsonl([{"id": "a", "prompt": "hi"}]), "-o", tmp_path / "out", *flags)
+    result = run_null_short(write_jsonl([{"id": "a", "prompt": "hi"}]), "-o", tmp_path / "out", *flags)
     assert result.exit_code == EXIT_USAGE, result.output
     assert message.replace("ADAPTER", str(folder)) in result.output
     assert "Hint: " in result.output
 
 
-def test_a_changed_adapter_file_is_a_changed_setting(run_null, adapters, write_jsonl, tmp_path):
+def test_a_changed_adapter_file_is_a_changed_setting(run_null_short, adapters, write_jsonl, tmp_path):
     path, out = write_jsonl([{"id": "a", "prompt": "hi", "adapter": "one"}]), tmp_path / "out"
-    assert run_null(path, "-o", out, *lora_flags(adapters)).exit_code == 0
-    assert run_null(path, "-o", out, *lora_flags(adapters)).exit_code == 0  # unchanged: resumes (nothing to do)
+    assert run_null_short(path, "-o", out, *lora_flags(adapters)).exit_code == 0
+    assert run_null_short(path, "-o", out, *lora_flags(adapters)).exit_code == 0  # unchanged: resumes (nothing to do)
     config = adapters["one"] / "adapter_config.json"
     config.write_text(config.read_text().replace('"lora_alpha": 8', '"lora_alpha": 16'))
-    result = run_null(path, "-o", out, *lora_flags(adapters))
+    result = run_null_short(path, "-o", out, *lora_flags(adapters))
     assert result.exit_code == EXIT_MISMATCH, result.output
     assert "lora was {" in result.output
 

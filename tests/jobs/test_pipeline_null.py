@@ -16,13 +16,6 @@ import pytest
 from qbatch.errors import EXIT_INPUT, EXIT_LOCKED, EXIT_MISMATCH, EXIT_ROW_ERRORS, EXIT_USAGE
 
 
-@pytest.fixture
-def run_null(cli, bundled_model, tmp_path):
-    def run(*args, pool=None):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none", pool=pool)
-
-    return run
-
 
 def test_plain_prompts_to_parquet_in_input_order(run_null, write_jsonl, tmp_path):
     rows = [{"id": f"r{i}", "prompt": "word " * (i % 7 + 1), "topic": i} for i in range(50)]

@@ -22,13 +22,6 @@ MIXED_ROWS = [
 ]
 
 
-@pytest.fixture
-def run_null(cli, bundled_model):
-    def run(*args):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none")
-
-    return run
-
 
 def _results(out) -> pa.Table:
     return pq.read_table(out / "results.parquet")

@@ -14,24 +14,16 @@ from qbatch.errors import EXIT_MISMATCH, EXIT_USAGE
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
 
 
-@pytest.fixture
-def run_null(cli, bundled_model):
-    def run(*args):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none",
-                   "--max-tokens", 4)
-
-    return run
-
 
 def _results(out) -> pl.DataFrame:
     return pl.read_parquet(out / "results.parquet")
 
 
-def test_the_prompt_and_messages_columns_are_carried_with_their_types(run_null, write_jsonl, tmp_path):
+def test_the_prompt_and_messages_columns_are_carried_with_their_types(run_null_short, write_jsonl, tmp_path):
     rows = [{"id": "p", "prompt": "Name a cat.", "topic": "pets"},
             {"id": "m", "messages": MESSAGES, "topic": "math"}]
     out = tmp_path / "out"
-    result = run_null(write_jsonl(rows), "-o", out)
+    result = run_null_short(write_jsonl(rows), "-o", out)
     assert result.exit_code == 0, result.output
     df = _results(out)
     assert df.columns[:6] == ["id", "source", "row_index", "prompt", "topic", "messages"]
@@ -42,47 +34,47 @@ def test_the_prompt_and_messages_columns_are_carried_with_their_types(run_null, 
     assert manifest["columns"]["messages"] == "list<item: struct<role: string, content: string>>"
 
 
-def test_drop_columns_and_keep_columns(run_null, write_jsonl, tmp_path):
+def test_drop_columns_and_keep_columns(run_null_short, write_jsonl, tmp_path):
     path = write_jsonl([{"id": "a", "prompt": "hi", "topic": "x", "big": "y" * 100}])
-    assert run_null(path, "-o", tmp_path / "drop", "--drop-columns", "prompt,big").exit_code == 0
+    assert run_null_short(path, "-o", tmp_path / "drop", "--drop-columns", "prompt,big").exit_code == 0
     assert _results(tmp_path / "drop").columns[:4] == ["id", "source", "row_index", "topic"]
-    assert run_null(path, "-o", tmp_path / "keep", "--keep-columns", "prompt").exit_code == 0
+    assert run_null_short(path, "-o", tmp_path / "keep", "--keep-columns", "prompt").exit_code == 0
     assert _results(tmp_path / "keep").columns[:5] == ["id", "source", "row_index", "prompt", "text"]
-    result = run_null(path, "-o", tmp_path / "both", "--keep-columns", "prompt", "--drop-columns", "big")
+    result = run_null_short(path, "-o", tmp_path / "both", "--keep-columns", "prompt", "--drop-columns", "big")
     assert result.exit_code == EXIT_USAGE
     assert result.stderr.startswith("Error: --keep-columns names the columns to carry, --drop-columns those to "
                                     "leave out: pass one of them")
 
 
-def test_drop_columns_is_a_job_file_key_and_changes_the_fingerprint(run_null, write_jsonl, tmp_path):
+def test_drop_columns_is_a_job_file_key_and_changes_the_fingerprint(run_null_short, write_jsonl, tmp_path):
     path = write_jsonl([{"id": "a", "prompt": "hi", "topic": "x"}])
     job = tmp_path / "job.toml"
     job.write_text(f'inputs = ["{path}"]\noutput_dir = "out"\ndrop_columns = ["prompt"]\n')
-    result = run_null("--job", job)
+    result = run_null_short("--job", job)
     assert result.exit_code == 0, result.output
     assert "prompt" not in _results(tmp_path / "out").columns
-    result = run_null(path, "-o", tmp_path / "out")  # carrying the prompt now would change the results file
+    result = run_null_short(path, "-o", tmp_path / "out")  # carrying the prompt now would change the results file
     assert result.exit_code == EXIT_MISMATCH and "drop_columns was ['prompt'], now None" in result.stderr
 
 
-def test_a_folder_written_before_the_prompt_was_carried_is_not_resumed_without_it(run_null, write_jsonl, tmp_path):
+def test_a_folder_written_before_the_prompt_was_carried_is_not_resumed_without_it(run_null_short, write_jsonl, tmp_path):
     path = write_jsonl([{"id": "a", "prompt": "hi"}, {"id": "b", "prompt": "yo"}])
     out = tmp_path / "out"
-    assert run_null(path, "-o", out, "--limit", 1).exit_code == 0
+    assert run_null_short(path, "-o", out, "--limit", 1).exit_code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest["fingerprint"]["settings"]["carried_columns"]  # as a folder of an earlier qbatch
     (out / "manifest.json").write_text(json.dumps(manifest))
-    result = run_null(path, "-o", out)  # its first row has no prompt column: the second would have one
+    result = run_null_short(path, "-o", out)  # its first row has no prompt column: the second would have one
     assert result.exit_code == EXIT_MISMATCH and "carried_columns was None" in result.stderr
     assert "Hint: rerun with --restart" in result.stderr
-    assert run_null(path, "-o", out, "--restart").exit_code == 0
+    assert run_null_short(path, "-o", out, "--restart").exit_code == 0
     assert _results(out)["prompt"].to_list() == ["hi", "yo"]
 
 
-def test_a_column_named_like_a_result_column_is_carried_as_input_name(run_null, write_jsonl, tmp_path):
+def test_a_column_named_like_a_result_column_is_carried_as_input_name(run_null_short, write_jsonl, tmp_path):
     rows = [{"id": 1, "title": "Cats", "text": "They purr.", "finish_reason": "kept"}]
     out = tmp_path / "template"
-    result = run_null(write_jsonl(rows), "-o", out, "--template", "Summarize {title}: {text}")
+    result = run_null_short(write_jsonl(rows), "-o", out, "--template", "Summarize {title}: {text}")
     assert result.exit_code == 0, result.output
     row = _results(out).row(0, named=True)
     assert (row["title"], row["input_text"], row["input_finish_reason"]) == ("Cats", "They purr.", "kept")
@@ -90,18 +82,18 @@ def test_a_column_named_like_a_result_column_is_carried_as_input_name(run_null, 
 
     path = write_jsonl([{"id": "a", "prompt": "What is 2+2?"}], "p.jsonl")
     out = tmp_path / "rendered"
-    assert run_null(path, "-o", out, "--include-prompt").exit_code == 0
+    assert run_null_short(path, "-o", out, "--include-prompt").exit_code == 0
     row = _results(out).row(0, named=True)
     assert row["input_prompt"] == "What is 2+2?"  # the question as given
     assert row["prompt"].endswith("What is 2+2?<|im_end|>\n<|im_start|>assistant\n")  # as the model saw it
 
 
-def test_openai_lines_carry_their_input_and_url_not_the_whole_body(run_null, write_jsonl, tmp_path):
+def test_openai_lines_carry_their_input_and_url_not_the_whole_body(run_null_short, write_jsonl, tmp_path):
     lines = [{"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
               "body": {"messages": MESSAGES, "max_tokens": 3, "temperature": 0.5}},
              {"custom_id": "t", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once", "max_tokens": 2}}]
     out = tmp_path / "out"
-    result = run_null(write_jsonl(lines), "-o", out, "--output-format", "jsonl-openai")
+    result = run_null_short(write_jsonl(lines), "-o", out, "--output-format", "jsonl-openai")
     assert result.exit_code == 0, result.output
     df = _results(out)
     assert df.columns[:6] == ["id", "source", "row_index", "messages", "url", "prompt"]
@@ -112,7 +104,7 @@ def test_openai_lines_carry_their_input_and_url_not_the_whole_body(run_null, wri
     assert (chat["response"]["body"]["object"], text["response"]["body"]["object"]) == ("chat.completion",
                                                                                           "text_completion")
     out = tmp_path / "dropped"
-    assert run_null(write_jsonl(lines), "-o", out, "--drop-columns", "messages,prompt").exit_code == 0
+    assert run_null_short(write_jsonl(lines), "-o", out, "--drop-columns", "messages,prompt").exit_code == 0
     assert _results(out).columns[:4] == ["id", "source", "row_index", "url"]  # url names the response's object
 
 

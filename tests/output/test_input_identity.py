@@ -20,14 +20,6 @@ MIDDLE = {"id": "b", "prompt": "say hi"}
 EDITED = {"id": "x", "prompt": "say yo"}  # same length as MIDDLE
 
 
-@pytest.fixture
-def run_null(cli, bundled_model):
-    def run(*args):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none",
-                   "--max-tokens", 4)
-
-    return run
-
 
 def big_jsonl(path: Path, middle: dict) -> Path:
     """Three rows, ~1.3 MB: the middle one starts 1.1 MB in and ends 200 KB before the end."""
@@ -43,49 +35,49 @@ def assert_refused(result, path: Path) -> None:
     assert "Hint: rerun with --restart" in result.stderr
 
 
-def test_a_row_edited_in_the_middle_of_a_large_file_is_refused(run_null, tmp_path):
+def test_a_row_edited_in_the_middle_of_a_large_file_is_refused(run_null_short, tmp_path):
     path, out = big_jsonl(tmp_path / "in.jsonl", MIDDLE), tmp_path / "out"
-    assert run_null(path, "-o", out).exit_code == 0
+    assert run_null_short(path, "-o", out).exit_code == 0
     size = path.stat().st_size
     big_jsonl(path, EDITED)
     assert path.stat().st_size == size
-    assert_refused(run_null(path, "-o", out), path)
+    assert_refused(run_null_short(path, "-o", out), path)
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b", "c"]  # nothing mixed in
 
 
-def test_a_truncated_file_is_refused(run_null, write_jsonl, tmp_path):
+def test_a_truncated_file_is_refused(run_null_short, write_jsonl, tmp_path):
     path, out = write_jsonl([{"id": i, "prompt": f"p{i}"} for i in range(10)]), tmp_path / "out"
-    assert run_null(path, "-o", out, "--limit", 3).exit_code == 0
+    assert run_null_short(path, "-o", out, "--limit", 3).exit_code == 0
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:9]))
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert_refused(result, path)
     assert "shrank" in result.stderr
 
 
-def test_rows_appended_to_a_large_file_resume_and_only_they_are_processed(run_null, tmp_path):
+def test_rows_appended_to_a_large_file_resume_and_only_they_are_processed(run_null_short, tmp_path):
     path, out = big_jsonl(tmp_path / "in.jsonl", MIDDLE), tmp_path / "out"
-    assert run_null(path, "-o", out).exit_code == 0
+    assert run_null_short(path, "-o", out).exit_code == 0
     with open(path, "a") as handle:
         handle.write(json.dumps({"id": "d", "prompt": "four"}) + "\n")
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert result.exit_code == 0, result.output
     assert "rows ok (this run)              1" in result.stdout
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b", "c", "d"]
 
 
-def test_rows_appended_after_a_last_line_without_newline_are_refused(run_null, tmp_path):
+def test_rows_appended_after_a_last_line_without_newline_are_refused(run_null_short, tmp_path):
     """The first appended bytes would extend the old last row: that row changed."""
     path, out = tmp_path / "in.jsonl", tmp_path / "out"
     path.write_text(json.dumps({"id": "a", "prompt": "one"}) + "\n" + json.dumps({"id": "b", "prompt": "two"}))
-    assert run_null(path, "-o", out).exit_code == 0
+    assert run_null_short(path, "-o", out).exit_code == 0
     with open(path, "a") as handle:
         handle.write(json.dumps({"id": "c", "prompt": "three"}) + "\n")
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert_refused(result, path)
     assert "did not end with a newline" in result.stderr
 
 
-def test_a_rewritten_parquet_file_is_refused(run_null, tmp_path):
+def test_a_rewritten_parquet_file_is_refused(run_null_short, tmp_path):
     """Same size, same footer statistics: one prompt changed in the middle of the file."""
     import random
 
@@ -99,37 +91,37 @@ def test_a_rewritten_parquet_file_is_refused(run_null, tmp_path):
 
     write()
     assert path.stat().st_size > 1_300_000
-    assert run_null(path, "-o", out, "--limit", 2).exit_code == 0
+    assert run_null_short(path, "-o", out, "--limit", 2).exit_code == 0
     size = path.stat().st_size
     prompts[20_000] = prompts[20_000][::-1]
     write()
     assert path.stat().st_size == size
-    assert_refused(run_null(path, "-o", out), path)
+    assert_refused(run_null_short(path, "-o", out), path)
 
 
-def test_a_changed_gzip_file_is_refused_even_when_it_grew(run_null, tmp_path):
+def test_a_changed_gzip_file_is_refused_even_when_it_grew(run_null_short, tmp_path):
     """A compressed file may not grow: its appended bytes are not appended rows."""
     path, out = tmp_path / "in.jsonl.gz", tmp_path / "out"
     lines = [json.dumps({"id": i, "prompt": f"p{i}"}) + "\n" for i in range(5)]
     path.write_bytes(gzip.compress("".join(lines).encode()))
-    assert run_null(path, "-o", out).exit_code == 0
+    assert run_null_short(path, "-o", out).exit_code == 0
     path.write_bytes(gzip.compress("".join(lines[:2] + [json.dumps({"id": 9, "prompt": "p2"}) + "\n"]
                                             + lines[3:]).encode()))
-    assert_refused(run_null(path, "-o", out), path)
+    assert_refused(run_null_short(path, "-o", out), path)
     with open(path, "ab") as handle:  # a second gzip member: gzip reads it as more rows
         handle.write(gzip.compress(json.dumps({"id": 5, "prompt": "p5"}).encode() + b"\n"))
-    assert_refused(run_null(path, "-o", out), path)
+    assert_refused(run_null_short(path, "-o", out), path)
 
 
-def test_an_unchanged_input_resumes_without_redoing_rows(run_null, write_jsonl, tmp_path):
+def test_an_unchanged_input_resumes_without_redoing_rows(run_null_short, write_jsonl, tmp_path):
     path, out = write_jsonl([{"id": i, "prompt": f"p{i}"} for i in range(6)]), tmp_path / "out"
-    assert run_null(path, "-o", out, "--limit", 2).exit_code == 0
-    result = run_null(path, "-o", out)
+    assert run_null_short(path, "-o", out, "--limit", 2).exit_code == 0
+    result = run_null_short(path, "-o", out)
     assert result.exit_code == 0, result.output
     assert "rows already done               2" in result.stdout and "rows ok (this run)              4" in result.stdout
 
 
-def test_source_is_one_absolute_path_whatever_the_working_directory(run_null, tmp_path, monkeypatch):
+def test_source_is_one_absolute_path_whatever_the_working_directory(run_null_short, tmp_path, monkeypatch):
     """A run from one folder, resumed from another with another spelling of the same file."""
     data = tmp_path / "data"
     data.mkdir()
@@ -140,22 +132,22 @@ def test_source_is_one_absolute_path_whatever_the_working_directory(run_null, tm
         {"id": "bad2", "text": "no prompt"}]))
     out = tmp_path / "out"
     monkeypatch.chdir(tmp_path)
-    assert run_null("data/in.jsonl", "-o", out, "--limit", 2).exit_code == 0
+    assert run_null_short("data/in.jsonl", "-o", out, "--limit", 2).exit_code == 0
     monkeypatch.chdir(tmp_path / "elsewhere")
-    result = run_null("../data/./in.jsonl", "-o", out)
+    result = run_null_short("../data/./in.jsonl", "-o", out)
     assert result.exit_code == 0, result.output
     assert "rows already done               2" in result.stdout
     assert set(pl.read_parquet(out / "results.parquet")["source"]) == {str(path.resolve())}
     assert pl.read_parquet(out / "errors.parquet")["source"].to_list() == [str(path.resolve())] * 2
 
 
-def test_rows_inserted_before_the_end_are_refused(run_null, write_jsonl, tmp_path):
+def test_rows_inserted_before_the_end_are_refused(run_null_short, write_jsonl, tmp_path):
     """The file grew, but not at its end: the bytes the last run read differ."""
     path, out = write_jsonl([{"id": i, "prompt": f"p{i}"} for i in range(4)]), tmp_path / "out"
-    assert run_null(path, "-o", out).exit_code == 0
+    assert run_null_short(path, "-o", out).exit_code == 0
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:2] + [json.dumps({"id": 9, "prompt": "inserted"}) + "\n"] + lines[2:]))
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert_refused(result, path)
     assert f"its first {sum(map(len, lines)):,} bytes (what the last run read) differ" in result.stderr
 
@@ -191,34 +183,34 @@ def test_a_fingerprint_reads_back_as_it_was_saved(tmp_path):
     assert Fingerprint.of_manifest(None).changes(loaded)[0] == "max_tokens was None, now 8"
 
 
-def test_a_half_written_last_line_is_left_for_the_next_run(run_null, tmp_path):
+def test_a_half_written_last_line_is_left_for_the_next_run(run_null_short, tmp_path):
     """A cron run that reads the file while its writer is mid-line: the unfinished line is no row and no
     error (a log line says so); once the writer ends it, the next run resumes and reads it."""
     path, out = tmp_path / "in.jsonl", tmp_path / "out"
     path.write_text(json.dumps({"id": "a", "prompt": "one"}) + '\n{"id": "b", "pro')
     for flags in ([], ["--on-bad-line", "skip"]):
-        result = run_null(path, "-o", out, *flags)
+        result = run_null_short(path, "-o", out, *flags)
         assert result.exit_code == 0, result.output
         assert f"the last line of {path.resolve()} has no newline and is not complete JSON" in result.stderr
         assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a"]
         assert pl.read_parquet(out / "errors.parquet").is_empty()
     with open(path, "a") as handle:
         handle.write('mpt": "two"}\n' + json.dumps({"id": "c", "prompt": "three"}) + "\n")
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert result.exit_code == 0, result.output
     assert "rows ok (this run)              2" in result.stdout
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b", "c"]
 
 
-def test_a_last_line_without_newline_is_a_row_and_its_newline_then_counts_as_an_append(run_null, tmp_path):
+def test_a_last_line_without_newline_is_a_row_and_its_newline_then_counts_as_an_append(run_null_short, tmp_path):
     path, out = tmp_path / "in.jsonl", tmp_path / "out"
     path.write_text(json.dumps({"id": "a", "prompt": "one"}) + "\n" + json.dumps({"id": "b", "prompt": "two"}))
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert result.exit_code == 0, result.output
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b"]  # the final row is not lost
     with open(path, "a") as handle:
         handle.write("\n" + json.dumps({"id": "c", "prompt": "three"}) + "\n")
-    result = run_null(path, "-o", out)
+    result = run_null_short(path, "-o", out)
     assert result.exit_code == 0, result.output
     assert "rows ok (this run)              1" in result.stdout
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b", "c"]

@@ -13,13 +13,6 @@ from qbatch.errors import EXIT_USAGE
 from qbatch.sampling import ROW_SEED_BITS, row_seed
 
 
-@pytest.fixture
-def run_null(cli, bundled_model):
-    def run(*args):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none")
-
-    return run
-
 
 def _requests(bundled_model, path, **settings):
     from qbatch.jobs.job import Job

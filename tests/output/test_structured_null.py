@@ -13,13 +13,6 @@ from qbatch.output.samples import CUT, choice_logprobs, parse
 from qbatch.records import Completion, Request
 
 
-@pytest.fixture
-def run_null(cli, bundled_model):
-    def run(*args):
-        return cli("run", *args, "--model", bundled_model, "--backend", "null", "--progress", "none")
-
-    return run
-
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--json-schema", '{"type": "objekt"}'], "Error: invalid JSON schema at type: 'objekt' is not valid"),
