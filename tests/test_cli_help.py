@@ -35,3 +35,24 @@ def test_help_does_not_import_vllm_or_torch():
             "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, 'heavy import'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_defaults_run_and_serve_print_are_the_specs_own():
+    """A default is written once, in spec.py: where a flag's help states one and the spec has a value of
+    its own (not None: resolved later, not a flag's on/off), the help states that value."""
+    import re
+
+    from qbatch.cli import cli
+    from qbatch.spec import JobSpec
+
+    defaults = JobSpec.from_flat({}).flat()
+    checked = 0
+    for command in ("run", "serve", "embed"):
+        for param in cli.commands[command].params:
+            stated = re.search(r"\[default: ([^\];,]+)", getattr(param, "help", None) or "")
+            value = defaults.get(param.name)
+            if stated is None or value is None or isinstance(value, bool):
+                continue
+            assert stated.group(1).strip() == str(value), (command, param.name, stated.group(1), value)
+            checked += 1
+    assert checked >= 15  # prompt_column, max_tokens, sort_window, model, dtype, ... in each command that has them
