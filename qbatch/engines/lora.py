@@ -42,6 +42,9 @@ class LoraRequests:
             self._requests = {name: LoRARequest(name, number, folders[name])
                               for name, number in adapter_ids(folders).items()}
 
+    def __contains__(self, adapter: str) -> bool:
+        return adapter in self._requests
+
     def get(self, adapter: str | None) -> Any:
         """The LoRARequest of a row's adapter (a name the job checked: inputs/prepare.py), None for the base."""
         return None if adapter is None else self._requests[adapter]

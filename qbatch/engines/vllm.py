@@ -68,6 +68,11 @@ class VllmEngine:
     _log = EngineLog(None)  # where vLLM's output goes (vllm_output.py)
     _loras = LoraRequests()  # each row's LoRA adapter as vLLM's LoRARequest (none: the base model)
 
+    @property
+    def adapters(self) -> LoraRequests:
+        """The LoRA adapters this engine serves (by name: `"name" in engine.adapters`)."""
+        return self._loras
+
     def __init__(self, config: EngineConfig):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
         compile_cache.use_cache_root()  # before vLLM reads it: compiles survive runs (compile_cache.py)

@@ -44,7 +44,7 @@ def test_rows_of_two_adapters_and_the_base_get_their_own_models_answers(cli, eng
     assert [results[row["id"]]["adapter"] for row in rows] == [row["adapter"] for row in rows]
 
     # vLLM's own answers on the engine the run used: every prompt under each model, one model at a time
-    (engine,) = [e for e in engine_pool.engines() if getattr(e, "_loras", None) and e._loras.get("one")]
+    (engine,) = [e for e in engine_pool.engines() if "one" in getattr(e, "adapters", ())]  # the pool holds others too
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
     prompts = [{"prompt_token_ids": tokenizer(text)["input_ids"]} for text in PROMPTS * 2]
     params = SamplingParams(temperature=0, max_tokens=8)
