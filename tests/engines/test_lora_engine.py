@@ -1,5 +1,7 @@
 """LoRA adapters on the real engine: rows of two adapters and of the base model in one run each get their own
-model's answer, the answer vLLM's own LLM.generate(..., lora_request=...) gives on the same engine."""
+model's answer, the answer vLLM's own LLM.generate(..., lora_request=...) gives on the same engine. (Rows reach
+data-parallel workers with their adapter: tests/jobs/test_lora_null.py checks the worker messages; the process
+tree itself is tests/engines/test_parallel.py's.)"""
 
 from __future__ import annotations
 
@@ -59,11 +61,3 @@ def test_rows_of_two_adapters_and_the_base_get_their_own_models_answers(cli, eng
     for name in ("one", "two"):
         assert sum(a != b for a, b in zip(expected[name], expected[None], strict=True)) >= len(PROMPTS)
 
-
-def test_data_parallel_engines_run_each_rows_adapter(cli, tiny_qwen3, write_jsonl, tmp_path, adapters_and_rows):
-    """Rows travel to the worker processes with their adapter: two engines answer as one does."""
-    folders, rows = adapters_and_rows
-    path = write_jsonl(rows)
-    one = run(cli, tiny_qwen3, folders, path, tmp_path / "one")
-    two = run(cli, tiny_qwen3, folders, path, tmp_path / "two", "--data-parallel-size", "2", "--chunk-tokens", "40")
-    assert {k: (r["adapter"], r["text"]) for k, r in two.items()} == {k: (r["adapter"], r["text"]) for k, r in one.items()}

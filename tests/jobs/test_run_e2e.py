@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 pytestmark = pytest.mark.slow
-TINY_ENGINE = ("--max-model-len", "512", "--progress", "none")
+TINY_ENGINE = ("--max-model-len", "512", "--enable-log-stats", "--progress", "none")  # one engine for every test here
 
 
 @pytest.fixture
