@@ -22,7 +22,7 @@ class ModelFacts:
     path: str
     weights_bytes: int | None = None
     max_model_len: int | None = None  # its context length (None: the user set max_model_len)
-    reasoning_parser: str | None = None  # vLLM's parser for its family (None: none, or not asked)
+    reasoning_parser: str | None = None  # vLLM's parser for its family (None: none known)
     decoder: bool = True  # a `...ForCausalLM` (an embedding job converts it: runner "pooling", convert "embed")
 
 

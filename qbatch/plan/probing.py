@@ -53,11 +53,10 @@ def probe_model(spec: JobSpec) -> ModelFacts:
         from qbatch.models.quantize import refuse_unrunnable
 
         refuse_unrunnable(path, spec)
-    asks_parser = engine.reasoning_parser is None and (spec.sampling.structured_outputs() is not None
-                                                      or spec.sampling.thinking_token_budget is not None)
+    # the model's own parser, whether the job asks for one or not: resolve.py decides which jobs get it
     return ModelFacts(path, models.weights_bytes(path),
                       None if engine.max_model_len else models.model_max_len(path, engine.revision),
-                      models.reasoning_parser(path) if asks_parser else None, _is_decoder(path))
+                      models.reasoning_parser(path), _is_decoder(path))
 
 
 def extra_engine_args() -> dict[str, Any]:
