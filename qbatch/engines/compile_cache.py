@@ -40,16 +40,6 @@ def use_cache_root() -> None:
     os.environ.setdefault(CACHE_ENV, str(cache_root()))
 
 
-def is_warm(spec: EngineSpec, model_path: str, max_model_len: int) -> bool:
-    """Whether an engine with these settings compiled on this machine before (see the module's note)."""
-    return marker_name(marker_settings(spec, model_path, max_model_len, vllm_version())) in warm_markers()
-
-
-def mark_warm(spec: EngineSpec, model_path: str, max_model_len: int) -> None:
-    """Note that an engine with these settings compiled (vLLM's cache now holds it); best effort."""
-    note_compiled(marker_settings(spec, model_path, max_model_len, vllm_version()))
-
-
 def warm_markers() -> frozenset[str]:
     """The markers in the cache: the names (marker_name) of the settings compiled on this machine."""
     try:

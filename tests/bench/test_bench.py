@@ -253,8 +253,9 @@ def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, 
     assert (default.engines_per_gpu, default.compilation_mode) == (2, None)
     # a cold compile cache: too short to repay a first compile
     assert resolved_job(spec, EnginePool(), h200).spec.engine == default
-    compile_cache.mark_warm(default.one_engine(compilation_mode=placement.TORCH_COMPILE), job.model_path,
-                            job.max_model_len)
+    compile_cache.note_compiled(compile_cache.marker_settings(default.one_engine(compilation_mode=placement.TORCH_COMPILE),
+                                                              job.model_path, job.max_model_len,
+                                                              compile_cache.vllm_version()))
     warm = dataclasses.replace(h200, warm_compiles=compile_cache.warm_markers())
     chosen = resolved_job(spec, EnginePool(), warm).spec.engine
     assert (chosen.engines_per_gpu, chosen.compilation_mode) == (2, placement.TORCH_COMPILE)

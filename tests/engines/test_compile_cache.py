@@ -33,11 +33,17 @@ def test_engines_point_vllm_at_it_before_vllm_reads_it(tmp_path):
 
 
 def test_a_compiled_start_marks_the_settings_warm(tmp_path, monkeypatch):
+    def settings(spec, max_model_len):
+        return compile_cache.marker_settings(spec, "/m", max_model_len, compile_cache.vllm_version())
+
+    def is_warm(spec, max_model_len):
+        return compile_cache.marker_name(settings(spec, max_model_len)) in compile_cache.warm_markers()
+
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     spec = EngineSpec(compilation_mode=3)
-    assert not compile_cache.is_warm(spec, "/m", 4096)
-    compile_cache.mark_warm(spec, "/m", 4096)
-    assert compile_cache.is_warm(spec, "/m", 4096)
-    assert compile_cache.is_warm(spec.one_engine(gpu_memory_utilization=0.45), "/m", 4096)  # KV size: same graphs
-    assert not compile_cache.is_warm(spec, "/m", 8192)
-    assert not compile_cache.is_warm(EngineSpec(compilation_mode=3, max_num_seqs=256), "/m", 4096)
+    assert not is_warm(spec, 4096)
+    compile_cache.note_compiled(settings(spec, 4096))
+    assert is_warm(spec, 4096)
+    assert is_warm(spec.one_engine(gpu_memory_utilization=0.45), 4096)  # KV size: same graphs
+    assert not is_warm(spec, 8192)
+    assert not is_warm(EngineSpec(compilation_mode=3, max_num_seqs=256), 4096)

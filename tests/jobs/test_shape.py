@@ -57,8 +57,9 @@ def job_for(bundled_model, tmp_path, rows, machine=GPU, **settings) -> Job:
 
 def warmed(job: Job) -> Job:
     """The job on its machine once an engine of its settings with torch.compile has compiled there."""
-    compile_cache.mark_warm(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE), job.model_path,
-                            job.max_model_len)
+    compile_cache.note_compiled(compile_cache.marker_settings(job.spec.engine.one_engine(compilation_mode=TORCH_COMPILE),
+                                                              job.model_path, job.max_model_len,
+                                                              compile_cache.vllm_version()))
     machine = dataclasses.replace(job.plan.machine, warm_compiles=compile_cache.warm_markers())
     return Job.setup(job.plan.requested, machine)
 
