@@ -84,12 +84,12 @@ def _adapters(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
         return None
     adapters: dict[str, str] = {}
     for text in values:
-        name, sep, path = text.partition("=")
-        if not sep or not name.strip() or not path.strip():
+        name, sep, path = (part.strip() for part in text.partition("="))
+        if not sep or not name or not path:
             raise click.BadParameter(f"expected NAME=PATH, got '{text}'", ctx=ctx, param=param)
-        if name.strip() in adapters:
-            raise click.BadParameter(f"adapter '{name.strip()}' is given twice", ctx=ctx, param=param)
-        adapters[name.strip()] = path.strip()
+        if name in adapters:
+            raise click.BadParameter(f"adapter '{name}' is given twice", ctx=ctx, param=param)
+        adapters[name] = path
     return adapters
 
 
