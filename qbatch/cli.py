@@ -164,7 +164,7 @@ RUN_OPTIONS = [
     click.option("--load-format", help="vLLM load_format (e.g. dummy for random weights)."),
     click.option("--performance-mode", help="vLLM performance_mode.  [default: throughput]"),
     click.option("--reasoning-parser", help="vLLM reasoning_parser: constraints apply after the reasoning.  [default: qwen3 for Qwen3 models with a job-level constraint or thinking budget]"),
-    click.option("--structured-outputs-backend", type=click.Choice(STRUCTURED_OUTPUTS_BACKENDS), help="vLLM StructuredOutputsConfig.backend for constrained rows.  [default: auto]"),
+    click.option("--structured-outputs-backend", type=click.Choice(STRUCTURED_OUTPUTS_BACKENDS), help="vLLM StructuredOutputsConfig.backend for constrained rows.  [default: guidance, compact JSON (a slow tokenizer: auto)]"),
     click.option("--disable-any-whitespace", is_flag=True, default=None, help="vLLM StructuredOutputsConfig.disable_any_whitespace: compact JSON, no free whitespace (xgrammar, guidance)."),
     click.option("--quantize", type=click.Choice(["awq"]), help="Quantize the model with AutoAWQ first (cached)."),
     click.option("--lora", multiple=True, callback=_adapters, metavar="NAME=PATH", help="A LoRA adapter (a PEFT folder) "

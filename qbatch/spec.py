@@ -168,7 +168,7 @@ class EngineSpec:
     reasoning_parser: str | None = affects_results(None)
     # "embed": vectors instead of text (vLLM's runner="pooling"; a decoder gets convert="embed"): `qbatch embed`
     task: str = affects_results("generate")
-    # vLLM's StructuredOutputsConfig.backend and .disable_any_whitespace (None: vLLM's default, auto / off)
+    # vLLM's StructuredOutputsConfig.backend and .disable_any_whitespace (None: qbatch's choice, plan/engine_args.py)
     structured_outputs_backend: str | None = affects_results(None)
     disable_any_whitespace: bool | None = affects_results(None)
     backend: str = affects_results("vllm")  # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
@@ -367,9 +367,9 @@ class JobSpec:
         backend = self.engine.structured_outputs_backend
         if backend is not None:
             _check_choice("structured_outputs_backend", backend, STRUCTURED_OUTPUTS_BACKENDS)
-        if self.engine.disable_any_whitespace and backend not in ("xgrammar", "guidance"):
+        if self.engine.disable_any_whitespace and backend not in (None, "xgrammar", "guidance"):
             raise SpecError("disable_any_whitespace works with the xgrammar and guidance backends only (vLLM's rule), "
-                            f"got structured_outputs_backend {backend or 'auto'}",
+                            f"got structured_outputs_backend {backend}",
                             hint="add --structured-outputs-backend xgrammar (or guidance)")
 
     def _check_lora(self) -> None:

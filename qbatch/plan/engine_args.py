@@ -32,6 +32,12 @@ COMPILED_MODE = 3
 # piecewise graphs of every size, twice the capture at each start, for mixed batches of a few hundred
 # tokens, while the batches of a prefill-bound job (why qbatch compiles) run far past those.
 COMPILED_GRAPHS = "FULL_DECODE_ONLY"
+# qbatch's structured-output backend (vLLM's StructuredOutputsConfig), unless the job names one: vLLM's
+# guidance without free whitespace ran constrained rows close to the speed of free ones where `auto`
+# (xgrammar for most schemas) ran them far slower, and a weak model cannot spend its tokens on spaces
+# inside an object. No properties a schema leaves unnamed: xgrammar's and OpenAI's strict rule, which
+# guidance otherwise leaves open. Guidance needs a fast tokenizer (ModelFacts.fast_tokenizer).
+GUIDANCE = {"backend": "guidance", "disable_any_whitespace": True, "disable_additional_properties": True}
 VLLM_MAX_GRAPH_SIZE = 512
 THROUGHPUT_MAX_NUM_SEQS = 2048
 LARGE_GRAPH_STEP = 128
@@ -57,7 +63,7 @@ def llm_kwargs(spec: EngineSpec, max_model_len: int, machine: Machine, *,
     for name in USER_SETTINGS:
         if getattr(spec, name) is not None:
             kwargs[name], why[name] = getattr(spec, name), "set"
-    _structured(spec, kwargs, why)
+    _structured(spec, kwargs, why, machine, tuned=tuned)
     if spec.task == "embed":
         # vLLM's pooling runner; a decoder (`...ForCausalLM`, Qwen3 and Qwen3-Embedding alike) is converted
         # into an embedding model: its last token's hidden state, vLLM's default pooling for a converted
@@ -105,19 +111,35 @@ def cuda_graph_sizes(max_num_seqs: int | None) -> list[int]:
     return [1, 2, 4, *range(8, 256, 8), *range(256, VLLM_MAX_GRAPH_SIZE, 16), *large]
 
 
-def _structured(spec: EngineSpec, kwargs: dict[str, Any], why: dict[str, str]) -> None:
-    structured = {"backend": spec.structured_outputs_backend, "disable_any_whitespace": spec.disable_any_whitespace,
-                  # The structured-output constraint of a request then starts after the reasoning's end
-                  # (vLLM's StructuredOutputsConfig, offline too: vLLM 0.26 and 0.32 both take it this way).
-                  "reasoning_parser": spec.reasoning_parser}
-    structured = {k: v for k, v in structured.items() if v}
+def _structured(spec: EngineSpec, kwargs: dict[str, Any], why: dict[str, str], machine: Machine, *,
+                tuned: bool) -> None:
+    structured, reason = _structured_backend(spec, machine, tuned=tuned)
+    if spec.reasoning_parser:
+        # The structured-output constraint of a request then starts after the reasoning's end
+        # (vLLM's StructuredOutputsConfig, offline too: vLLM 0.26 and 0.32 both take it this way).
+        structured["reasoning_parser"] = spec.reasoning_parser
     if structured:
-        kwargs["structured_outputs_config"] = structured
-        why["structured_outputs_config"] = "the job's structured-output settings"
+        kwargs["structured_outputs_config"], why["structured_outputs_config"] = structured, reason
     if spec.reasoning_parser:
         # The top-level name as well: vLLM builds its ReasoningConfig (what enforces a request's
         # thinking_token_budget) from this one only, not from structured_outputs_config's.
         kwargs["reasoning_parser"], why["reasoning_parser"] = spec.reasoning_parser, "resolved"
+
+
+def _structured_backend(spec: EngineSpec, machine: Machine, *, tuned: bool) -> tuple[dict[str, Any], str]:
+    """vLLM's backend for constrained rows, and its JSON settings: the job's, else qbatch's default
+    (GUIDANCE) where the model's tokenizer allows it. Decided for every generation engine, constrained
+    job or not, so that a Session's or a service's calls share one engine whatever their rows ask."""
+    given = {k: v for k, v in {"backend": spec.structured_outputs_backend,
+                               "disable_any_whitespace": spec.disable_any_whitespace}.items() if v is not None}
+    if spec.structured_outputs_backend is not None or spec.task != "generate":
+        return given, "the job's structured-output settings"
+    if tuned and machine.model.fast_tokenizer:
+        return {**GUIDANCE, **given}, ("qbatch's default: guidance, compact JSON of the schema's keys only "
+                                       "(the faster backend on constrained rows, docs/benchmarks.md)")
+    if spec.disable_any_whitespace:  # vLLM's `auto` refuses it; xgrammar takes any tokenizer
+        return {"backend": "xgrammar", **given}, "compact JSON asked; the tokenizer is not a fast one (guidance needs it)"
+    return given, "the job's structured-output settings"
 
 
 def _cpu_defaults(spec: EngineSpec, kwargs: dict[str, Any], why: dict[str, str], machine: Machine) -> None:

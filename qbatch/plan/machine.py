@@ -24,6 +24,8 @@ class ModelFacts:
     max_model_len: int | None = None  # its context length (None: the user set max_model_len)
     reasoning_parser: str | None = None  # vLLM's parser for its family (None: none known)
     decoder: bool = True  # a `...ForCausalLM` (an embedding job converts it: runner "pooling", convert "embed")
+    # a fast (Rust) tokenizer, its tokenizer.json beside the model or a hub name: what vLLM's guidance backend needs
+    fast_tokenizer: bool = True
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def probe_model(spec: JobSpec) -> ModelFacts:
     # the model's own parser, whether the job asks for one or not: resolve.py decides which jobs get it
     return ModelFacts(path, models.weights_bytes(path),
                       None if engine.max_model_len else models.model_max_len(path, engine.revision),
-                      models.reasoning_parser(path), _is_decoder(path))
+                      models.reasoning_parser(path), _is_decoder(path), _fast_tokenizer(engine.tokenizer or path))
 
 
 def extra_engine_args() -> dict[str, Any]:
@@ -93,6 +93,13 @@ def _is_decoder(model_path: str) -> bool:
     except (OSError, ValueError, AttributeError):
         return True  # a hub name: the models qbatch serves are decoders
     return any(str(a).endswith("ForCausalLM") for a in architectures)
+
+
+def _fast_tokenizer(tokenizer: str) -> bool:
+    """Whether the tokenizer is a fast one: its folder holds tokenizer.json (a hub name: assumed so, as
+    nearly every model's is); a folder of sentencepiece files only may load as a slow tokenizer."""
+    folder = Path(tokenizer).expanduser()
+    return not folder.is_dir() or (folder / "tokenizer.json").is_file()
 
 
 def _platform(gpu_memory: int | None) -> str:

@@ -81,10 +81,10 @@ def test_merged_shards_with_n_samples_check_out(run_null, cli, write_jsonl, tmp_
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--disable-any-whitespace"],
+    (["--structured-outputs-backend", "outlines", "--disable-any-whitespace"],
      "Error: disable_any_whitespace works with the xgrammar and guidance backends only (vLLM's rule), "
-     "got structured_outputs_backend auto"),
-    (["--structured-outputs-backend", "outlines", "--disable-any-whitespace"], "got structured_outputs_backend outlines"),
+     "got structured_outputs_backend outlines"),
+    (["--structured-outputs-backend", "auto", "--disable-any-whitespace"], "got structured_outputs_backend auto"),
     (["--structured-outputs-backend", "nope"], "Invalid value for '--structured-outputs-backend'"),
     (["--thinking-token-budget", "-2"], "Error: thinking_token_budget must be >= 0, or -1 for unlimited"),
     (["--thinking-token-budget", "8"], "Error: --thinking-token-budget needs a reasoning parser"),
@@ -107,9 +107,42 @@ def test_structured_settings_are_vllms_engine_arguments():
                                                    "reasoning_parser": "qwen3"}
     assert kwargs["reasoning_parser"] == "qwen3" and kwargs["seed"] == 0
     plain, why = llm_kwargs(EngineSpec(seed=5), 4096, machine)
-    assert "structured_outputs_config" not in plain and "reasoning_parser" not in plain
+    assert "reasoning_parser" not in plain
     # a job's seed seeds its rows (qbatch.sampling.row_seed), not the engine: runs of other seeds share it
     assert plain["seed"] == 0 and why["seed"] == "rows carry their own seeds (--seed)"
+
+
+@pytest.mark.parametrize(("settings", "fast_tokenizer", "tuned", "expected"), [
+    # qbatch's default, constrained job or not (one engine for every call of a Session or a service)
+    ({}, True, True, {"backend": "guidance", "disable_any_whitespace": True, "disable_additional_properties": True}),
+    ({"disable_any_whitespace": False}, True, True,
+     {"backend": "guidance", "disable_any_whitespace": False, "disable_additional_properties": True}),
+    ({"structured_outputs_backend": "auto"}, True, True, {"backend": "auto"}),  # the job's backend wins
+    ({"structured_outputs_backend": "guidance"}, True, True, {"backend": "guidance"}),
+    ({}, False, True, None),  # guidance needs a fast tokenizer: vLLM's own choice
+    ({"disable_any_whitespace": True}, False, True, {"backend": "xgrammar", "disable_any_whitespace": True}),
+    ({}, True, False, None),  # vLLM's defaults (the benchmark's raw modes)
+    ({"task": "embed"}, True, True, None),
+])
+def test_the_structured_output_backend_is_guidance_unless_the_job_or_the_tokenizer_says_otherwise(
+        settings, fast_tokenizer, tuned, expected):
+    from qbatch.plan import Machine, ModelFacts
+    from qbatch.plan.engine_args import llm_kwargs
+    from qbatch.spec import EngineSpec
+
+    machine = Machine(ModelFacts("/m", fast_tokenizer=fast_tokenizer), platform="cuda", gpu_capability=8)
+    kwargs, why = llm_kwargs(EngineSpec(**settings), 4096, machine, tuned=tuned)
+    assert kwargs.get("structured_outputs_config") == expected
+    if expected and not settings:
+        assert why["structured_outputs_config"].startswith("qbatch's default: guidance")
+
+
+def test_a_folder_without_tokenizer_json_is_not_taken_for_a_fast_tokenizer(tmp_path):
+    from qbatch.plan.probing import _fast_tokenizer
+
+    assert not _fast_tokenizer(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert _fast_tokenizer(str(tmp_path)) and _fast_tokenizer("Qwen/Qwen3-0.6B")
 
 
 def test_thinking_token_budget_is_a_job_and_row_setting(write_jsonl, bundled_model):

@@ -1,0 +1,48 @@
+"""A small job from a cold process: the ten-line vLLM script a user would write, against `qbatch run`.
+
+`data FILE`: ROWS chat rows (~160 prompt tokens, `max_tokens` 256 each) as JSONL for both sides.
+`raw FILE OUT MODEL [LLM kwargs as JSON]`: read the JSONL, `LLM(...)`, one `llm.chat(...)` with every
+row (ignore_eos, temperature 0), the texts to OUT as Parquet; prints the phases' seconds as JSON. Time
+the whole process from outside (`date +%s.%N` around it) and run `qbatch run FILE -o OUT --ignore-eos
+--temperature 0` the same way, alternating the order (issue #34, target 4).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+
+STARTED = time.monotonic()
+WORDS = "the of and to in is that for it as with was on be by at this from or an are which".split()
+
+
+def data(path: str, rows: int = 200, words: int = 120, max_tokens: int = 256) -> None:
+    rng = random.Random(0)
+    with open(path, "w") as f:
+        for i in range(rows):
+            text = " ".join(rng.choice(WORDS) for _ in range(words))
+            f.write(json.dumps({"id": f"r{i}", "prompt": f"row {i}: {text}", "max_tokens": max_tokens}) + "\n")
+
+
+def raw(path: str, out: str, model: str, kwargs: str = "{}") -> None:
+    import polars as pl
+    from vllm import LLM, SamplingParams
+
+    imported = time.monotonic()
+    rows = [json.loads(line) for line in open(path)]
+    llm = LLM(model=model, **json.loads(kwargs))
+    ready = time.monotonic()
+    params = SamplingParams(max_tokens=rows[0]["max_tokens"], temperature=0.0, ignore_eos=True)
+    outputs = llm.chat([[{"role": "user", "content": r["prompt"]}] for r in rows], params, use_tqdm=False)
+    generated = time.monotonic()
+    pl.DataFrame({"id": [r["id"] for r in rows], "text": [o.outputs[0].text for o in outputs]}).write_parquet(out)
+    done = time.monotonic()
+    print(json.dumps({"import_s": imported - STARTED, "engine_s": ready - imported, "generate_s": generated - ready,
+                      "write_s": done - generated, "in_process_s": done - STARTED,
+                      "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs)}))
+
+
+if __name__ == "__main__":  # vLLM spawns its engine: the module must import without running
+    {"data": data, "raw": raw}[sys.argv[1]](*sys.argv[2:])
