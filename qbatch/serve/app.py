@@ -3,7 +3,8 @@
 Every error is `{"error": {"message", "type", "param", "code"}}` with a 4xx status (a 500 for a
 bug, logged with its traceback here and answered in the same shape, never with the traceback).
 A route the service does not have (`POST /v1/chat/completions`) answers a 404 that says this is
-a batch service and lists its routes.
+a batch service and lists its routes. `POST /v1/qbatch/runs` is qbatch's own: the job of a `qbatch run
+--server` (runs.py).
 """
 
 from __future__ import annotations

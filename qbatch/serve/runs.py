@@ -150,14 +150,19 @@ def check_paths(spec: JobSpec, data_dir: Path) -> None:
     write outside the service's data folder, inputs it can read. Globs and missing files are the run's to
     report, as a local run does."""
     out = spec.output.output_dir
-    if not out:
+    if not out and not spec.output.dry_run:  # a dry run writes nothing
         raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
-    paths = [out, *(item for item in spec.input.inputs)]
-    relative = next((p for p in paths if not os.path.isabs(p)), None)
+    relative = next((p for p in [out or "/", *spec.input.inputs] if not os.path.isabs(p)), None)
     if relative is not None:
         raise PathRefused("paths sent to the service must be absolute (a client names them from its own folder)",
                           where=relative, hint="update qbatch on the client, or drop --server")
-    folder = Path(out)
+    _check_inputs(spec.input.inputs)
+    if out:
+        _check_output(Path(out), data_dir)
+
+
+def _check_output(folder: Path, data_dir: Path) -> None:
+    out = str(folder)
     if folder.resolve().is_relative_to(data_dir.resolve()):
         raise PathRefused("the output folder is inside the service's own data folder", where=out,
                           hint="pass another -o/--output-dir")
@@ -165,7 +170,10 @@ def check_paths(spec: JobSpec, data_dir: Path) -> None:
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise PathRefused(f"the service's user ({_user()}) cannot write here", where=str(existing),
                           hint="pass an -o/--output-dir the service may write, or run without --server")
-    for item in spec.input.inputs:
+
+
+def _check_inputs(inputs: list[str]) -> None:
+    for item in inputs:
         path = Path(item)
         mode = os.R_OK | os.X_OK if path.is_dir() else os.R_OK
         if path.exists() and not os.access(path, mode):

@@ -147,13 +147,15 @@ def test_only_loopback_clients_and_only_the_clients_version(make_service):
 
 def test_an_output_folder_the_service_cannot_write_is_refused_before_any_row(make_service, cli, work, monkeypatch):
     base_url, service = make_service()
-    locked = work / "locked"
+    locked, secret = work / "locked", work / "secret.jsonl"
     locked.mkdir()
-    if os.geteuid() == 0:  # root writes anywhere: the check itself, with the access it would be denied
+    secret.write_text((work / "prompts.jsonl").read_text())
+    if os.geteuid() == 0:  # root reads and writes anywhere: the check itself, with the access it would be denied
         real = os.access
-        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) in (locked, secret) else real(p, mode))
     else:
         locked.chmod(0o500)
+        secret.chmod(0o000)
     try:
         result = cli("run", "prompts.jsonl", "-o", "locked/out", "--server", _server(base_url))
         assert result.exit_code == 2
@@ -161,8 +163,23 @@ def test_an_output_folder_the_service_cannot_write_is_refused_before_any_row(mak
         inside = cli("run", "prompts.jsonl", "-o", str(service.settings.data_dir / "mine"), "--server",
                      _server(base_url))
         assert inside.exit_code == 2 and "inside the service's own data folder" in inside.stderr
+        unreadable = cli("run", "secret.jsonl", "-o", "out/secret", "--server", _server(base_url))
+        assert unreadable.exit_code == 2 and f"cannot read this input ({secret})" in unreadable.stderr
+        assert not (work / "out/secret").exists()
     finally:
         locked.chmod(0o700)
+        secret.chmod(0o600)
+
+
+def test_embed_and_dry_run_go_to_the_service_too(make_service, cli, work):
+    base_url, _ = make_service()
+    plan = cli("run", "prompts.jsonl", "-o", "out/plan", "--dry-run", "--server", _server(base_url))
+    assert plan.exit_code == 0 and "dry run (no model loaded)" in plan.stdout and not (work / "out/plan").exists()
+    assert "rows valid" in cli("run", "prompts.jsonl", "--dry-run", "--server", _server(base_url)).stdout  # no -o
+    vectors = cli("embed", "prompts.jsonl", "-o", "out/vectors", "--progress", "none", "--server", _server(base_url))
+    assert vectors.exit_code == 0, vectors.stderr
+    assert "qbatch embed completed" in vectors.stdout
+    assert pl.read_parquet(work / "out/vectors/results.parquet")["embedding"].len() == ROWS
 
 
 def test_standard_input_is_refused_with_a_hint(make_service, cli, work):
