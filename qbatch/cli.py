@@ -193,17 +193,35 @@ def run_options(func: Any) -> Any:
     return _with_options(func, RUN_OPTIONS)
 
 
+def server_options(func: Any) -> Any:
+    return _with_options(func, SERVER_OPTIONS)
+
+
 def _with_options(func: Any, options: list[Any]) -> Any:
     for option in reversed(options):
         func = option(func)
     return func
 
 
-def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **fixed: Any) -> JobSpec:
-    """Defaults < job file < flags given on the command line (< `fixed`: what the command itself sets)."""
+# Options of `qbatch run` and `qbatch embed` that are no job setting: where the job runs, not what it is
+# (no spec, no fingerprint: a job resumes with or without them).
+SERVER_OPTIONS = [
+    click.option("--server", envvar="QBATCH_SERVER", metavar="URL",
+                 help="Hand the job to the `qbatch serve` at URL on this machine (e.g. http://127.0.0.1:8000): its "
+                      "warm engines run it, into the same OUT_DIR, with the same summary and exit code. The "
+                      "service's engine settings apply; one the job gives must match.  [env QBATCH_SERVER]"),
+    click.option("--api-key", envvar="QBATCH_API_KEY", metavar="KEY",
+                 help="With --server: the service's API key.  [env QBATCH_API_KEY]"),
+]
+CLI_ONLY = frozenset({"job", "inputs", "server", "api_key"})
+
+
+def given_values(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **fixed: Any) -> dict[str, Any]:
+    """The settings the user gave: the job file's keys < flags given on the command line (< `fixed`: what
+    the command itself sets); no defaults."""
     values: dict[str, Any] = load_job_file(job) if job else {}
     for name, value in ctx.params.items():
-        if name in ("job", "inputs"):
+        if name in CLI_ONLY:
             continue
         source = ctx.get_parameter_source(name)
         if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT):
@@ -211,13 +229,49 @@ def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **f
     if inputs:
         values["inputs"] = list(inputs)
     values.update(fixed)
-    return JobSpec.from_flat(values, source=job or "command line")
+    return values
+
+
+def build_spec(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **fixed: Any) -> JobSpec:
+    """Defaults < job file < flags given on the command line (< `fixed`: what the command itself sets)."""
+    return JobSpec.from_flat(given_values(ctx, job, inputs, **fixed), source=job or "command line")
+
+
+def _run_command(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **fixed: Any) -> None:
+    """`qbatch run` and `qbatch embed`: here, or on the service --server names (checked here first: a bad
+    setting fails alike, with the same message)."""
+    spec = build_spec(ctx, job, inputs, **fixed)
+    server = ctx.params.get("server")
+    if server:
+        _hand_over(spec, given_values(ctx, job, inputs, **fixed), server, ctx.params.get("api_key"))
+    else:
+        _run_job(spec)
+
+
+def _hand_over(spec: JobSpec, values: dict[str, Any], url: str, api_key: str | None) -> None:
+    """The job run by the service at `url` (serve/client.py); shown and ended as `_run_job` does."""
+    from qbatch.display import print_summary
+    from qbatch.jobs.shutdown import ProcessGuard
+    from qbatch.serve.client import run_remote
+
+    setup_log(spec.output.progress)
+    with ProcessGuard(reaper=False) as guard:  # a signal: Interrupted here; the service stops the run
+        try:
+            summary, exit_code = run_remote(url, api_key, values, progress=spec.output.progress)
+        except Interrupted as exc:
+            _echo_interrupted(exc, spec.output.output_dir)
+            sys.exit(exc.exit_code)
+        guard.completed(exit_code)
+    print_summary(dataclasses.replace(summary, output_dir=spec.output.output_dir))  # as given, not absolute
+    if exit_code:
+        sys.exit(exit_code)
 
 
 @cli.command()
 @click.argument("inputs", nargs=-1)
 @click.option("--job", type=click.Path(dir_okay=False), help="TOML job file; flags override its keys.")
 @run_options
+@server_options
 @VERBOSE_OPTION
 @click.pass_context
 def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
@@ -231,10 +285,11 @@ def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) 
       qbatch run data/*.parquet -o out/ --template 'Summarize: {text}' --no-thinking
       qbatch run batch.jsonl -o out/ --output-format jsonl-openai --dry-run
       qbatch run sample_data/prompts.jsonl -o out/labels --model smollm2-135m --choice yes,no --logprobs --top-logprobs 5
+      qbatch run sample_data/prompts.jsonl -o out/warm --server http://127.0.0.1:8000   # on a running qbatch serve
 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
-    _run_job(build_spec(ctx, job, inputs))
+    _run_command(ctx, job, inputs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +317,7 @@ def _run_job(spec: JobSpec) -> None:
     from qbatch.display import print_summary
     from qbatch.engines import vllm_output
     from qbatch.jobs.shutdown import ProcessGuard
+    from qbatch.jobs.summary import exit_code as run_exit_code
     from qbatch.session.session import Session
 
     setup_log(spec.output.progress)
@@ -284,8 +340,7 @@ def _run_job(spec: JobSpec) -> None:
         except BaseException:
             close()
             raise
-        failed = spec.output.fail_on_row_errors and (summary.total_failed or summary.rows_failed)
-        exit_code = EXIT_ROW_ERRORS if failed else 0
+        exit_code = run_exit_code(summary, fail_on_row_errors=spec.output.fail_on_row_errors)
         guard.completed(exit_code)  # the run is recorded as completed: a signal now only cuts the shutdown short
         print_summary(summary)
         guard.close_engines(close)
@@ -339,6 +394,7 @@ def embed_options(func: Any) -> Any:
 @click.argument("inputs", nargs=-1)
 @click.option("--job", type=click.Path(dir_okay=False), help="TOML job file; flags override its keys.")
 @embed_options
+@server_options
 @VERBOSE_OPTION
 @click.pass_context
 def embed(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
@@ -356,7 +412,7 @@ def embed(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any
 
     Rerunning the same command resumes; see `qbatch status OUT_DIR`.
     """
-    _run_job(build_spec(ctx, job, inputs, task="embed"))
+    _run_command(ctx, job, inputs, task="embed")
 
 
 @cli.command()

@@ -71,6 +71,23 @@ class EngineError(QbatchError):
     exit_code = EXIT_ENGINE
 
 
+class ServiceError(QbatchError):
+    """The qbatch service a job was handed to (`--server`) cannot be reached, is no qbatch service, or its
+    engines failed: as for an engine that failed, nothing ran or the finished parts are kept, and the same
+    command resumes once the service is back (or without --server)."""
+
+    exit_code = EXIT_ENGINE
+
+
+class RemoteError(QbatchError):
+    """An error a qbatch service answered for a job handed to it (`--server`): the message, place, hint
+    and exit code the same job run here would have had."""
+
+    def __init__(self, message: str, *, exit_code: int, where: str | None = None, hint: str | None = None):
+        super().__init__(message, where=where, hint=hint)
+        self.exit_code = exit_code
+
+
 class OutputError(QbatchError):
     """OUT_DIR cannot be written (not a folder, disk full, permissions)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from qbatch.errors import EXIT_ROW_ERRORS
 from qbatch.records import Failure
 
 BASE_MODEL = "(base model)"  # the key of rows without an adapter in Summary.adapters (no adapter name has parentheses)
@@ -77,3 +78,10 @@ def stats_dict(summary: Summary) -> dict[str, Any]:
                  total_tok_s=round(total / summary.generate_s, 1) if summary.generate_s else 0.0,
                  rows_per_s=round(summary.rows_ok / summary.generate_s, 2) if summary.generate_s else 0.0)
     return stats
+
+
+def exit_code(summary: Summary, *, fail_on_row_errors: bool) -> int:
+    """The command's exit status for a run that ended: EXIT_ROW_ERRORS when `--fail-on-row-errors` and
+    rows failed (in this run, or recorded by an earlier one), else 0. `qbatch run` and `qbatch serve`
+    (for a job handed to it) decide it here, alike."""
+    return EXIT_ROW_ERRORS if fail_on_row_errors and (summary.total_failed or summary.rows_failed) else 0

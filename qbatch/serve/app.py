@@ -3,11 +3,13 @@
 Every error is `{"error": {"message", "type", "param", "code"}}` with a 4xx status (a 500 for a
 bug, logged with its traceback here and answered in the same shape, never with the traceback).
 A route the service does not have (`POST /v1/chat/completions`) answers a 404 that says this is
-a batch service and lists its routes.
+a batch service and lists its routes. `POST /v1/qbatch/runs` is qbatch's own: the job of a `qbatch run
+--server` (runs.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import re
@@ -17,7 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,8 +31,10 @@ from qbatch.serve import objects
 from qbatch.serve.config import COMPLETION_WINDOW, ServeSettings
 from qbatch.serve.objects import ApiError
 from qbatch.serve.requests import ENDPOINTS, check_batch_lines, lines_not_for
+from qbatch.serve.runs import ClientRun, accept, check_client
 from qbatch.serve.store import Store
 from qbatch.serve.upload import FORM_BYTES, UploadSlots, receive_form, too_large
+from qbatch.serve.wire import RUN_ROUTE
 from qbatch.serve.worker import BatchWorker
 
 MAX_BATCH_PAGE = 100
@@ -108,6 +112,17 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         adapters = [{"id": name, "object": "model", "created": 0, "owned_by": "qbatch", "parent": settings.model}
                     for name in sorted(settings.engine.get("lora") or {})]
         return {"object": "list", "data": [base, *adapters]}
+
+    # -- jobs handed over by `qbatch run --server` (runs.py) -------------------------
+    @app.post(RUN_ROUTE)
+    async def client_run(request: Request) -> StreamingResponse:
+        check_client(request.client.host if request.client else None)  # before the body: it names paths
+        try:
+            body = await request.json()
+        except Exception:
+            raise ApiError(400, "the body is not JSON") from None
+        spec, bar = await run_in_threadpool(accept, body, settings, worker)
+        return ClientRun(spec, bar, worker, asyncio.get_running_loop()).response()
 
     # -- files ---------------------------------------------------------------------
     @app.post("/v1/files")

@@ -14,8 +14,10 @@ details go to the service's log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,7 @@ class BatchWorker(threading.Thread):
         self._claim = threading.Lock()  # held while a batch is chosen, and while a cancel finishes a waiting one
         self._current: str | None = None
         self._stop_current = StopRequest()  # the running batch's: reason cancel, expire or shutdown
+        self._client_stops: set[StopRequest] = set()  # the jobs handed over by clients (runs.py), running or waiting
 
     # -- called from the HTTP threads ---------------------------------------
     def wake(self) -> None:
@@ -70,7 +73,20 @@ class BatchWorker(threading.Thread):
         """Stop within about a second; the running batch stays queued and resumes on the next start."""
         self._stopping.set()
         self._stop_current.request("shutdown")
+        for stop in list(self._client_stops):
+            stop.request("shutdown")
         self._wake.set()
+
+    @contextlib.contextmanager
+    def client_run(self, stop: StopRequest) -> Iterator[None]:
+        """A client's job (runs.py) runs in this block: a shutdown stops it as it stops the batch running."""
+        self._client_stops.add(stop)
+        try:
+            if self._stopping.is_set():
+                stop.request("shutdown")
+            yield
+        finally:
+            self._client_stops.discard(stop)
 
     def cancel(self, batch_id: str) -> dict[str, Any] | None:
         """`cancelling`, then `cancelled` at once for a waiting batch, within about a second for the running

@@ -121,12 +121,16 @@ class Session:
                    **settings)
 
     # -- calls -------------------------------------------------------------
-    def run_spec(self, spec: JobSpec) -> Summary:
+    def run_spec(self, spec: JobSpec, events: RunEvents | None = None) -> Summary:
         """Run a complete spec, its inputs and output folder its own (`qbatch run`); its engine
-        settings must be this session's."""
+        settings must be this session's, but for its task (an embedding job gets an engine of its own,
+        as embed() does). `events`: the caller's progress, bar and stop (`qbatch serve` running a job
+        handed to it); a stopped run raises Stopped."""
         self._check_open()
-        self._check_engine(dataclasses.asdict(spec.engine))
-        return self._run_spec(spec)
+        engine = dataclasses.asdict(spec.engine)
+        engine.pop("task")
+        self._check_engine(engine)
+        return self._run_spec(spec, events=events)
 
     def run(self, data: Any, *, output_dir: str | os.PathLike | None = None,
             on_progress: Callable[[int, int], None] | None = None, stop_request: threading.Event | None = None,
@@ -275,11 +279,12 @@ class Session:
                                     hint=f"start another Session(..., {name}={value!r}) for it")
 
     def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None,
-                  stop_request: threading.Event | None = None) -> Summary:
+                  stop_request: threading.Event | None = None, *, events: RunEvents | None = None) -> Summary:
         """One job on the pool's engines (those it starts stay in the pool for the next call); Stopped
-        when `stop_request` stopped it."""
-        notebook = shows_notebook_bar(spec.output.progress)
-        events = RunEvents(on_progress=on_progress, bar=notebook_bar if notebook else None)
+        when `stop_request` (or `events.stop`) stopped it."""
+        notebook = events is None and shows_notebook_bar(spec.output.progress)
+        if events is None:
+            events = RunEvents(on_progress=on_progress, bar=notebook_bar if notebook else None)
         if stop_request is not None:
             events.stop = stop_request
         with _CALLS:

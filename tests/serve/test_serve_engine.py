@@ -1,17 +1,23 @@
-"""`qbatch serve` in a subprocess on the real engine (the tiny random Qwen3): the SDK end to end, cancel mid-run,
-and kill -9 mid-batch then a restart: every custom_id exactly once in the output or error file."""
+"""`qbatch serve` in a subprocess on the real engine (the tiny random Qwen3): the SDK end to end, a `qbatch run
+--server` job, cancel mid-run, and kill -9 mid-batch then a restart: every custom_id exactly once in the output or
+error file."""
 
 from __future__ import annotations
 
 import collections
 import json
 import os
+import re
 import signal
 
+import subprocess
+import sys
+
 import httpx
+import polars as pl
 import pytest
 
-from tests.serve.conftest import client_for, lines_of, requests_jsonl, wait_until
+from tests.serve.conftest import ROOT, client_for, lines_of, requests_jsonl, wait_until
 
 pytestmark = pytest.mark.slow
 START_S = 600.0
@@ -67,6 +73,19 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_q
     # vLLM's own output goes to the data folder's engine log, the service's own lines to its stderr
     assert "(EngineCore" in (data_dir / "engine.log").read_text()
     assert "(EngineCore" not in (tmp_path / "serve-0.log").read_text()
+
+    # `qbatch run --server`: a job handed to the running service, on its warm engine, into the client's folder
+    (tmp_path / "few.jsonl").write_text("".join(json.dumps({"id": f"s{i}", "prompt": f"count {i}"}) + "\n"
+                                                for i in range(3)))
+    handed = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", "few.jsonl", "-o", "out/server",
+                             "--max-tokens", "6", "--server", base], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert handed.returncode == 0, handed.stderr
+    assert "qbatch run completed" in handed.stdout and "out/server/results.parquet (3 rows)" in handed.stdout
+    results = pl.read_parquet(tmp_path / "out/server/results.parquet")
+    assert sorted(results["id"]) == ["s0", "s1", "s2"] and (results["completion_tokens"] <= 6).all()
+    # vLLM's own output goes to the service's engine log: none of its lines (`INFO 05-01 12:00:00 [...]`) here
+    assert "(EngineCore" not in handed.stderr and not re.search(r"^(INFO|WARNING|DEBUG) \d\d-\d\d ", handed.stderr, re.M)
 
     # cancel mid-run: the requests done so far are in the output file
     file = client.files.create(file=("cancel.jsonl", requests_jsonl(120, prefix="c", max_tokens=24)), purpose="batch")

@@ -1,0 +1,71 @@
+"""What `qbatch run --server` and the service say to each other: the request, and the NDJSON lines of
+the answer. Standard library only: a client needs no web stack (the `serve` extra).
+
+The client POSTs a RunRequest to RUN_ROUTE; the service answers with one JSON object a line:
+`{"log": {...}}` (a qbatch log line of the run), `{"progress": {...}}` (the bar's state, a few times a
+second at most), `{}` (a heartbeat: the service finds a client that went away by writing to it), and
+last either `{"summary": {...}, "exit_code": N}` or `{"error": {...}}`. A job refused before it runs
+is an HTTP error whose body is `{"error": {...}}` too, in OpenAI's shape plus the qbatch fields.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from qbatch.errors import QbatchError
+
+RUN_ROUTE = "/v1/qbatch/runs"
+HEARTBEAT_S = 1.0  # a client gone away stops its run within about this (plus the run's own second)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A job for the service: the settings the user gave (job file and flags, paths absolute: the
+    client's), the client's qbatch version, and whether the client draws a progress bar."""
+
+    values: dict[str, Any]
+    qbatch_version: str
+    bar: bool = False
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, body: Any) -> RunRequest:
+        """The request in a parsed body; ValueError says what is wrong with it."""
+        if not isinstance(body, dict) or not isinstance(body.get("values"), dict):
+            raise ValueError("the body must be a JSON object with a 'values' object")
+        version = body.get("qbatch_version")
+        if not isinstance(version, str):
+            raise ValueError("the body must name the client's qbatch_version")
+        return cls(body["values"], version, bool(body.get("bar", False)))
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """A QbatchError as it crosses the wire: what the CLI prints of it, and its exit code."""
+
+    message: str
+    exit_code: int
+    where: str | None = None
+    hint: str | None = None
+
+    @classmethod
+    def of(cls, exc: QbatchError) -> ErrorInfo:
+        return cls(exc.message, exc.exit_code, exc.where, exc.hint)
+
+    @classmethod
+    def load(cls, data: dict[str, Any], default_exit: int) -> ErrorInfo:
+        """From an answer's `error` object (one of the service's own, or another's OpenAI-shaped one)."""
+        code = data.get("exit_code")
+        return cls(str(data.get("message") or "the service gave no reason"),
+                   code if isinstance(code, int) else default_exit, data.get("where"), data.get("hint"))
+
+    def fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def line(item: dict[str, Any]) -> bytes:
+    return (json.dumps(item, default=str) + "\n").encode()

@@ -1,0 +1,263 @@
+"""`qbatch run --server URL`: the job handed to a `qbatch serve` (uvicorn in a thread, null engine) gives what
+the same command gives here; refusals and a service that is not there are clear errors with their exit codes."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.serve.conftest import ROOT, free_port, wait_until
+
+ROWS = 12
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """The client's folder (its cwd) with prompts.jsonl: relative paths in the commands mean it."""
+    folder = tmp_path / "client"
+    folder.mkdir()
+    lines = [json.dumps({"id": f"r{i}", "prompt": f"say {i} " * (i + 1)}) for i in range(ROWS)]
+    (folder / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def _server(base_url: str) -> str:
+    return base_url.removesuffix("/v1")
+
+
+def _rows(folder: Path) -> list[tuple]:
+    frame = pl.read_parquet(folder / "results.parquet")
+    return sorted(frame.select("id", "text", "prompt_tokens").iter_rows())
+
+
+def _counts(stdout: str) -> list[str]:
+    """The summary's count lines (timings differ between runs)."""
+    return [line for line in stdout.splitlines() if line.strip().startswith(("rows ", "tokens", "qbatch run"))]
+
+
+def _fake_pool_service(make_service, engine):
+    from qbatch.engines.pool import EnginePool
+
+    return make_service(pool=EnginePool(start=lambda *args, **kwargs: engine))
+
+
+def test_a_server_run_gives_the_local_runs_results_and_resumes_either_way(make_service, cli, run_null, work):
+    base_url, _ = make_service()
+    local = run_null("prompts.jsonl", "-o", "out/local", "--max-tokens", "7")
+    remote = cli("run", "prompts.jsonl", "-o", "out/remote", "--max-tokens", "7", "--progress", "none",
+                 "--server", _server(base_url))
+    assert local.exit_code == 0 and remote.exit_code == 0, remote.stderr
+    assert _rows(work / "out/remote") == _rows(work / "out/local") and len(_rows(work / "out/local")) == ROWS
+    assert _counts(remote.stdout) == _counts(local.stdout)
+    assert "  results  " in remote.stdout and " out/remote/results.parquet (12 rows)" in remote.stdout  # as given
+
+    again = cli("run", "prompts.jsonl", "-o", "out/remote", "--max-tokens", "7", "--progress", "none",
+                "--server", _server(base_url))
+    assert again.exit_code == 0 and re.search(rf"rows already done +{ROWS}\n", again.stdout)
+    here = run_null("prompts.jsonl", "-o", "out/remote", "--max-tokens", "7")  # the same fingerprint: resumes
+    assert here.exit_code == 0 and re.search(rf"rows already done +{ROWS}\n", here.stdout), here.stderr
+
+
+def test_exit_codes_and_messages_are_the_local_runs(make_service, cli, work):
+    base_url, _ = make_service()
+    server = ("--server", _server(base_url), "--progress", "none")
+    (work / "bad.jsonl").write_text('{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": ""}\n')
+    failed = cli("run", "bad.jsonl", "-o", "out/bad", "--fail-on-row-errors", *server)
+    assert failed.exit_code == 4 and re.search(r"rows failed \(this run\) +1 ", failed.stdout)
+
+    missing = cli("run", "missing.jsonl", "-o", "out/missing", *server)
+    assert missing.exit_code == 3
+    assert f"Error: input file not found ({work / 'missing.jsonl'})" in missing.stderr
+
+    other = cli("run", "prompts.jsonl", "-o", "out/other", "--max-model-len", "64", *server)
+    assert other.exit_code == 2 and "Traceback" not in other.stderr
+    assert "the service runs max_model_len None; this job asks for 64" in other.stderr
+    assert "Hint: run it without --server, or start a service with that setting" in other.stderr
+    assert not (work / "out/other").exists()
+
+
+def test_a_service_that_is_not_there_fails_fast_with_exit_6(cli, work):
+    started = time.monotonic()
+    result = cli("run", "prompts.jsonl", "-o", "out/x", "--server", f"http://127.0.0.1:{free_port()}")
+    assert result.exit_code == 6 and time.monotonic() - started < 5
+    assert "Error: cannot reach the qbatch service at http://127.0.0.1:" in result.stderr
+    assert "(connection refused) (--server)" in result.stderr and "drop --server" in result.stderr
+
+    elsewhere = cli("run", "prompts.jsonl", "-o", "out/x", "--server", "http://example.com:8000")
+    assert elsewhere.exit_code == 2 and "must be a service on this machine" in elsewhere.stderr
+
+
+def test_a_url_that_is_no_qbatch_service_and_a_wrong_key_are_named(make_service, cli, work):
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    other = HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        result = cli("run", "prompts.jsonl", "-o", "out/x", "--server", f"http://127.0.0.1:{other.server_port}")
+    finally:
+        other.shutdown()
+    assert result.exit_code == 6 and "is not a qbatch service that takes jobs (HTTP 404" in result.stderr
+
+    base_url, _ = make_service(api_key="secret")
+    wrong = cli("run", "prompts.jsonl", "-o", "out/x", "--server", _server(base_url), "--api-key", "nope")
+    assert wrong.exit_code == 2 and "wrong or missing API key" in wrong.stderr
+    assert "Hint: pass --api-key KEY or set QBATCH_API_KEY" in wrong.stderr
+    right = cli("run", "prompts.jsonl", "-o", "out/x", "--server", _server(base_url), "--api-key", "secret",
+                "--progress", "none")
+    assert right.exit_code == 0, right.stderr
+
+
+def test_only_loopback_clients_and_only_the_clients_version(make_service):
+    from fastapi.testclient import TestClient
+
+    from qbatch.serve.runs import check_client
+    from qbatch.serve.wire import RUN_ROUTE
+
+    _, service = make_service()
+    body = {"values": {"inputs": ["/x.jsonl"], "output_dir": "/tmp/x"}, "qbatch_version": "0"}
+    answer = TestClient(service.app).post(RUN_ROUTE, json=body)  # its client address is "testclient"
+    assert answer.status_code == 403 and answer.json()["error"]["code"] == "not_loopback"
+    check_client("127.0.0.1"), check_client("::1"), check_client("::ffff:127.0.0.1")
+    with pytest.raises(Exception, match="from this machine only"):
+        check_client("10.0.0.5")
+
+    local = TestClient(service.app, client=("127.0.0.1", 5000))
+    answer = local.post(RUN_ROUTE, json=body)
+    assert answer.status_code == 409 and "this client qbatch 0" in answer.json()["error"]["message"]
+
+
+def test_an_output_folder_the_service_cannot_write_is_refused_before_any_row(make_service, cli, work, monkeypatch):
+    base_url, service = make_service()
+    locked, secret = work / "locked", work / "secret.jsonl"
+    locked.mkdir()
+    secret.write_text((work / "prompts.jsonl").read_text())
+    if os.geteuid() == 0:  # root reads and writes anywhere: the check itself, with the access it would be denied
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) in (locked, secret) else real(p, mode))
+    else:
+        locked.chmod(0o500)
+        secret.chmod(0o000)
+    try:
+        result = cli("run", "prompts.jsonl", "-o", "locked/out", "--server", _server(base_url))
+        assert result.exit_code == 2
+        assert f"cannot write here ({locked})" in result.stderr and not (locked / "out").exists()
+        inside = cli("run", "prompts.jsonl", "-o", str(service.settings.data_dir / "mine"), "--server",
+                     _server(base_url))
+        assert inside.exit_code == 2 and "inside the service's own data folder" in inside.stderr
+        unreadable = cli("run", "secret.jsonl", "-o", "out/secret", "--server", _server(base_url))
+        assert unreadable.exit_code == 2 and f"cannot read this input ({secret})" in unreadable.stderr
+        assert not (work / "out/secret").exists()
+    finally:
+        locked.chmod(0o700)
+        secret.chmod(0o600)
+
+
+def test_embed_and_dry_run_go_to_the_service_too(make_service, cli, work):
+    base_url, _ = make_service()
+    plan = cli("run", "prompts.jsonl", "-o", "out/plan", "--dry-run", "--server", _server(base_url))
+    assert plan.exit_code == 0 and "dry run (no model loaded)" in plan.stdout and not (work / "out/plan").exists()
+    assert "rows valid" in cli("run", "prompts.jsonl", "--dry-run", "--server", _server(base_url)).stdout  # no -o
+    vectors = cli("embed", "prompts.jsonl", "-o", "out/vectors", "--progress", "none", "--server", _server(base_url))
+    assert vectors.exit_code == 0, vectors.stderr
+    assert "qbatch embed completed" in vectors.stdout
+    assert pl.read_parquet(work / "out/vectors/results.parquet")["embedding"].len() == ROWS
+
+
+def test_standard_input_is_refused_with_a_hint(make_service, cli, work):
+    base_url, _ = make_service()
+    result = cli("run", "-", "-o", "out/x", "--server", _server(base_url))
+    assert result.exit_code == 2 and "a service reads its inputs from files" in result.stderr
+
+
+class _Slow:
+    """A null engine finishing a row every 20 ms, reporting in between as engines do."""
+
+    @staticmethod
+    def make():
+        from qbatch.engines.base import NullEngine
+
+        class Slow(NullEngine):
+            def run(self, chunks):
+                for chunk in chunks:
+                    for request in chunk.requests if chunk is not None else []:
+                        time.sleep(0.02)
+                        yield None
+                        yield chunk, [self._complete(request)]
+
+        return Slow()
+
+
+def _many_rows(folder: Path, n: int = 400) -> None:
+    lines = [json.dumps({"id": f"m{i}", "prompt": f"row {i}"}) for i in range(n)]
+    (folder / "many.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _manifest(folder: Path) -> dict:
+    path = folder / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_a_client_that_goes_away_stops_its_run_and_a_rerun_resumes(make_service, work):
+    from qbatch.serve.client import absolute_paths
+    from qbatch.serve.wire import RUN_ROUTE, RunRequest
+    from qbatch.versions import __version__
+
+    base_url, _ = _fake_pool_service(make_service, _Slow.make())
+    _many_rows(work)
+    port = int(base_url.rsplit(":", 1)[1].split("/")[0])
+    values = absolute_paths({"inputs": ["many.jsonl"], "output_dir": "out/gone", "progress": "bar"}, work)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("POST", RUN_ROUTE, body=RunRequest(values, __version__, bar=True).to_json(),
+                       headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200
+    while (item := json.loads(response.readline() or b'{"end": 1}')).get("progress", {}).get("done", 0) == 0:
+        assert "end" not in item and "summary" not in item
+    connection.close()  # killed: the service finds it gone at its next line
+    gone = time.monotonic()
+    manifest = wait_until(lambda: _manifest(work / "out/gone").get("status") == "interrupted"
+                          and _manifest(work / "out/gone"), 30, 0.05)
+    assert time.monotonic() - gone < 5 and manifest["runs"][-1].get("interrupted_by") == "client gone"
+
+
+def test_ctrl_c_on_the_client_exits_130_and_stops_the_run(make_service, work):
+    """The command as a user runs it (a subprocess): the bar's log lines on stderr, Ctrl-C's message and exit."""
+    base_url, _ = _fake_pool_service(make_service, _Slow.make())
+    _many_rows(work)
+    proc = subprocess.Popen([sys.executable, "-m", "qbatch.cli", "run", "many.jsonl", "-o", "out/c", "--server",
+                             _server(base_url), "--progress", "log"], cwd=work, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wait_until(lambda: (work / "out/c/manifest.json").exists() or proc.poll() is not None, 60, 0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Error: interrupted by SIGINT (out/c): finished parts are kept" in stderr and stdout == ""
+    assert "engine ready" in stderr  # the run's own lines, from the service
+    wait_until(lambda: _manifest(work / "out/c").get("status") == "interrupted", 30, 0.05)
+
+    done = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", "many.jsonl", "-o", "out/c", "--server",
+                           _server(base_url), "--progress", "none"], cwd=work, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "qbatch run completed" in done.stdout and "rows already done" in done.stdout
+    assert pl.read_parquet(work / "out/c/results.parquet").height == 400
