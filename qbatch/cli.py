@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from qbatch.log import setup as setup_log
+from qbatch.log import log, setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, GENERATION_ONLY, EngineSpec
@@ -252,13 +252,15 @@ def _hand_over(spec: JobSpec, values: dict[str, Any], url: str, api_key: str | N
     """The job run by the service at `url` (serve/client.py); shown and ended as `_run_job` does."""
     from qbatch.display import print_summary
     from qbatch.jobs.shutdown import ProcessGuard
-    from qbatch.serve.client import run_remote
+    from qbatch.serve.client import run_remote, wait_for_release
 
     setup_log(spec.output.progress)
     with ProcessGuard(reaper=False) as guard:  # a signal: Interrupted here; the service stops the run
         try:
             summary, exit_code = run_remote(url, api_key, values, progress=spec.output.progress)
         except Interrupted as exc:
+            if not wait_for_release(spec.output.output_dir):
+                log.warning("the service still holds %s; a rerun may have to wait for it", spec.output.output_dir)
             _echo_interrupted(exc, spec.output.output_dir)
             sys.exit(exc.exit_code)
         guard.completed(exit_code)

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ from qbatch.errors import EXIT_USAGE, RemoteError, ServiceError, SpecError
 from qbatch.inputs.spool import is_stream
 from qbatch.jobs.summary import Summary
 from qbatch.log import log
+from qbatch.output.folder import OutputDir
 from qbatch.serve.config import is_loopback
 from qbatch.serve.wire import RUN_ROUTE, ErrorInfo, RunRequest
 from qbatch.spec import SETTING_FILE_SUFFIXES
@@ -31,6 +33,9 @@ CONNECT_TIMEOUT_S = 3.0  # a service on this machine answers at once; a dead por
 READ_TIMEOUT_S = 60.0  # the service writes a line every second (HEARTBEAT_S), even while it waits
 UNREACHABLE_HINT = "start it (`qbatch serve --model ... --data-dir ...`), check the port, or drop --server to run here"
 KEY_HINT = "pass --api-key KEY or set QBATCH_API_KEY (the key `qbatch serve` was started with)"
+# An interrupted client waits this long at most for the service to let go of the output folder (it finds the
+# client gone within about two seconds): the folder is then free for the next command, as a local run's is.
+RELEASE_WAIT_S = 10.0
 FOLDER_SETTINGS = ("model", "tokenizer")  # a folder or a hub name: made absolute when a folder here
 
 
@@ -55,6 +60,18 @@ def run_remote(url: str, api_key: str | None, values: dict[str, Any], *, progres
         return _follow(response, url)
     finally:
         connection.close()  # a client interrupted: the service sees it gone and stops the run
+
+
+def wait_for_release(output_dir: str | None, timeout_s: float = RELEASE_WAIT_S) -> bool:
+    """Whether the service's run let go of `output_dir` (its run lock) within `timeout_s`."""
+    if not output_dir:  # a dry run holds no folder
+        return True
+    folder, deadline = OutputDir(output_dir), time.monotonic() + timeout_s
+    while folder.lock_holder() is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def service_address(url: str) -> tuple[str, int]:
