@@ -116,7 +116,10 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
     # -- jobs handed over by `qbatch run --server` (runs.py) -------------------------
     @app.post(RUN_ROUTE)
     async def client_run(request: Request) -> StreamingResponse:
-        check_client(request.client.host if request.client else None)  # before the body: it names paths
+        server = request.scope.get("server") or (None, None)
+        check_client(request.client.host if request.client else None,  # before the body: it names paths
+                     port=request.client.port if request.client else None, server_port=server[1],
+                     keyed=bool(settings.api_key))
         try:
             body = await request.json()
         except Exception:

@@ -69,11 +69,44 @@ def refused(status: int, message: str, *, where: str | None = None, hint: str | 
 
 
 # -- checks, before anything runs ------------------------------------------------------------------
-def check_client(host: str | None) -> None:
-    """Loopback clients only: the request names files on this machine, and what they hold goes back."""
+def check_client(host: str | None, *, port: int | None = None, server_port: int | None = None,
+                 keyed: bool = False) -> None:
+    """Loopback clients only: the request names files on this machine, and what they hold goes back. Without
+    an API key, clients of the service's own user only: another user's job would read and write files with
+    the service's rights (the client's user is the owner of its socket, where the system says: Linux)."""
     if not _loopback_address(host or ""):
         raise refused(403, f"jobs are taken from this machine only (127.0.0.1, ::1); the request came from {host}",
                       hint="run the command on the service's host, or without --server", code="not_loopback")
+    if keyed or port is None or server_port is None:
+        return
+    uid = socket_owner(port, server_port)
+    if uid is not None and uid != os.getuid():
+        raise refused(403, f"the job comes from another user (uid {uid}) than the service's ({_user()}); a service "
+                      "without an API key takes jobs from its own user only",
+                      hint="start `qbatch serve` with --api-key KEY (or QBATCH_API_KEY) and pass the same key, "
+                           "or run without --server", code="other_user")
+
+
+PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")  # Linux's TCP sockets: local and remote address, owner's uid
+
+
+def socket_owner(local_port: int, remote_port: int, tables: tuple[str, ...] | None = None) -> int | None:
+    """The uid that owns this host's TCP socket from `local_port` to `remote_port`; None where the system
+    does not say (no /proc/net/tcp) or the socket is gone."""
+    for table in tables or PROC_TCP:
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st tx:rx tr:when retrnsmt uid ...
+            if len(fields) > 7 and _port(fields[1]) == local_port and _port(fields[2]) == remote_port:
+                return int(fields[7])
+    return None
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1], 16)
 
 
 def _loopback_address(host: str) -> bool:

@@ -145,6 +145,32 @@ def test_only_loopback_clients_and_only_the_clients_version(make_service):
     assert answer.status_code == 409 and "this client qbatch 0" in answer.json()["error"]["message"]
 
 
+def test_the_owner_of_a_clients_socket_is_found():
+    import socket
+
+    from qbatch.serve.runs import socket_owner
+
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as client:
+        client_port, server_port = client.getsockname()[1], server.getsockname()[1]
+        assert socket_owner(client_port, server_port) == os.getuid()
+    assert socket_owner(1, 2, tables=("/nonexistent/tcp",)) is None  # a system that does not say
+
+
+def test_without_an_api_key_jobs_come_from_the_services_own_user_only(tmp_path, monkeypatch):
+    from qbatch.serve import runs
+
+    other = os.getuid() + 1000
+    table = tmp_path / "tcp"
+    table.write_text("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+                     f"   0: 0100007F:1388 0100007F:1F40 01 00000000:00000000 00:00000000 00000000 {other} 0 1 1\n")
+    monkeypatch.setattr(runs, "PROC_TCP", (str(table),))
+    with pytest.raises(runs.RunRefused, match=f"another user \\(uid {other}\\)") as refused:
+        runs.check_client("127.0.0.1", port=5000, server_port=8000)
+    assert refused.value.status == 403 and "--api-key" in refused.value.error.hint
+    runs.check_client("127.0.0.1", port=5000, server_port=8000, keyed=True)  # the key is the proof
+    runs.check_client("127.0.0.1", port=5001, server_port=8000)  # a socket the system does not list
+
+
 def test_an_output_folder_the_service_cannot_write_is_refused_before_any_row(make_service, cli, work, monkeypatch):
     base_url, service = make_service()
     locked, secret = work / "locked", work / "secret.jsonl"
