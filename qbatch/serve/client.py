@@ -25,7 +25,7 @@ from qbatch.jobs.summary import Summary
 from qbatch.log import log
 from qbatch.output.folder import OutputDir
 from qbatch.serve.config import is_loopback
-from qbatch.serve.wire import RUN_ROUTE, ErrorInfo, RunRequest
+from qbatch.serve.wire import FOLDER_SETTINGS, RUN_ROUTE, ErrorInfo, RunRequest
 from qbatch.spec import SETTING_FILE_SUFFIXES
 from qbatch.versions import __version__
 
@@ -36,7 +36,6 @@ KEY_HINT = "pass --api-key KEY or set QBATCH_API_KEY (the key `qbatch serve` was
 # An interrupted client waits this long at most for the service to let go of the output folder (it finds the
 # client gone within about two seconds): the folder is then free for the next command, as a local run's is.
 RELEASE_WAIT_S = 10.0
-FOLDER_SETTINGS = ("model", "tokenizer")  # a folder or a hub name: made absolute when a folder here
 
 
 def run_remote(url: str, api_key: str | None, values: dict[str, Any], *, progress: str) -> tuple[Summary, int]:

@@ -39,7 +39,7 @@ from qbatch.jobs.summary import exit_code
 from qbatch.log import log
 from qbatch.serve.config import ServeSettings
 from qbatch.serve.objects import ApiError
-from qbatch.serve.wire import HEARTBEAT_S, ErrorInfo, RunRequest, line
+from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunRequest, line
 from qbatch.serve.worker import BatchWorker
 from qbatch.session.session import ENGINE_SETTINGS
 from qbatch.spec import JobSpec
@@ -47,7 +47,6 @@ from qbatch.versions import __version__
 
 BAR_EVERY_S = 0.25  # the bar's state goes to the client at most this often (and when it closes)
 SERVER_HINT = "run it without --server, or start a service with that setting"
-PATH_SETTINGS = ("model", "tokenizer")  # engine settings that may be folders: equal when the folder is
 
 
 class RunRefused(ApiError):
@@ -160,7 +159,7 @@ def spec_for(values: dict[str, Any], settings: ServeSettings) -> JobSpec:
 def _same(name: str, have: Any, want: Any) -> bool:
     if have == want:
         return True
-    if name in PATH_SETTINGS and isinstance(have, str) and isinstance(want, str):
+    if name in FOLDER_SETTINGS and isinstance(have, str) and isinstance(want, str):
         return _folder(have) is not None and _folder(have) == _folder(want)
     if name == "lora" and isinstance(have, dict) and isinstance(want, dict) and have.keys() == want.keys():
         return all(_folder(have[k]) is not None and _folder(have[k]) == _folder(want[k]) for k in have)

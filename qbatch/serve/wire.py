@@ -17,6 +17,9 @@ from typing import Any
 from qbatch.errors import QbatchError
 
 RUN_ROUTE = "/v1/qbatch/runs"
+# Engine settings that name a folder or a hub name: the client sends a folder of its own by its absolute
+# path, and the service takes the job's value as its own when both are the same folder.
+FOLDER_SETTINGS = ("model", "tokenizer")
 HEARTBEAT_S = 1.0  # a client gone away stops its run within about this (plus the run's own second)
 
 
