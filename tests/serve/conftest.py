@@ -67,13 +67,31 @@ def lines_of(client, file_id: str | None) -> list[dict]:
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines() if line.strip()]
 
 
+def slow_null_engine():
+    """A null engine finishing a row every 20 ms, reporting in between as engines do: a run long enough
+    to stop in the middle."""
+    from qbatch.engines.base import NullEngine
+
+    class Slow(NullEngine):
+        def run(self, chunks):
+            for chunk in chunks:
+                for request in chunk.requests if chunk is not None else []:
+                    time.sleep(0.02)
+                    yield None
+                    yield chunk, [self._complete(request)]
+
+    return Slow()
+
+
 @pytest.fixture
 def make_service(tmp_path, bundled_model):
     """make_service(**settings) -> (base_url, service) of a service on a uvicorn thread, null engine by
     default; `pool=` runs it on that pool's (stand-in) engines."""
+    from qbatch.log import setup as setup_log
     from qbatch.serve.config import ServeSettings
     from qbatch.serve.server import serve_in_thread
 
+    setup_log()  # qbatch's log as `qbatch serve` has it (its command group sets it up): INFO and up
     started = []
 
     def make(engine: dict | None = None, pool=None, **settings):

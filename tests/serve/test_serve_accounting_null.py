@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import openai
 import pytest
 
-from tests.serve.conftest import client_for, lines_of, requests_jsonl, run_to_end, wait_until
+from tests.serve.conftest import client_for, lines_of, requests_jsonl, run_to_end, slow_null_engine, wait_until
 
 
 def _create(client, data: bytes):
@@ -50,22 +51,10 @@ def test_a_batch_cancelled_before_it_ran_reports_each_request(make_service, monk
 def test_a_running_batch_cancelled_keeps_the_requests_it_finished(make_service):
     """A cancel stops the running batch within about a second (its run's stop request, seen as the engine
     reports): the requests done by then are in the output file, each other one gets batch_cancelled."""
-    import time
-
-    from qbatch.engines.base import NullEngine
     from qbatch.engines.pool import EnginePool
 
-    class Slow(NullEngine):
-        """Finishes a row every 20 ms, reporting in between as engines do."""
-
-        def run(self, chunks):
-            for chunk in chunks:
-                for request in chunk.requests if chunk is not None else []:
-                    time.sleep(0.02)
-                    yield None
-                    yield chunk, [self._complete(request)]
-
-    base_url, _ = make_service(pool=EnginePool(start=lambda *args, **kwargs: Slow()))
+    engine = slow_null_engine()
+    base_url, _ = make_service(pool=EnginePool(start=lambda *args, **kwargs: engine))
     client = client_for(base_url)
     running = _create(client, requests_jsonl(500, prefix="c"))  # 10 s of work
     wait_until(lambda: client.batches.retrieve(running.id).request_counts.completed > 0, 30, 0.05)

@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.serve.conftest import ROOT, free_port, wait_until
+from tests.serve.conftest import ROOT, free_port, slow_null_engine, wait_until
 
 ROWS = 12
 
@@ -214,24 +214,6 @@ def test_standard_input_is_refused_with_a_hint(make_service, cli, work):
     assert result.exit_code == 2 and "a service reads its inputs from files" in result.stderr
 
 
-class _Slow:
-    """A null engine finishing a row every 20 ms, reporting in between as engines do."""
-
-    @staticmethod
-    def make():
-        from qbatch.engines.base import NullEngine
-
-        class Slow(NullEngine):
-            def run(self, chunks):
-                for chunk in chunks:
-                    for request in chunk.requests if chunk is not None else []:
-                        time.sleep(0.02)
-                        yield None
-                        yield chunk, [self._complete(request)]
-
-        return Slow()
-
-
 def _many_rows(folder: Path, n: int = 400) -> None:
     lines = [json.dumps({"id": f"m{i}", "prompt": f"row {i}"}) for i in range(n)]
     (folder / "many.jsonl").write_text("\n".join(lines) + "\n")
@@ -247,7 +229,7 @@ def test_a_client_that_goes_away_stops_its_run_and_a_rerun_resumes(make_service,
     from qbatch.serve.wire import RUN_ROUTE, RunRequest
     from qbatch.versions import __version__
 
-    base_url, _ = _fake_pool_service(make_service, _Slow.make())
+    base_url, _ = _fake_pool_service(make_service, slow_null_engine())
     _many_rows(work)
     port = int(base_url.rsplit(":", 1)[1].split("/")[0])
     values = absolute_paths({"inputs": ["many.jsonl"], "output_dir": "out/gone", "progress": "bar"}, work)
@@ -267,7 +249,7 @@ def test_a_client_that_goes_away_stops_its_run_and_a_rerun_resumes(make_service,
 
 def test_ctrl_c_on_the_client_exits_130_and_stops_the_run(make_service, work):
     """The command as a user runs it (a subprocess): the bar's log lines on stderr, Ctrl-C's message and exit."""
-    base_url, _ = _fake_pool_service(make_service, _Slow.make())
+    base_url, _ = _fake_pool_service(make_service, slow_null_engine())
     _many_rows(work)
     proc = subprocess.Popen([sys.executable, "-m", "qbatch.cli", "run", "many.jsonl", "-o", "out/c", "--server",
                              _server(base_url), "--progress", "log"], cwd=work, stdout=subprocess.PIPE,
