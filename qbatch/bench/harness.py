@@ -23,7 +23,8 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,10 +34,12 @@ from qbatch.bench.settings import (
     work_dir,
 )
 from qbatch.bench.workloads import Workload, make_workload
+from qbatch.engines import vllm_output
 from qbatch.engines.pool import EnginePool
 
 BASELINES = ("vllm-best", "vllm-tokens", "vllm-text")  # each mode's ratio to these, on the same workload
 HF_MAX_BATCH = 256
+RUN_MARK = "qbatch-bench:"  # a timed run's start and end in the engine log (_marked)
 
 
 # -- measurements ---------------------------------------------------------------
@@ -440,13 +443,30 @@ def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, 
     if mode == "vllm-grouped" and workload.groups:
         order = sorted(range(workload.num_rows), key=workload.groups.__getitem__)
         prompts, params = [prompts[i] for i in order], [params[i] for i in order]
-    started = time.monotonic()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    wall = time.monotonic() - started
+    with _marked(workload.name, mode):
+        started = time.monotonic()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.monotonic() - started
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     cached = sum(o.num_cached_tokens or 0 for o in outputs)
     return Measurement(workload.name, mode, len(outputs), wall, prompt_tokens,
                        sum(len(o.outputs[0].token_ids) for o in outputs), {"cached_share": _share(cached, prompt_tokens)})
+
+
+@contextmanager
+def _marked(workload: str, mode: str) -> Iterator[None]:
+    """Lines in the engine log where a timed run starts and ends: vLLM's lines between them (its per-step
+    lines with enable_logging_iteration_details) are that run's (benchmarks/steps.py reads them)."""
+    _mark(f"start {workload} {mode}")
+    yield
+    _mark(f"end {workload} {mode}")
+
+
+def _mark(text: str) -> None:
+    path = vllm_output.current()
+    if path is not None:
+        with open(path, "a") as log_file:
+            log_file.write(f"{RUN_MARK} {text}\n")
 
 
 def _share(cached: int, prompt_tokens: int) -> float | None:
@@ -459,10 +479,11 @@ def _run_qbatch(spec: Any, workload: Workload, mode: tuple[str, dict[str, Any]],
     """The full `qbatch run` path, in-process (JSONL -> tokenize -> plan -> engine -> Parquet), or a warm
     Session's call on the workload's rows as a notebook passes them (a list of dicts)."""
     name, variant = mode
-    started = time.monotonic()
-    summary = _run_session(spec, workload, pool) if name == "session" else _run_job(spec, pool)
-    wall = time.monotonic() - started
     name += "".join(f" {k}={v}" for k, v in variant.items())
+    with _marked(workload.name, name):
+        started = time.monotonic()
+        summary = _run_session(spec, workload, pool) if mode[0] == "session" else _run_job(spec, pool)
+        wall = time.monotonic() - started
     notes = {"engine_start_s": round(summary.engine_start_s, 2), "generate_s": round(summary.generate_s, 2),
              "overhead_s": round(wall - summary.generate_s, 3),
              # the overhead before the first chunk went out and after the last was written, and when the
