@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
 from qbatch.inputs.shapes import NamedColumns
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows, rows_size
-from qbatch.jobs.planning import FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups
+from qbatch.jobs.planning import DOCUMENT_SAMPLE, FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups
 from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
 from qbatch.log import log
@@ -213,23 +213,27 @@ class Job:
         """Windows of (row, id) to process, with the duplicates that --dedupe drops from them.
 
         Windows grow from FIRST_WINDOW rows to sort_window: the engine gets its first requests
-        after a few hundred rows are prepared, not after a whole window. The rows left at the end
+        once a few rows are encoded, not after a whole window. The rows left at the end
         join the last full window (which then holds up to twice sort_window rows): a short last
         window of its own would start its longest rows after all the others, to run almost alone
         at the end (benchmarks/simulate_order.py models it; docs/benchmarks.md has the figures).
         Windows are held back one window to see the end.
 
-        Rows that share documents (longest-first order, the first window's prompts sharing long
-        prefixes: prefixes.py) get whole windows from the start instead: a document's questions
-        meet only inside one window, and a vLLM cache too small for every document computes a
-        document again in each window that has one of its questions.
+        Rows that share documents (longest-first order, the first DOCUMENT_SAMPLE rows' prompts
+        sharing long prefixes: prefixes.py) get whole windows from the start instead: a document's
+        questions meet only inside one window, and a vLLM cache too small for every document
+        computes a document again in each window that has one of its questions.
         """
         seen: set[str] = set()
         window: list[tuple[Row, str]] = []
         failures: list[Failure] = []
         full: RowWindow | None = None
+        rows = self.identified_rows(done)
+        sample = list(islice(rows, DOCUMENT_SAMPLE))  # read and rendered only: cheap beside encoding
         size = min(FIRST_WINDOW, self.spec.plan.sort_window)
-        for row, rid in self.identified_rows(done):
+        if size < self.spec.plan.sort_window and self._shares_documents(sample):
+            size = self.spec.plan.sort_window
+        for row, rid in chain(sample, rows):
             if rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
                 failures.append(Failure(rid, row.source, row.row_index, row.line, DUPLICATE_ID,
                                         f"id '{rid}' already appeared earlier in the input; dropped by --dedupe"))
@@ -237,9 +241,6 @@ class Job:
                 seen.add(rid)
                 window.append((row, rid))
             if len(window) + len(failures) >= size:
-                if full is None and size < self.spec.plan.sort_window and self._shares_documents(window):
-                    size = self.spec.plan.sort_window  # the first window grows into a whole one
-                    continue
                 if full is not None:
                     yield full
                 full, window, failures = RowWindow(window, failures), [], []

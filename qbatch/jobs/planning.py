@@ -18,8 +18,14 @@ from collections.abc import Iterable, Iterator
 from qbatch.jobs.prefixes import grouped
 from qbatch.records import Request
 
-# Rows in the first window; windows then double up to sort_window, so generation starts early.
-FIRST_WINDOW = 512
+# Rows in the first window; windows then double up to sort_window, so generation starts early: an
+# engine already up waits for the first window's encode before its first step (docs/benchmarks.md,
+# "the first window"), while sorting within small early windows costs the order little
+# (benchmarks/simulate_order.py).
+FIRST_WINDOW = 64
+# Rows whose prompts tell whether the job's rows share documents (Job._row_windows): read and rendered,
+# not encoded, before the first window.
+DOCUMENT_SAMPLE = 512
 
 
 def sort_window(requests: list[Request]) -> list[Request]:

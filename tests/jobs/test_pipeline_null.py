@@ -235,16 +235,33 @@ def test_a_conversation_the_template_rejects_fails_alone(cli, write_jsonl, bundl
     assert "the last message must come from the user" in errors["message"][0]
 
 
-def test_windows_grow_so_the_engine_starts_after_the_first_few_hundred_rows(run_null, write_jsonl, tmp_path):
+def test_windows_grow_so_the_engine_starts_after_the_first_few_dozen_rows(run_null, write_jsonl, tmp_path):
     out = tmp_path / "out"
     result = run_null(write_jsonl([{"id": i, "prompt": "hi"} for i in range(1600)]), "-o", out, "--max-tokens", 4)
     assert result.exit_code == 0, result.output
     chunks = json.loads((out / "stats.json").read_text())["chunks"]
-    assert [c["rows"] for c in chunks] == [512, 1088]  # then 2048, ... up to --sort-window; the last 64 join
-    for rows, expected in ((600, [100] * 6), (650, [100] * 5 + [150])):
+    assert [c["rows"] for c in chunks] == [64, 128, 256, 1152]  # then 1024, ... up to --sort-window; the rest join
+    for rows, expected in ((600, [64] + [100] * 4 + [136]), (650, [64] + [100] * 4 + [186])):
         result = run_null(write_jsonl([{"id": i, "prompt": "hi"} for i in range(rows)]), "-o", tmp_path / str(rows),
                           "--max-tokens", 4, "--sort-window", 100)
         assert [c["rows"] for c in json.loads((tmp_path / str(rows) / "stats.json").read_text())["chunks"]] == expected
+
+
+def test_rows_that_share_documents_get_a_whole_window_from_the_first_row(run_null, write_jsonl, tmp_path):
+    """Questions about documents scattered through the file: the first 512 rows show the documents,
+    so the first window is a whole --sort-window (a document's questions meet in it), not 64 rows."""
+    import random
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
+    docs = [" ".join(random.Random(d).choice(words) for _ in range(700)) for d in range(100)]
+    rows = [{"id": f"{d}-{q}", "prompt": f"{docs[d]}\nQuestion {q}: what is it about?"} for d in range(100) for q in range(8)]
+    random.Random(0).shuffle(rows)
+    for shared, expected in ((True, [800]), (False, [64, 128, 608])):
+        out = tmp_path / str(shared)
+        data = rows if shared else [{"id": r["id"], "prompt": f"Row {r['id']}. {r['prompt']}"} for r in rows]
+        result = run_null(write_jsonl(data), "-o", out, "--max-tokens", 4, "--sort-window", 1000)
+        assert result.exit_code == 0, result.output
+        assert [c["rows"] for c in json.loads((out / "stats.json").read_text())["chunks"]] == expected
 
 
 def test_order_longest_first_or_input(run_null, write_jsonl, tmp_path):

@@ -61,8 +61,8 @@ def test_the_order_simulation_plans_as_the_run_does_and_the_merged_last_window_w
     spec = importlib.util.spec_from_file_location("simulate_order", path)
     sim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim)
-    assert sim.windows(1600, merge_last=True) == [512, 1088]  # what the run does (test_pipeline_null)
-    assert sim.windows(4096, merge_last=False) == [512, 1024, 2048, 512]
+    assert sim.windows(1600, merge_last=True) == [64, 128, 256, 1152]  # what the run does (test_pipeline_null)
+    assert sim.windows(4096, merge_last=False) == [64, 128, 256, 512, 1024, 2048, 64]
     rows = sample_lengths("varied", 4096, seed=1)
     best = sim.simulate(sim.longest_first(rows))
     merged = sim.simulate(sim.planned(rows, sim.windows(4096, merge_last=True)))
