@@ -8,11 +8,11 @@ own, which get $QBATCH_VLLM_ARGS too):
     python benchmarks/steps.py pm.engine.log
 
 The bench marks each timed run's start and end in the engine log; the steps between are the run's
-(two engines on a GPU: both engines' steps). Per run: the steps (iterations), tokens per step, how long
-the engine core waited for the GPU per step ("elapsed": the model's forward and sampling as vLLM's
-engine core sees it) and per 1,000 tokens by step size, which separates kernel speed (torch.compile
-or not) from feeding (how full each step is) and from time outside the steps (wall time of the run,
-from the bench's JSON, minus the elapsed sum, per engine).
+(two engines on a GPU: both engines' steps). Per run: the steps (iterations), their prefill and decode
+tokens, tokens per step: how full each step was, which with the run's wall time (the bench's JSON)
+separates feeding (steps not full, more steps) from the speed of a step (kernels: torch.compile or
+not). vLLM's "iteration elapsed time" is left out: with async scheduling it is the engine core's wait
+for a batch already running, not the batch's GPU time.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 ITERATION = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
                        r"(\d+) generation tokens, iteration elapsed time: ([\d.]+) ms(?! \(dummy\))")
 MARK = re.compile(r"qbatch-bench: (start|end) (\S+) (.+)$")
-SIZES = ((0, 1024), (1024, 8192), (8192, 24576), (24576, 1 << 30))
+SIZES = ((1, 1024), (1024, 8192), (8192, 24576), (24576, None))
 
 
 @dataclass
@@ -34,7 +34,6 @@ class Step:
     ctx_tokens: int
     gen_requests: int
     gen_tokens: int
-    elapsed_ms: float
 
     @property
     def tokens(self) -> int:
@@ -57,7 +56,7 @@ def runs(lines: list[str]) -> list[Run]:
             if current:
                 found.append(current)
         elif current and (m := ITERATION.search(line)):
-            current.steps.append(Step(*map(int, m.groups()[1:5]), float(m.group(6))))
+            current.steps.append(Step(*map(int, m.groups()[1:5])))
     return found
 
 
@@ -66,20 +65,16 @@ def describe(run: Run) -> str:
     if not steps:
         return "no steps"
     tokens = [s.tokens for s in steps]
-    elapsed = sum(s.elapsed_ms for s in steps) / 1000
     prefill = [s for s in steps if s.ctx_tokens]
     out = [f"{len(steps)} steps ({len(prefill)} with prefill), "
            f"{sum(tokens):,} tokens ({sum(s.ctx_tokens for s in steps):,} prefill, {sum(s.gen_tokens for s in steps):,} decode)",
            f"  tokens/step mean {statistics.mean(tokens):,.0f}, median {statistics.median(tokens):,.0f}, "
-           f"requests/step mean {statistics.mean(s.ctx_requests + s.gen_requests for s in steps):,.0f}",
-           f"  elapsed (GPU as the engine core waits for it): {elapsed:.2f} s summed over engines, "
-           f"{1000 * elapsed / len(steps):.2f} ms/step"]
+           f"requests/step mean {statistics.mean(s.ctx_requests + s.gen_requests for s in steps):,.0f}"]
     for low, high in SIZES:
-        sized = [s for s in steps if low <= s.tokens < high]
+        sized = [s for s in steps if low <= s.tokens and (high is None or s.tokens < high)]
         if sized:
-            ms = sum(s.elapsed_ms for s in sized)
-            out.append(f"  steps of {low:,}..{high:,} tokens: {len(sized)}, {sum(s.tokens for s in sized):,} tokens, "
-                       f"{ms / 1000:.2f} s, {1000 * ms / sum(s.tokens for s in sized):.3f} ms per 1k tokens")
+            size = f"{low:,} or more" if high is None else f"{low:,}..{high - 1:,}"
+            out.append(f"  steps of {size} tokens: {len(sized)}, {sum(s.tokens for s in sized):,} tokens")
     return "\n".join(out)
 
 

@@ -532,7 +532,7 @@ def _run_session(spec: Any, workload: Workload, pool: EnginePool) -> Any:
     them, as a notebook's Session would): what a second call in a notebook costs."""
     from qbatch.session.session import ENGINE_SETTINGS, Session
 
-    session = Session.for_spec(spec, pool=pool)
+    session = Session.for_spec(spec, pool=pool, engine_log=vllm_output.current())  # vLLM's lines stay in the bench's log
     rows = [{"id": f"{workload.name}-{i}", "prompt": text, "max_tokens": max_tokens}
             for i, (text, max_tokens) in enumerate(zip(workload.texts, workload.max_tokens, strict=True))]
     flat = spec.flat()

@@ -113,12 +113,15 @@ class Session:
         self._owns_pool = pool is None
 
     @classmethod
-    def for_spec(cls, spec: JobSpec, *, pool: EnginePool | None = None) -> Session:
-        """A Session on a whole spec's engine settings: the door `qbatch run` goes through."""
+    def for_spec(cls, spec: JobSpec, *, pool: EnginePool | None = None,
+                 engine_log: str | os.PathLike | None = None) -> Session:
+        """A Session on a whole spec's engine settings: the door `qbatch run` goes through. vLLM's output
+        goes to `engine_log`, by default the spec's output folder's engine log."""
         settings = dataclasses.asdict(spec.engine)
         folder = spec.output.output_dir
-        return cls(settings.pop("model"), engine_log=Path(folder) / ENGINE_LOG if folder else None, pool=pool,
-                   **settings)
+        if engine_log is None and folder:
+            engine_log = Path(folder) / ENGINE_LOG
+        return cls(settings.pop("model"), engine_log=engine_log, pool=pool, **settings)
 
     # -- calls -------------------------------------------------------------
     def run_spec(self, spec: JobSpec, events: RunEvents | None = None) -> Summary:

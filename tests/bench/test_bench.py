@@ -321,8 +321,10 @@ def test_table_compares_with_vllm_best_when_it_ran():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
-    """The benchmark never rots: every mode runs on the tiny Qwen3 and generates exactly the forced tokens."""
+def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path, monkeypatch):
+    """The benchmark never rots: every mode runs on the tiny Qwen3 and generates exactly the forced tokens.
+    With vLLM's per-step lines on, benchmarks/steps.py finds each timed run's steps in the engine log."""
+    monkeypatch.setenv("QBATCH_VLLM_ARGS", '{"disable_log_stats": false, "enable_logging_iteration_details": true}')
     out = tmp_path / "bench.json"
     result = cli("bench", "varied", "--model", tiny_qwen3, "--rows", 6, "--length-scale", 0.05, "--hf-rows", 2,
                  "--modes", "vllm-text,vllm-tokens,qbatch,session,hf", "--variant", "max_num_seqs=4", "--repeats", 2,
@@ -351,6 +353,12 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     assert "vs vllm-tokens" in result.output
     runs = " ".join(f"{w:.2f}" for w in rows["qbatch"]["notes"]["wall_s_runs"])
     assert any(line.startswith("varied") and line.endswith(runs) for line in result.output.splitlines())
+    steps = _load_benchmark_script("steps")
+    marked = steps.runs((tmp_path / "bench.engine.log").read_text().splitlines())
+    assert sorted(run.name for run in marked) == sorted(f"varied {mode}" for mode in rows if mode != "hf" for _ in range(2))
+    for run in marked:  # its prompts prefilled (less what the prefix cache served), its rows decoded
+        assert 0 < sum(step.ctx_tokens for step in run.steps) <= expected["prompt_tokens"], run.name
+        assert 0 < sum(step.gen_tokens for step in run.steps) <= expected["output_tokens"], run.name
 
 
 @pytest.mark.slow
@@ -419,3 +427,15 @@ def test_random_adapters_of_a_model_folder_without_weights_take_their_shapes_fro
     shutil.copy(Path(bundled_model) / "config.json", bare)
     adapter = write_random_adapter(tmp_path / "adapter", str(bare), rank=4)
     assert (adapter / "adapter_model.safetensors").is_file()
+
+
+def _load_benchmark_script(name: str):
+    """A script of benchmarks/ as a module (registered: its dataclasses look their module up)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

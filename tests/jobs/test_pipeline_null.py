@@ -247,23 +247,6 @@ def test_windows_grow_so_the_engine_starts_after_the_first_few_dozen_rows(run_nu
         assert [c["rows"] for c in json.loads((tmp_path / str(rows) / "stats.json").read_text())["chunks"]] == expected
 
 
-def test_rows_that_share_documents_get_a_whole_window_from_the_first_row(run_null, write_jsonl, tmp_path):
-    """Questions about documents scattered through the file: the first 512 rows show the documents,
-    so the first window is a whole --sort-window (a document's questions meet in it), not 64 rows."""
-    import random
-
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
-    docs = [" ".join(random.Random(d).choice(words) for _ in range(700)) for d in range(100)]
-    rows = [{"id": f"{d}-{q}", "prompt": f"{docs[d]}\nQuestion {q}: what is it about?"} for d in range(100) for q in range(8)]
-    random.Random(0).shuffle(rows)
-    for shared, expected in ((True, [800]), (False, [64, 128, 608])):
-        out = tmp_path / str(shared)
-        data = rows if shared else [{"id": r["id"], "prompt": f"Row {r['id']}. {r['prompt']}"} for r in rows]
-        result = run_null(write_jsonl(data), "-o", out, "--max-tokens", 4, "--sort-window", 1000)
-        assert result.exit_code == 0, result.output
-        assert [c["rows"] for c in json.loads((out / "stats.json").read_text())["chunks"]] == expected
-
-
 def test_order_longest_first_or_input(run_null, write_jsonl, tmp_path):
     path = write_jsonl([{"id": i, "prompt": "word " * (i + 1)} for i in range(6)])
 

@@ -158,8 +158,9 @@ def window_sizes(bundled_model: str, rows: list[dict], path) -> list[int]:
 
 
 def test_rows_sharing_documents_get_whole_windows_from_the_start(bundled_model, tmp_path):
-    """Windows grow from 512 rows, which would spread a document's scattered questions over several
-    windows; rows that share documents get a whole sort window from the first row on."""
+    """Windows grow from 64 rows, which would spread a document's scattered questions over several
+    windows; rows that share documents (seen in the first 512 rows' texts) get a whole sort window
+    from the first row on."""
     rng = random.Random(7)
     words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "lambda"]
     docs = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(200)]
@@ -167,4 +168,4 @@ def test_rows_sharing_documents_get_whole_windows_from_the_start(bundled_model, 
     rng.shuffle(asked)
     assert window_sizes(bundled_model, asked, tmp_path / "docs.jsonl") == [2000]  # one window (up to 2,048)
     plain = [{"id": f"r{i}", "prompt": " ".join(rng.choice(words) for _ in range(200))} for i in range(2000)]
-    assert window_sizes(bundled_model, plain, tmp_path / "plain.jsonl") == [512, 1488]  # 512, 1,024 + the tail
+    assert window_sizes(bundled_model, plain, tmp_path / "plain.jsonl") == [64, 128, 256, 512, 1040]  # 64, ..., 1,024 + the tail
