@@ -54,10 +54,12 @@ class ServeSettings:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether `host` only takes connections from this machine (127.0.0.0/8, ::1, localhost)."""
+    """Whether `host` (a name to bind or reach, or a client's address) is this machine only: 127.0.0.0/8,
+    ::1, localhost, and ::ffff:127.0.0.1 (an IPv4 client on a dual-stack socket)."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import dataclasses
 import io
-import ipaddress
 import logging
 import os
 import threading
@@ -37,7 +36,7 @@ from qbatch.errors import EXIT_ENGINE, EXIT_USAGE, QbatchError, SpecError, Stopp
 from qbatch.jobs.events import RunEvents, StopRequest
 from qbatch.jobs.summary import exit_code
 from qbatch.log import log
-from qbatch.serve.config import ServeSettings
+from qbatch.serve.config import ServeSettings, is_loopback
 from qbatch.serve.objects import ApiError
 from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunRequest, line
 from qbatch.serve.worker import BatchWorker
@@ -73,7 +72,7 @@ def check_client(host: str | None, *, port: int | None = None, server_port: int 
     """Loopback clients only: the request names files on this machine, and what they hold goes back. Without
     an API key, clients of the service's own user only: another user's job would read and write files with
     the service's rights (the client's user is the owner of its socket, where the system says: Linux)."""
-    if not _loopback_address(host or ""):
+    if not is_loopback(host or ""):
         raise refused(403, f"jobs are taken from this machine only (127.0.0.1, ::1); the request came from {host}",
                       hint="run the command on the service's host, or without --server", code="not_loopback")
     if keyed or port is None or server_port is None:
@@ -106,15 +105,6 @@ def socket_owner(local_port: int, remote_port: int, tables: tuple[str, ...] | No
 
 def _port(address: str) -> int:
     return int(address.rsplit(":", 1)[1], 16)
-
-
-def _loopback_address(host: str) -> bool:
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is an IPv4 client on a dual-stack socket
-    return (mapped or address).is_loopback
 
 
 def accept(body: Any, settings: ServeSettings, worker: BatchWorker) -> tuple[JobSpec, bool]:
