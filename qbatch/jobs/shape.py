@@ -7,7 +7,9 @@ engines' start), and the inputs' sizes. It is taken before any engine starts: en
 and torch.compile are fixed when an engine starts, and engines sharing a GPU start right after
 the output folder's checks (runner.py) to load beside the tokenizer and the id pre-scan. So the
 choice costs the engines the tokenizer's load of head start (seconds, against 20-60 s of
-engine start), and only in jobs where it can change something (plan/shape.py's may_choose).
+engine start), and only in jobs where it can change something (plan/shape.py's may_choose) and
+whose inputs are not too small to: a JSONL input of a few MB cannot hold the tokens that repay
+torch.compile (max_prompt_tokens bounds them from its size), so its engines start at once.
 """
 
 from __future__ import annotations
@@ -20,10 +22,15 @@ from qbatch.engines.pool import EnginePool
 from qbatch.inputs.readers import detect_format
 from qbatch.jobs.job import Job
 from qbatch.log import log
-from qbatch.plan.shape import JobShape, candidates, may_choose, resolve_for_shape
-from qbatch.spec import parse_shard
+from qbatch.plan.shape import JobShape, candidates, may_choose, resolve_for_shape, resolve_for_size
+from qbatch.spec import COMPRESSED_SUFFIXES, parse_shard
 
 SAMPLE_ROWS = 512
+# What a chat template may add to a row's text in tokens (role markers, a default system prompt such as
+# SmolLM2's or Llama 3's dated one): generous, the bound only has to stay a bound.
+ROW_TEMPLATE_TOKENS = 256
+# Inputs larger than this are not counted: far from too short to compile, they sample their shape.
+STOP_COUNTING_BYTES = 64 << 20
 
 
 def choose_for_shape(job: Job, done: set[str], pool: EnginePool) -> Job:
@@ -34,12 +41,45 @@ def choose_for_shape(job: Job, done: set[str], pool: EnginePool) -> Job:
     for plan in candidates(job.plan):  # a warm engine (a Session's) beats any start
         if pool.has(plan.engine):
             return job.with_plan(plan)
+    bound = max_prompt_tokens(job)
+    small = resolve_for_size(job.plan, bound) if bound is not None else None
+    if small is not None:
+        return job.with_plan(small)
     shape = sample_shape(job, done)
     plan = resolve_for_shape(job.plan, shape)
     if plan.choice is not None:
         estimated = f" (estimated from {SAMPLE_ROWS} rows)" if shape.estimated else ""
         log.info("engines: %s%s", plan.choice.reason, estimated)
     return job.with_plan(plan)
+
+
+def max_prompt_tokens(job: Job) -> int | None:
+    """At most how many prompt tokens the job's inputs hold, from their sizes alone: a token of the text
+    is at least a byte of it, and a chat template adds at most ROW_TEMPLATE_TOKENS and the system prompt
+    to a row (a row: a line). None where the size tells nothing: Parquet or compressed inputs, stdin, or
+    more than STOP_COUNTING_BYTES (a job that large samples its shape: jobs/shape.py's note)."""
+    spec = job.spec
+    total = 0
+    per_row = ROW_TEMPLATE_TOKENS + len((spec.input.system_prompt or "").encode())
+    for path, size in zip(job.files, job.input_sizes or [None] * len(job.files), strict=True):
+        if detect_format(path, spec.input.format) != "jsonl" or path.name.lower().endswith(COMPRESSED_SUFFIXES) \
+                or not path.is_file():
+            return None
+        size = path.stat().st_size if size is None else size
+        if total + size > STOP_COUNTING_BYTES:
+            return None
+        total += size + per_row * (_lines(path, size) + 1)
+    return total
+
+
+def _lines(path: Path, size: int) -> int:
+    """Newlines in the file's first `size` bytes."""
+    count = 0
+    with open(path, "rb") as f:
+        while size > 0 and (block := f.read(min(size, 1 << 20))):
+            count += block.count(b"\n")
+            size -= len(block)
+    return count
 
 
 def sample_shape(job: Job, done: set[str]) -> JobShape:

@@ -83,6 +83,14 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
                                           "one engine per GPU with torch.compile (it fills the compile cache)")
 
 
+def too_short_to_compile(max_prompt_tokens: int) -> bool:
+    """Whether a job of at most this many prompt tokens keeps the default engines whatever its output and
+    compile cache (choose_engines): it compiles only when prefill-bound, its prompts then more than
+    1 - PREFILL_BOUND_OUTPUT_SHARE of its tokens, and long enough to repay a cached or a first compile."""
+    shortest = min(WARM_COMPILE_REPAID_TOKENS, COMPILE_REPAID_TOKENS)
+    return max_prompt_tokens < shortest * (1 - PREFILL_BOUND_OUTPUT_SHARE)
+
+
 def engines_per_gpu(spec: EngineSpec, machine: Machine) -> tuple[int, str]:
     """The engines to run on each GPU, and why: the spec's choice, else 2 for a small model on a large GPU."""
     if spec.engines_per_gpu is not None:

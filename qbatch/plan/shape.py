@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from qbatch.plan.placement import TORCH_COMPILE, EngineChoice, choose_engines
+from qbatch.plan.placement import TORCH_COMPILE, EngineChoice, choose_engines, too_short_to_compile
 from qbatch.plan.resolve import Plan, compile_cache_warm, resolve
 
 
@@ -53,6 +53,17 @@ def with_choice(plan: Plan, choice: EngineChoice) -> Plan:
     if (engine.engines_per_gpu, engine.compilation_mode) == (choice.engines_per_gpu, choice.compilation_mode):
         return plan
     return resolve(plan.requested, plan.machine, choice=choice)
+
+
+def resolve_for_size(plan: Plan, max_prompt_tokens: int) -> Plan | None:
+    """The plan with its default engines when the inputs' size alone shows the job too short to repay
+    torch.compile (at most `max_prompt_tokens`, jobs/shape.py counts them without the tokenizer): its
+    engines then start without waiting for the tokenizer and a sample. None when the size cannot tell."""
+    if not may_choose(plan) or not too_short_to_compile(max_prompt_tokens):
+        return None
+    choice = EngineChoice(default_engines(plan), None, f"at most {max_prompt_tokens:,} prompt tokens (the inputs' "
+                                                       "size): too short to repay torch.compile, the defaults")
+    return dataclasses.replace(with_choice(plan, choice), choice=choice)
 
 
 def resolve_for_shape(plan: Plan, shape: JobShape) -> Plan:

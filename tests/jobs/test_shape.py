@@ -163,3 +163,42 @@ def test_the_users_memory_settings_win(gpu, bundled_model, tmp_path, settings, k
 def test_no_fixed_kv_cache_without_a_gpu(bundled_model, tmp_path):
     no_gpu = {**GPU, "platform": "unknown", "gpu_memory_bytes": None}
     assert job_for(bundled_model, tmp_path, DOCS, no_gpu, engines_per_gpu=2).spec.engine.kv_cache_memory_bytes is None
+
+
+def test_a_small_jsonl_job_starts_its_engines_without_the_tokenizer(gpu, bundled_model, tmp_path, monkeypatch):
+    """A few MB of JSONL cannot hold the tokens that repay torch.compile: the default engines are chosen from
+    the inputs' size, before the tokenizer loads (a cold `qbatch run` starts its engines seconds earlier)."""
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
+    monkeypatch.setattr(shape, "sample_shape", lambda *a: pytest.fail("sampled a job its size already decides"))
+    chosen = shape.choose_for_shape(job, set(), EnginePool())
+    assert chosen.spec == job.spec and not chosen.loaded  # the defaults, no tokenizer loaded
+    bound = shape.max_prompt_tokens(job)
+    assert chosen.plan.choice.reason == (f"at most {bound:,} prompt tokens (the inputs' size): too short to repay "
+                                         "torch.compile, the defaults")
+    # where the size could hold enough tokens, the job is sampled as before
+    monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", bound // 2)
+    monkeypatch.setattr(shape, "sample_shape", lambda *a: shape.JobShape(40, 1000, 8, estimated=False))
+    assert "too short to repay a first torch.compile" in shape.choose_for_shape(job, set(), EnginePool()).plan.choice.reason
+
+
+def test_the_size_bound_holds_the_real_prompt_tokens_and_says_nothing_of_other_inputs(gpu, bundled_model, tmp_path):
+    """max_prompt_tokens is a bound: never under the tokens the run counts (chat template, system prompt and
+    all), for prompts and for messages; Parquet and compressed inputs have none."""
+    import gzip
+
+    import polars as pl
+
+    rows = [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "é" * 50},
+            {"id": "c", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                                     {"role": "user", "content": "and?"}]}]
+    for settings in ({}, {"system_prompt": "Answer briefly. " * 20}):
+        job = job_for(bundled_model, tmp_path, rows, **settings)
+        sampled = shape.sample_shape(job, set())
+        assert sampled.rows == 3 and shape.max_prompt_tokens(job) >= sampled.prompt_tokens
+    parquet = tmp_path / "in.parquet"
+    pl.DataFrame({"id": ["a"], "prompt": ["x"]}).write_parquet(parquet)
+    packed = tmp_path / "in.jsonl.gz"
+    packed.write_bytes(gzip.compress(b'{"id": "a", "prompt": "x"}\n'))
+    for path in (parquet, packed):
+        spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model})
+        assert shape.max_prompt_tokens(Job.setup(spec, dataclasses.replace(probing.probe(spec), **GPU))) is None
