@@ -305,6 +305,28 @@ def test_a_bench_cut_short_keeps_the_runs_that_finished(cli, bundled_model, tmp_
     assert "interrupted: the 1 runs that finished are in" in result.output
 
 
+def test_the_step_profile_reads_vllms_lines_between_a_runs_marks():
+    """benchmarks/steps.py on lines as vLLM 0.26 (GPU) and 0.32 (CPU, from an engine process) write them:
+    a run's steps are those logged between its marks, other engines' warm-up steps are not."""
+    steps = _load_benchmark_script("steps")
+    line = ("{prefix}INFO 12-03 00:04:02 [loggers.py:199] Engine 000: Iteration({i}): {c} context requests, {ct} context "
+            "tokens, {g} generation requests, {g} generation tokens, iteration elapsed time: 40.12 ms, GPU KV cache usage: 0.1%")
+    log = [line.format(prefix="", i=0, c=1, ct=8, g=0),  # a warm-up, before any run
+           "qbatch-bench: start prefill vllm-best",
+           line.format(prefix="", i=1, c=36, ct=32768, g=0), line.format(prefix="", i=2, c=3, ct=9000, g=36),
+           line.format(prefix="", i=3, c=0, ct=0, g=39),
+           "qbatch-bench: end prefill vllm-best",
+           "qbatch-bench: start prefill qbatch engines_per_gpu=1",
+           line.format(prefix="(MainProcess pid=13612) ", i=7, c=2, ct=100, g=5),
+           "qbatch-bench: end prefill qbatch engines_per_gpu=1"]
+    first, second = steps.runs(log)
+    assert (first.name, second.name) == ("prefill vllm-best", "prefill qbatch engines_per_gpu=1")
+    assert [(s.ctx_tokens, s.gen_tokens) for s in first.steps] == [(32768, 0), (9000, 36), (0, 39)]
+    assert "3 steps (2 with prefill), 41,843 tokens (41,768 prefill, 75 decode)" in steps.describe(first)
+    assert "steps of 24,576 or more tokens: 1, 32,768 tokens" in steps.describe(first)
+    assert len(second.steps) == 1
+
+
 def test_table_compares_with_vllm_best_when_it_ran():
     from qbatch.bench.harness import format_table
 
@@ -321,10 +343,9 @@ def test_table_compares_with_vllm_best_when_it_ran():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path, monkeypatch):
+def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
     """The benchmark never rots: every mode runs on the tiny Qwen3 and generates exactly the forced tokens.
-    With vLLM's per-step lines on, benchmarks/steps.py finds each timed run's steps in the engine log."""
-    monkeypatch.setenv("QBATCH_VLLM_ARGS", '{"disable_log_stats": false, "enable_logging_iteration_details": true}')
+    Each timed run is marked in the engine log (benchmarks/steps.py reads vLLM's per-step lines between)."""
     out = tmp_path / "bench.json"
     result = cli("bench", "varied", "--model", tiny_qwen3, "--rows", 6, "--length-scale", 0.05, "--hf-rows", 2,
                  "--modes", "vllm-text,vllm-tokens,qbatch,session,hf", "--variant", "max_num_seqs=4", "--repeats", 2,
@@ -356,9 +377,6 @@ def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path, monkeypa
     steps = _load_benchmark_script("steps")
     marked = steps.runs((tmp_path / "bench.engine.log").read_text().splitlines())
     assert sorted(run.name for run in marked) == sorted(f"varied {mode}" for mode in rows if mode != "hf" for _ in range(2))
-    for run in marked:  # its prompts prefilled (less what the prefix cache served), its rows decoded
-        assert 0 < sum(step.ctx_tokens for step in run.steps) <= expected["prompt_tokens"], run.name
-        assert 0 < sum(step.gen_tokens for step in run.steps) <= expected["output_tokens"], run.name
 
 
 @pytest.mark.slow
