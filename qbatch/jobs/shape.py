@@ -55,12 +55,16 @@ def choose_for_shape(job: Job, done: set[str], pool: EnginePool) -> Job:
 
 def max_prompt_tokens(job: Job) -> int | None:
     """At most how many prompt tokens the job's inputs hold, from their sizes alone: a token of the text
-    is at least a byte of it, and a chat template adds at most ROW_TEMPLATE_TOKENS and the system prompt
-    to a row (a row: a line). None where the size tells nothing: Parquet or compressed inputs, stdin, or
-    more than STOP_COUNTING_BYTES (a job that large samples its shape: jobs/shape.py's note)."""
+    is at least a byte of it, and a chat template adds at most ROW_TEMPLATE_TOKENS, the system prompt and
+    an embedding instruction to a row (a row: a line). None where the size tells nothing: Parquet or
+    compressed inputs, stdin, a --template (it may repeat a column), or more than STOP_COUNTING_BYTES (a
+    job that large samples its shape: jobs/shape.py's note)."""
     spec = job.spec
+    if spec.input.template:
+        return None
     total = 0
-    per_row = ROW_TEMPLATE_TOKENS + len((spec.input.system_prompt or "").encode())
+    added = (spec.input.system_prompt or "") + (spec.embed.instruction or "")
+    per_row = ROW_TEMPLATE_TOKENS + len(added.encode())
     for path, size in zip(job.files, job.input_sizes or [None] * len(job.files), strict=True):
         if detect_format(path, spec.input.format) != "jsonl" or path.name.lower().endswith(COMPRESSED_SUFFIXES) \
                 or not path.is_file():

@@ -191,7 +191,7 @@ def test_the_size_bound_holds_the_real_prompt_tokens_and_says_nothing_of_other_i
     rows = [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "é" * 50},
             {"id": "c", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
                                      {"role": "user", "content": "and?"}]}]
-    for settings in ({}, {"system_prompt": "Answer briefly. " * 20}):
+    for settings in ({}, {"system_prompt": "Answer briefly. " * 20}, {"task": "embed", "instruction": "Find it " * 30}):
         job = job_for(bundled_model, tmp_path, rows, **settings)
         sampled = shape.sample_shape(job, set())
         assert sampled.rows == 3 and shape.max_prompt_tokens(job) >= sampled.prompt_tokens
@@ -199,6 +199,6 @@ def test_the_size_bound_holds_the_real_prompt_tokens_and_says_nothing_of_other_i
     pl.DataFrame({"id": ["a"], "prompt": ["x"]}).write_parquet(parquet)
     packed = tmp_path / "in.jsonl.gz"
     packed.write_bytes(gzip.compress(b'{"id": "a", "prompt": "x"}\n'))
-    for path in (parquet, packed):
-        spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model})
+    for path, settings in ((parquet, {}), (packed, {}), (tmp_path / "in.jsonl", {"template": "{prompt} {prompt}"})):
+        spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, **settings})
         assert shape.max_prompt_tokens(Job.setup(spec, dataclasses.replace(probing.probe(spec), **GPU))) is None
