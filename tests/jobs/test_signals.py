@@ -164,7 +164,9 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
 
     # 4
     user_env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_LOGGING", "QBATCH_VERBOSE"))}
-    final = subprocess.run([*command, *args[:-2], "--progress", "none"], cwd=ROOT, env=user_env,
+    # max_num_seqs sizes the engine, not the results: the last run finishes the rest 32 rows at a time
+    wide = [*args[:-4], "--max-num-seqs", "32", "--progress", "none"]
+    final = subprocess.run([*command, *wide], cwd=ROOT, env=user_env,
                            capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stderr
     stats = json.loads((out / "stats.json").read_text())
