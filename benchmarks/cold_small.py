@@ -1,10 +1,13 @@
-"""A small job from a cold process: the ten-line vLLM script a user would write, against `qbatch run`.
+"""A job from a cold process: the ten-line vLLM script a user would write, against `qbatch run`.
 
 `data FILE`: ROWS chat rows (~160 prompt tokens, `max_tokens` 256 each) as JSONL for both sides.
+`workload NAME FILE MODEL [ROWS]`: one of `qbatch bench`'s workloads (its user messages and max_tokens,
+drawn from MODEL's tokenizer as the bench draws them) as the same JSONL.
 `raw FILE OUT MODEL [LLM kwargs as JSON]`: read the JSONL, `LLM(...)`, one `llm.chat(...)` with every
-row (ignore_eos, temperature 0), the texts to OUT as Parquet; prints the phases' seconds as JSON. Time
-the whole process from outside (`date +%s.%N` around it) and run `qbatch run FILE -o OUT --ignore-eos
---temperature 0` the same way, alternating the order (issue #34, target 4).
+row (each row's max_tokens, ignore_eos, temperature 0), the texts to OUT as Parquet; prints the phases'
+seconds as JSON. Time the whole process from outside (`date +%s%N` around it) and run `qbatch run FILE
+-o OUT --ignore-eos --temperature 0` the same way, alternating the order (issue #34, targets 1 and 4:
+first run against first run, end to end).
 """
 
 from __future__ import annotations
@@ -26,6 +29,20 @@ def data(path: str, rows: int = 200, words: int = 120, max_tokens: int = 256) ->
             f.write(json.dumps({"id": f"r{i}", "prompt": f"row {i}: {text}", "max_tokens": max_tokens}) + "\n")
 
 
+def workload(name: str, path: str, model: str, rows: str = "") -> None:
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from qbatch.bench.settings import DEFAULT_ROWS
+    from qbatch.bench.workloads import make_workload
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    made = make_workload(name, tokenizer, int(rows) if rows else DEFAULT_ROWS[name])
+    made.write_jsonl(Path(path))
+    print(json.dumps(made.describe()))
+
+
 def raw(path: str, out: str, model: str, kwargs: str = "{}") -> None:
     import polars as pl
     from vllm import LLM, SamplingParams
@@ -34,7 +51,7 @@ def raw(path: str, out: str, model: str, kwargs: str = "{}") -> None:
     rows = [json.loads(line) for line in open(path)]
     llm = LLM(model=model, **json.loads(kwargs))
     ready = time.monotonic()
-    params = SamplingParams(max_tokens=rows[0]["max_tokens"], temperature=0.0, ignore_eos=True)
+    params = [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True) for r in rows]
     outputs = llm.chat([[{"role": "user", "content": r["prompt"]}] for r in rows], params, use_tqdm=False)
     generated = time.monotonic()
     pl.DataFrame({"id": [r["id"] for r in rows], "text": [o.outputs[0].text for o in outputs]}).write_parquet(out)
@@ -45,4 +62,4 @@ def raw(path: str, out: str, model: str, kwargs: str = "{}") -> None:
 
 
 if __name__ == "__main__":  # vLLM spawns its engine: the module must import without running
-    {"data": data, "raw": raw}[sys.argv[1]](*sys.argv[2:])
+    {"data": data, "workload": workload, "raw": raw}[sys.argv[1]](*sys.argv[2:])
