@@ -5,7 +5,9 @@
 drawn from MODEL's tokenizer as the bench draws them) as the same JSONL.
 `raw FILE OUT MODEL [LLM kwargs as JSON]`: read the JSONL, `LLM(...)`, one `llm.chat(...)` with every
 row (each row's max_tokens, ignore_eos, temperature 0), the texts to OUT as Parquet; prints the phases'
-seconds as JSON. Time the whole process from outside (`date +%s%N` around it) and run `qbatch run FILE
+seconds as JSON. `best FILE OUT MODEL [LLM kwargs as JSON]`: the issue's "raw best" as a script, the same
+rows rendered and tokenized first, `LLM(performance_mode="throughput")`, one `generate()` of token ids.
+Time the whole process from outside (`date +%s%N` around it) and run `qbatch run FILE
 -o OUT --ignore-eos --temperature 0` the same way, alternating the order (issue #34, targets 1 and 4:
 first run against first run, end to end).
 """
@@ -61,5 +63,29 @@ def raw(path: str, out: str, model: str, kwargs: str = "{}") -> None:
                       "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs)}))
 
 
+def best(path: str, out: str, model: str, kwargs: str = "{}") -> None:
+    import polars as pl
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    imported = time.monotonic()
+    rows = [json.loads(line) for line in open(path)]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
+                                           add_generation_prompt=True) for r in rows]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    tokenized = time.monotonic()
+    llm = LLM(model=model, performance_mode="throughput", **json.loads(kwargs))
+    ready = time.monotonic()
+    params = [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True) for r in rows]
+    outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
+    generated = time.monotonic()
+    pl.DataFrame({"id": [r["id"] for r in rows], "text": [o.outputs[0].text for o in outputs]}).write_parquet(out)
+    done = time.monotonic()
+    print(json.dumps({"import_s": imported - STARTED, "tokenize_s": tokenized - imported, "engine_s": ready - tokenized,
+                      "generate_s": generated - ready, "write_s": done - generated, "in_process_s": done - STARTED,
+                      "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs)}))
+
+
 if __name__ == "__main__":  # vLLM spawns its engine: the module must import without running
-    {"data": data, "workload": workload, "raw": raw}[sys.argv[1]](*sys.argv[2:])
+    {"data": data, "workload": workload, "raw": raw, "best": best}[sys.argv[1]](*sys.argv[2:])
