@@ -305,6 +305,21 @@ def test_a_bench_cut_short_keeps_the_runs_that_finished(cli, bundled_model, tmp_
     assert "interrupted: the 1 runs that finished are in" in result.output
 
 
+def test_the_end_to_end_script_writes_the_benchs_own_rows(bundled_model, tmp_path, capsys):
+    """benchmarks/cold_small.py workload: the rows `qbatch bench` times, as the JSONL both sides of an
+    end-to-end comparison read (the raw script's and `qbatch run`'s)."""
+    from transformers import AutoTokenizer
+
+    from qbatch.bench.workloads import make_workload
+
+    script = _load_benchmark_script("cold_small")
+    script.workload("prefill-mix", str(tmp_path / "w.jsonl"), bundled_model, "24")
+    rows = [json.loads(line) for line in (tmp_path / "w.jsonl").read_text().splitlines()]
+    bench = make_workload("prefill-mix", AutoTokenizer.from_pretrained(bundled_model), 24)
+    assert [r["prompt"] for r in rows] == bench.texts and [r["max_tokens"] for r in rows] == bench.max_tokens
+    assert json.loads(capsys.readouterr().out)["prompt_tokens"] == bench.num_prompt_tokens
+
+
 def test_the_step_profile_reads_vllms_lines_between_a_runs_marks():
     """benchmarks/steps.py on lines as vLLM 0.26 (GPU) and 0.32 (CPU, from an engine process) write them:
     a run's steps are those logged between its marks, other engines' warm-up steps are not."""
