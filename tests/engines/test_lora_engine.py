@@ -1,7 +1,7 @@
 """LoRA adapters on the real engine: rows of two adapters and of the base model in one run each get their own
 model's answer, the answer vLLM's own LLM.generate(..., lora_request=...) gives on the same engine. (Rows reach
 data-parallel workers with their adapter: tests/jobs/test_lora_null.py checks the worker messages; the process
-tree itself is tests/engines/test_parallel.py's.)"""
+tree itself is tests/jobs/test_signals.py's.)"""
 
 from __future__ import annotations
 

@@ -88,6 +88,20 @@ class Run:
         return described
 
 
+def _kill_worker(pid: int, title: str) -> bool:
+    """SIGKILL the worker process titled `title` and its engine processes; whether it was found."""
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if title in " ".join(child.cmdline()):
+                for sub in child.children(recursive=True):
+                    sub.kill()
+                child.send_signal(signal.SIGKILL)
+                return True
+        except psutil.Error:  # a child that exited meanwhile
+            continue
+    return False
+
+
 def _title(process: psutil.Process) -> str:
     try:
         return " ".join(process.cmdline()) or process.name()
@@ -100,8 +114,9 @@ def job(tiny_qwen3, tmp_path_factory) -> tuple[Path, list[str]]:
     folder = tmp_path_factory.mktemp("signals")
     inp = folder / "in.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    # small chunks: many parts, so each stop lands mid-run
     args = ["--model", tiny_qwen3, "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens", "32",
-            "--max-num-seqs", "4", "--progress", "log"]
+            "--chunk-tokens", "900", "--max-num-seqs", "4", "--progress", "log"]
     return inp, args
 
 
@@ -121,8 +136,10 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
     1. While the first run starts its engine, a second run on its folder is refused at once (exit 75).
     2. SIGTERM mid-generation: exit 143, status interrupted, the rows finished by then
        kept (they reach parts as they finish, the stop writes those waiting), its engine processes gone.
-    3. The rerun is SIGKILLed alone (not its process group) mid-generation: its engine processes die with
-       it (the reaper), the parts it wrote stay whole, no row twice.
+    3. The rerun runs two engine processes (--data-parallel-size 2, started beside the tokenizer's load);
+       worker 1 is SIGKILLed once it runs and a part is written: its rows in flight go to worker 0, the run
+       goes on. Then the CLI is SIGKILLed alone (not its process group) mid-generation: every process it
+       started dies with it (the reaper), the parts it wrote stay whole, no row twice.
     4. The next rerun completes: every row once, in input order; on stderr only qbatch's lines (vLLM's go
        to OUT_DIR/engine.log, appended by every run) and an engine stopped without being killed."""
     inp, args = job
@@ -153,14 +170,28 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
     assert set(before) <= set(kept) and len(kept) == len(set(kept)) and 0 < len(kept) < len(ROWS), stderr
 
     # 3
-    run = Run([str(inp), "-o", str(out), *args])
-    run.wait_for_parts(out, more_than=_num_parts(out))
-    assert run.engine_processes()
+    parts = _num_parts(out)
+    run = Run([str(inp), "-o", str(out), *args, "--data-parallel-size", "2"])
+    deadline = time.monotonic() + 300
+    killed = False
+    while time.monotonic() < deadline and run.proc.poll() is None and not killed:
+        running = any("engine worker 1 (device 1) ready" in line for line in list(run.stderr))
+        if running and _num_parts(out) > parts:
+            killed = _kill_worker(run.proc.pid, "qbatch::dp-worker-1")
+        time.sleep(0.1)
+    assert killed, "".join(run.stderr)  # the rest is long enough for worker 1 to run before it ends
+    while time.monotonic() < deadline and run.proc.poll() is None \
+            and not any("engine worker 1 (device 1) died" in line for line in list(run.stderr)):
+        time.sleep(0.1)
+    run.wait_for_parts(out, more_than=_num_parts(out))  # worker 0 goes on alone
     run.proc.kill()
     run.proc.wait(timeout=30)
-    assert run.survivors_after(GONE_WITHIN_S) == []
+    stderr = "".join(run.stderr)
+    assert run.survivors_after(GONE_WITHIN_S) == [], stderr
+    assert "warning: engine worker 1 (device 1) died" in stderr
+    assert "before the setup ended" in stderr  # the workers started beside the tokenizer's load
     done = _part_ids(out)
-    assert set(kept) < set(done) and len(done) == len(set(done)) and len(done) < len(ROWS), "".join(run.stderr)
+    assert set(kept) < set(done) and len(done) == len(set(done)) and len(done) < len(ROWS), stderr
 
     # 4
     user_env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_LOGGING", "QBATCH_VERBOSE"))}
