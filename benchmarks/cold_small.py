@@ -46,30 +46,24 @@ def workload(name: str, path: str, model: str, rows: str = "") -> None:
 
 
 def raw(path: str, out: str, model: str, kwargs: str = "{}") -> None:
-    import polars as pl
-    from vllm import LLM, SamplingParams
+    import polars  # noqa: F401  (before import_s ends, so that write_s times the write alone)
+    from vllm import LLM
 
     imported = time.monotonic()
-    rows = [json.loads(line) for line in open(path)]
+    rows = _read(path)
     llm = LLM(model=model, **json.loads(kwargs))
     ready = time.monotonic()
-    params = [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True) for r in rows]
-    outputs = llm.chat([[{"role": "user", "content": r["prompt"]}] for r in rows], params, use_tqdm=False)
-    generated = time.monotonic()
-    pl.DataFrame({"id": [r["id"] for r in rows], "text": [o.outputs[0].text for o in outputs]}).write_parquet(out)
-    done = time.monotonic()
-    print(json.dumps({"import_s": imported - STARTED, "engine_s": ready - imported, "generate_s": generated - ready,
-                      "write_s": done - generated, "in_process_s": done - STARTED,
-                      "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs)}))
+    outputs = llm.chat([[{"role": "user", "content": r["prompt"]}] for r in rows], _params(rows), use_tqdm=False)
+    _finish(rows, outputs, out, {"import_s": imported - STARTED, "engine_s": ready - imported}, ready)
 
 
 def best(path: str, out: str, model: str, kwargs: str = "{}") -> None:
-    import polars as pl
+    import polars  # noqa: F401  (as in raw)
     from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     imported = time.monotonic()
-    rows = [json.loads(line) for line in open(path)]
+    rows = _read(path)
     tokenizer = AutoTokenizer.from_pretrained(model)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
                                            add_generation_prompt=True) for r in rows]
@@ -77,13 +71,31 @@ def best(path: str, out: str, model: str, kwargs: str = "{}") -> None:
     tokenized = time.monotonic()
     llm = LLM(model=model, performance_mode="throughput", **json.loads(kwargs))
     ready = time.monotonic()
-    params = [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True) for r in rows]
-    outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": i} for i in ids], _params(rows), use_tqdm=False)
+    _finish(rows, outputs, out, {"import_s": imported - STARTED, "tokenize_s": tokenized - imported,
+                                 "engine_s": ready - tokenized}, ready)
+
+
+def _read(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def _params(rows: list[dict]) -> list:
+    from vllm import SamplingParams
+
+    return [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True) for r in rows]
+
+
+def _finish(rows: list[dict], outputs: list, out: str, phases: dict[str, float], ready: float) -> None:
+    """The texts to OUT as Parquet; the phases' seconds, generation's and the rest's, as one JSON line."""
+    import polars as pl
+
     generated = time.monotonic()
     pl.DataFrame({"id": [r["id"] for r in rows], "text": [o.outputs[0].text for o in outputs]}).write_parquet(out)
     done = time.monotonic()
-    print(json.dumps({"import_s": imported - STARTED, "tokenize_s": tokenized - imported, "engine_s": ready - tokenized,
-                      "generate_s": generated - ready, "write_s": done - generated, "in_process_s": done - STARTED,
+    print(json.dumps({**phases, "generate_s": generated - ready, "write_s": done - generated,
+                      "in_process_s": done - STARTED,
                       "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs)}))
 
 
