@@ -21,6 +21,7 @@ import polars as pl
 import pytest
 
 from qbatch.errors import EXIT_USAGE
+from tests.jobs.test_signals import _alive, _num_parts, _part_ids  # the same scenario's checks, on Ray
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,23 +79,6 @@ def test_an_actor_that_cannot_find_the_model_says_which_node():
     assert info.value.hint == "every node needs the model at the same path: a shared filesystem, or a copy"
 
 
-def part_ids(out: Path) -> list[str]:
-    return [i for p in sorted((out / "parts").glob("part-*.parquet")) for i in pl.read_parquet(p)["id"].to_list()]
-
-
-def num_parts(out: Path) -> int:
-    return len(list((out / "parts").glob("part-*.parquet")))
-
-
-def alive(process) -> bool:
-    import psutil
-
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 @pytest.mark.slow
 def test_ray_backend_outlives_a_killed_actor_and_resumes_after_a_killed_driver(tiny_qwen3, cli, tmp_path):
     import psutil
@@ -123,12 +107,12 @@ def test_ray_backend_outlives_a_killed_actor_and_resumes_after_a_killed_driver(t
 
     def wait_for_parts(proc: subprocess.Popen, more_than: int) -> None:
         deadline = time.monotonic() + 300
-        while num_parts(out) <= more_than and proc.poll() is None and time.monotonic() < deadline:
+        while _num_parts(out) <= more_than and proc.poll() is None and time.monotonic() < deadline:
             descendants(proc)
             time.sleep(0.1)
         if proc.poll() is not None:  # say why it ended (the run's own log)
             raise AssertionError(f"the run ended (exit {proc.returncode}) before it could be killed")
-        assert num_parts(out) > more_than, "no new part within 300 s"
+        assert _num_parts(out) > more_than, "no new part within 300 s"
 
     first = second = None
     try:
@@ -146,11 +130,11 @@ def test_ray_backend_outlives_a_killed_actor_and_resumes_after_a_killed_driver(t
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert any(died.search(line) for line in list(lines)), "".join(lines)
-        wait_for_parts(first, num_parts(out))  # the other actor goes on
+        wait_for_parts(first, _num_parts(out))  # the other actor goes on
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
         killed_at = time.monotonic()
-        done = part_ids(out)
+        done = _part_ids(out)
         assert done and len(done) == len(set(done))
 
         # 2. The same command on one actor (engine sizing may change between runs) resumes and completes.
@@ -160,7 +144,7 @@ def test_ray_backend_outlives_a_killed_actor_and_resumes_after_a_killed_driver(t
         output, _ = second.communicate(timeout=300)
         assert second.returncode == 0, output
         assert f"{len(rows) - len(done)} rows to process, {len(done)} already done" in output
-        ids = part_ids(out)
+        ids = _part_ids(out)
         assert sorted(ids) == [r["id"] for r in rows]  # every row exactly once
         results = pl.read_parquet(out / "results.parquet")
         assert results["id"].to_list() == [r["id"] for r in rows] and (results["completion_tokens"] == 32).all()
@@ -175,13 +159,13 @@ def test_ray_backend_outlives_a_killed_actor_and_resumes_after_a_killed_driver(t
 
         # 3. No Ray process is left. After a SIGKILLed driver, Ray's two agents spend up to 60 s
         # reporting the dead cluster to its (dead) GCS before they exit.
-        while any(alive(p) for p in seen.values()) and time.monotonic() < killed_at + 90:
+        while any(_alive(p) for p in seen.values()) and time.monotonic() < killed_at + 90:
             time.sleep(1)
-        assert [p for p in seen.values() if alive(p)] == []
+        assert [p for p in seen.values() if _alive(p)] == []
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
         for process in seen.values():
-            if alive(process):
+            if _alive(process):
                 process.kill()

@@ -102,6 +102,12 @@ def _kill_worker(pid: int, title: str) -> bool:
     return False
 
 
+def _set(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag`'s value replaced."""
+    at = args.index(flag) + 1
+    return [*args[:at], value, *args[at + 1:]]
+
+
 def _title(process: psutil.Process) -> str:
     try:
         return " ".join(process.cmdline()) or process.name()
@@ -196,7 +202,7 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
     # 4
     user_env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_LOGGING", "QBATCH_VERBOSE"))}
     # max_num_seqs sizes the engine, not the results: the last run finishes the rest 32 rows at a time
-    wide = [*args[:-4], "--max-num-seqs", "32", "--progress", "none"]
+    wide = _set(_set(args, "--max-num-seqs", "32"), "--progress", "none")
     final = subprocess.run([*command, *wide], cwd=ROOT, env=user_env,
                            capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stderr
