@@ -585,10 +585,15 @@ def _run_hf(model_path: str, engine_spec: Any, workload: Workload, num_rows: int
 
 
 def _free_torch_memory() -> None:
+    """Hand back the CUDA memory torch cached in this process (the hf mode's), where torch used CUDA.
+
+    Never torch.cuda.is_available(): it leaves CUDA uninitialised but marks this process's later forks
+    as unable to use it, so the next engine of one per GPU, whose engine core vLLM forks unless CUDA
+    is initialised, died at its start ("Cannot re-initialize CUDA in forked subprocess")."""
     import torch
 
     gc.collect()
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from qbatch.bench.workloads import DEFAULT_WORKLOADS, DOCQA_SHAPES, EMBED_WORKLOADS, sample_lengths
 from qbatch.errors import SpecError
+from qbatch.plan.placement import query_gpu_text
 from qbatch.versions import __version__
 
 MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf", "vllm-best", "vllm-grouped", "first-run")
@@ -115,14 +116,9 @@ def _hardware() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-            info["gpu_count"] = torch.cuda.device_count()
-    except ImportError:
-        pass
+    gpus = query_gpu_text("name")  # nvidia-smi: torch would initialise CUDA in a process that may fork an engine
+    if gpus:
+        info["gpu"], info["gpu_count"] = gpus[0][0], len(gpus)
     return info
 
 

@@ -356,6 +356,24 @@ def test_table_compares_with_vllm_best_when_it_ran():
     assert best.split()[:2] == ["docqa", "vllm-best"] and qbatch.rstrip().endswith("1.500x")
 
 
+def test_between_engines_the_bench_never_asks_torch_about_cuda(monkeypatch):
+    """torch.cuda.is_available() or device_count() leaves CUDA uninitialised but marks the process's later
+    forks as unable to use it: vLLM then forks the engine core of a one-engine-per-GPU run, which dies
+    at its start (a first-run bench on the H200 did). Freeing memory between engines and reading the
+    hardware for the report ask nvidia-smi and torch.cuda.is_initialized() instead."""
+    import torch
+
+    from qbatch.bench.harness import _free_torch_memory
+    from qbatch.bench.settings import environment
+
+    asked: list[str] = []
+    for name in ("is_available", "device_count", "get_device_name", "init"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, _name=name: asked.append(_name))
+    _free_torch_memory()
+    environment()
+    assert asked == []
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_smoke_every_mode_does_the_same_work(cli, tiny_qwen3, tmp_path):
