@@ -51,7 +51,7 @@ def test_sigkill_at_random_points_then_resume_loses_and_doubles_nothing(command,
     the pipeline can be hit; then a plain rerun: every row once, in input order, nothing half-written.
     (The real engine's stops, SIGTERM and SIGKILL, each once: test_signals.py.)"""
     rng = random.Random(1234)
-    rows = [{"id": f"r{i:05d}", "prompt": "word " * rng.randint(1, 30)} for i in range(60_000)]
+    rows = [{"id": f"r{i:05d}", "prompt": "word " * rng.randint(1, 30)} for i in range(20_000)]
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
