@@ -1,10 +1,12 @@
 """What the machine under vLLM can do, asked of vLLM itself (qbatch/plan/machine.py probes the rest
-without importing it): CPU or GPU, AWQ kernels, and the CPU cores an engine's
-threads run on."""
+without importing it): CPU or GPU, AWQ kernels, the CPU cores an engine's
+threads run on, and whether this process may fork a CUDA engine core."""
 
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 
 CORES_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
@@ -44,3 +46,33 @@ def awq_unsupported_reason() -> str | None:
     if hasattr(torch.ops._C, "cpu_gemm_wna16"):
         return None
     return "this vllm-cpu build has no 4-bit AWQ kernel for this CPU (vLLM ships it for AVX-512 CPUs only)"
+
+
+SPAWN_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+
+
+def spawn_if_forks_lose_cuda() -> bool:
+    """Have vLLM spawn its engine core instead of forking it where a forked child could not use CUDA; True if so.
+
+    torch.cuda.is_available() or device_count() (a notebook's first cell, often) leaves CUDA uninitialised
+    but marks every later fork of the process as unable to use it. vLLM forks the engine core of a single
+    engine unless CUDA is initialised, so that engine died at its start ("Cannot re-initialize CUDA in
+    forked subprocess"). A child forked here says whether it would be marked; then vLLM's own setting
+    for that case (spawn, as when CUDA is up) is set. A setting the user chose is kept.
+    """
+    torch = sys.modules.get("torch")  # not imported: nothing has asked torch about CUDA
+    if SPAWN_ENV in os.environ or torch is None or not hasattr(os, "fork") or torch.cuda.is_initialized():
+        return False
+    in_bad_fork = getattr(torch._C, "_cuda_isInBadFork", None)  # absent from CPU builds of torch
+    if in_bad_fork is None:
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: "multi-threaded ... fork()"
+        pid = os.fork()
+    if pid == 0:  # the child only reads a flag and leaves: no lock another thread holds is touched
+        os._exit(3 if in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 3:
+        return False
+    os.environ[SPAWN_ENV] = "spawn"
+    return True

@@ -28,10 +28,11 @@ from qbatch.engines.config import EngineConfig
 from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.lora import LoraRequests
 from qbatch.engines.messages import EngineSample
-from qbatch.engines.platform import bind_cpu_cores
+from qbatch.engines.platform import bind_cpu_cores, spawn_if_forks_lose_cuda
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.engines.vllm_output import EngineLog, engine_processes
 from qbatch.errors import EngineError, MissingDependency, first_line
+from qbatch.log import log
 from qbatch.records import Completion, Embedding, Request, Sample
 
 # Requests kept in the engine, as a multiple of max_num_seqs: enough that the scheduler
@@ -86,6 +87,8 @@ class VllmEngine:
         self.embeds = config.task == "embed"
         if config.platform == "cpu":
             bind_cpu_cores()
+        elif spawn_if_forks_lose_cuda():
+            log.debug("torch was asked about CUDA in this process before the engine started: vLLM spawns its engine core")
         self.llm, self._log = start_llm(config.model, config.model_path, kwargs)
         try:
             self._loras = LoraRequests(config.lora)
