@@ -9,6 +9,8 @@ import random
 import polars as pl
 import pytest
 
+from tests.jobs.test_run_e2e import TINY_ENGINE  # its engine, shared
+
 pytestmark = pytest.mark.slow
 
 
@@ -26,9 +28,8 @@ def test_grouped_questions_hit_vllms_prefix_cache(cli, tiny_qwen3, write_jsonl, 
     cached = {}
     for order in ("longest-first", "longest-first-flat"):
         out = tmp_path / order
-        # a KV cache of a few sequences: a scattered document is evicted before its next question
-        result = cli("run", path, "-o", out, "--model", tiny_qwen3, "--max-tokens", 1, "--max-model-len", 1024,
-                     "--kv-cache-memory-bytes", 8 << 20, "--order", order, "--progress", "none")
+        # a KV cache of a few sequences (TINY_ENGINE): a scattered document is evicted before its next question
+        result = cli("run", path, "-o", out, "--model", tiny_qwen3, "--max-tokens", 1, "--order", order, *TINY_ENGINE)
         assert result.exit_code == 0, result.output
         results = pl.read_parquet(out / "results.parquet")
         assert results.height == 96

@@ -13,7 +13,9 @@ import polars as pl
 import pytest
 
 pytestmark = pytest.mark.slow
-TINY_ENGINE = ("--max-model-len", "512", "--enable-log-stats", "--progress", "none")  # one engine for every test here
+# One engine for every tiny-model test here and test_prefix_cache_e2e.py: a KV cache of a few 1,024-token
+# sequences (8 MiB), which that test needs for its evictions, is plenty for these.
+TINY_ENGINE = ("--max-model-len", "1024", "--kv-cache-memory-bytes", str(8 << 20), "--enable-log-stats", "--progress", "none")
 
 
 @pytest.fixture
@@ -83,7 +85,7 @@ def test_thinking_switch_and_split_columns(run_tiny, write_jsonl, tmp_path):
 
 
 def test_row_errors_never_abort_the_batch(run_tiny, write_jsonl, tmp_path):
-    rows = [{"id": "ok", "prompt": "fine"}, {"id": "huge", "prompt": "word " * 600},
+    rows = [{"id": "ok", "prompt": "fine"}, {"id": "huge", "prompt": "word " * 1200},
             {"id": "neg", "prompt": "x", "temperature": -1}, {"id": "ok2", "prompt": "also fine"}]
     out = tmp_path / "out"
     result = run_tiny(write_jsonl(rows), "-o", out, "--no-thinking", "--max-tokens", "4")
