@@ -71,7 +71,10 @@ def spawn_if_forks_lose_cuda() -> bool:
         pid = os.fork()
     if pid == 0:  # the child only reads a flag and leaves: no lock another thread holds is touched
         os._exit(3 if in_bad_fork() else 0)
-    _, status = os.waitpid(pid, 0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # SIGCHLD ignored (the child was reaped for us): no answer, vLLM decides
+        return False
     if os.waitstatus_to_exitcode(status) != 3:
         return False
     os.environ[SPAWN_ENV] = "spawn"
