@@ -61,7 +61,8 @@ def spawn_if_forks_lose_cuda() -> bool:
     for that case (spawn, as when CUDA is up) is set. A setting the user chose is kept.
     """
     torch = sys.modules.get("torch")  # not imported: nothing has asked torch about CUDA
-    if SPAWN_ENV in os.environ or torch is None or not hasattr(os, "fork") or torch.cuda.is_initialized():
+    if SPAWN_ENV in os.environ or torch is None or not hasattr(os, "fork") or torch.cuda.is_initialized() \
+            or _in_ray_actor():
         return False
     in_bad_fork = getattr(torch._C, "_cuda_isInBadFork", None)  # absent from CPU builds of torch
     if in_bad_fork is None:
@@ -79,3 +80,13 @@ def spawn_if_forks_lose_cuda() -> bool:
         return False
     os.environ[SPAWN_ENV] = "spawn"
     return True
+
+
+def _in_ray_actor() -> bool:
+    """Whether this process is a Ray actor (--backend ray): vLLM spawns there by itself, and a fork beside
+    Ray's own threads is better not tried."""
+    ray = sys.modules.get("ray")
+    try:
+        return bool(ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id())
+    except Exception:  # noqa: BLE001 - a Ray too old or half set up: not an actor of ours
+        return False

@@ -52,10 +52,16 @@ def _torch(*, initialized: bool = False, forks_marked: bool = True) -> types.Sim
     (_torch(initialized=True), None, False),  # CUDA up: vLLM sees it and spawns by itself
     (_torch(), "fork", False),  # the user's setting stands
     (None, None, False),  # torch not imported
+    ("in a Ray actor", None, False),  # vLLM spawns there by itself
 ])
 def test_a_process_whose_forks_would_lose_cuda_has_vllm_spawn_its_engine_core(monkeypatch, torch, user_setting, spawns):
     from qbatch.engines.platform import SPAWN_ENV, spawn_if_forks_lose_cuda
 
+    if torch == "in a Ray actor":
+        torch = _torch()
+        actor = types.SimpleNamespace(get_actor_id=lambda: "0123abcd")
+        monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True,
+                                                                      get_runtime_context=lambda: actor))
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setenv(SPAWN_ENV, "restored after the test")
     if user_setting is None:
