@@ -25,6 +25,7 @@ from qbatch.engines.base import Engine, NullEngine, vector_size
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.processes import DataParallelEngine
 from qbatch.engines.ray_actors import RayEngine
+from qbatch.engines.scratch import scratch_folder
 from qbatch.engines.vllm import VllmEngine
 
 # How a pool starts an engine: (config, wait=...) -> engine. `wait=False` (start_early) may return
@@ -37,6 +38,7 @@ def start_engine(config: EngineConfig, *, wait: bool = True) -> Engine:
     host (processes of their own; `wait=False` returns while they load), or one vLLM engine."""
     if config.backend == "null":
         return NullEngine(vector_size(config.model_path, config.backend) if config.task == "embed" else None)
+    scratch_folder()  # before any engine process starts: they inherit it (scratch.py)
     if config.backend == "ray":
         return RayEngine(config)
     if config.engine_count() > 1:

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from qbatch.engines.scratch import scratch_folder
 from qbatch.errors import EngineError, ModelError, QbatchError
 
 # vLLM's own texts (lower case) for an engine that does not fit, from its source:
@@ -78,7 +79,8 @@ def start_log() -> Iterator[list[str]]:
     """Collect vLLM's error log records while the block runs, also those of the engine core and its
     workers (forked: they inherit the handler; spawned, as on the CPU: they read the logging config
     given to them); the list holds their text once the block ends."""
-    folder = tempfile.mkdtemp(prefix="qbatch-engine-start-")
+    # in the run's scratch folder: an engine worker process (which skips exit handlers) leaves nothing behind
+    folder = tempfile.mkdtemp(prefix="qbatch-engine-start-", dir=scratch_folder())
     atexit.register(shutil.rmtree, folder, True)  # before vLLM's own exit-time shutdown, so it runs after it
     path = os.path.join(folder, "errors.log")
     open(path, "w").close()

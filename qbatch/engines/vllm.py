@@ -29,6 +29,7 @@ from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.lora import LoraRequests
 from qbatch.engines.messages import EngineSample
 from qbatch.engines.platform import bind_cpu_cores, spawn_if_forks_lose_cuda
+from qbatch.engines.scratch import engine_processes_temp, scratch_folder
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.engines.vllm_output import EngineLog, engine_processes
 from qbatch.errors import EngineError, MissingDependency, first_line
@@ -77,6 +78,7 @@ class VllmEngine:
     def __init__(self, config: EngineConfig):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
         compile_cache.use_cache_root()  # before vLLM reads it: compiles survive runs (compile_cache.py)
+        scratch_folder()  # vLLM's socket files in a folder removed at exit, not left in /tmp (scratch.py)
         try:
             import vllm  # noqa: F401
         except ImportError:
@@ -284,7 +286,7 @@ def start_llm(model: str, model_path: str, kwargs: dict[str, Any]) -> tuple[Any,
 
     with engine_processes() as engine_log:
         try:
-            with start_log() as logged:
+            with start_log() as logged, engine_processes_temp():
                 return LLM(model=model_path, **kwargs), engine_log
         except Exception as exc:
             engine_log.show_tail()

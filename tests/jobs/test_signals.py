@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import re
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,9 +40,9 @@ def _alive(process: psutil.Process) -> bool:
 class Run:
     """The CLI in a subprocess; remembers every process it started, whatever becomes of them."""
 
-    def __init__(self, args: list[str], cmd: list[str] | None = None):
+    def __init__(self, args: list[str], cmd: list[str] | None = None, env: dict[str, str] | None = None):
         cmd = cmd or [sys.executable, "-m", "qbatch.cli", "run", *args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         self.seen: dict[int, psutil.Process] = {}
@@ -147,17 +149,21 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
        goes on. Then the CLI is SIGKILLed alone (not its process group) mid-generation: every process it
        started dies with it (the reaper), the parts it wrote stay whole, no row twice.
     4. The next rerun completes: every row once, in input order; on stderr only qbatch's lines (vLLM's go
-       to OUT_DIR/engine.log, appended by every run) and an engine stopped without being killed."""
+       to OUT_DIR/engine.log, appended by every run) and an engine stopped without being killed.
+    Every run has a temp folder of its own: at the end it holds nothing of qbatch's or vLLM's (sockets)."""
     inp, args = job
     out = tmp_path / "out"
     command = [sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out)]
+    temp = Path(tempfile.mkdtemp(prefix="qb", dir="/tmp"))  # short: a socket's path is at most 107 characters
+    env = {"TMPDIR": str(temp)}
 
     # 1 and 2
-    run = Run([str(inp), "-o", str(out), *args])
+    run = Run([str(inp), "-o", str(out), *args], env=env)
     deadline = time.monotonic() + 120
     while not (out / ".qbatch.lock").exists() and time.monotonic() < deadline:  # the first run holds the folder
         time.sleep(0.05)
-    second = subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    second = subprocess.run([*command, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
+                            timeout=120)
     assert second.returncode == EXIT_LOCKED, second.stderr
     assert "another qbatch run is using this output folder" in second.stderr
     run.wait_for_parts(out)
@@ -177,7 +183,7 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
 
     # 3
     parts = _num_parts(out)
-    run = Run([str(inp), "-o", str(out), *args, "--data-parallel-size", "2"])
+    run = Run([str(inp), "-o", str(out), *args, "--data-parallel-size", "2"], env=env)
     deadline = time.monotonic() + 300
     killed = False
     while time.monotonic() < deadline and run.proc.poll() is None and not killed:
@@ -200,7 +206,7 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
     assert set(kept) < set(done) and len(done) == len(set(done)) and len(done) < len(ROWS), stderr
 
     # 4
-    user_env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_LOGGING", "QBATCH_VERBOSE"))}
+    user_env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_LOGGING", "QBATCH_VERBOSE"))} | env
     # max_num_seqs sizes the engine, not the results: the last run finishes the rest 32 rows at a time
     wide = _set(_set(args, "--max-num-seqs", "32"), "--progress", "none")
     final = subprocess.run([*command, *wide], cwd=ROOT, env=user_env,
@@ -219,6 +225,9 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
     assert logged.count("Loading safetensors checkpoint shards") >= 3  # every run's engine, appended
     assert "force killing" not in logged and "leaked shared_memory" not in logged + final.stderr
     assert re.search(r"\[shutdown\] MPClient: complete", logged), "the engine was shut down by qbatch"
+    # the killed run's folder went with the last run's start; torch's compile cache stays, as meant
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
+    shutil.rmtree(temp)
 
 
 @pytest.mark.slow
