@@ -18,10 +18,12 @@ import time
 from collections import defaultdict
 
 SHAPES = {"decode": (1024, 400, 256), "prefill": (2048, 800, 1)}
-FAMILIES = (("attention", ("flash", "attn", "fmha")), ("gemm", ("gemm", "cutlass", "sm90", "nvjet", "cublas", "matmul")),
+# Kernel families by words in their names, first match wins: attention includes writing the KV cache.
+FAMILIES = (("attention", ("flash", "attn", "fmha", "reshape_and_cache")),
+            ("gemm", ("gemm", "cutlass", "sm90", "nvjet", "cublas", "matmul")),
             ("sampling", ("softmax", "sort", "topk", "exponential", "argmax", "log_softmax", "multinomial", "gumbel")),
             ("norm", ("rms", "norm")), ("rope", ("rotary", "rope")), ("activation", ("silu", "act_and_mul", "gelu")),
-            ("kv-cache write", ("reshape_and_cache", "cache")), ("copy/other elementwise", ("copy", "elementwise", "fill", "index", "cat")))
+            ("copy/other elementwise", ("copy", "elementwise", "fill", "index", "cat")))
 
 
 def family(name: str) -> str:

@@ -320,6 +320,26 @@ def test_the_end_to_end_script_writes_the_benchs_own_rows(bundled_model, tmp_pat
     assert json.loads(capsys.readouterr().out)["prompt_tokens"] == bench.num_prompt_tokens
 
 
+def test_the_kernel_profile_groups_the_kernels_an_h200_ran():
+    """benchmarks/kernel_profile.py: kernel names as torch's profiler gave them on the H200 (vLLM 0.26),
+    uncompiled and compiled, in the families docs/benchmarks.md reports."""
+    family = _load_benchmark_script("kernel_profile").family
+    names = {
+        "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::Collective": "attention",
+        "void cutlass::device_kernel<flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>, cute::C<128> >, 5": "attention",
+        "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>": "attention",
+        "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "gemm",
+        "void vllm::rms_norm_kernel<c10::BFloat16, 8, 3, true>(c10::BFloat16*, c10::BFloat16 const*, long": "norm",
+        "triton_per_fused_fused_add_rms_norm_2": "norm",
+        "void vllm::rotary_embedding_kernel<c10::BFloat16, c10::BFloat16, true>(long const*, c10::BFloat16*": "rope",
+        "void vllm::act_and_mul_kernel<c10::BFloat16, __nv_bfloat162, &(c10::BFloat16 vllm::silu_kernel": "activation",
+        "triton_poi_fused_mul_silu_slice_1": "activation",
+        "_gumbel_sample_kernel": "sampling",
+        "triton_poi_fused_4": "other",
+    }
+    assert {name: family(name) for name in names} == names
+
+
 def test_the_step_profile_reads_vllms_lines_between_a_runs_marks():
     """benchmarks/steps.py on lines as vLLM 0.26 (GPU) and 0.32 (CPU, from an engine process) write them:
     a run's steps are those logged between its marks, other engines' warm-up steps are not."""
