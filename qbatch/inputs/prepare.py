@@ -261,15 +261,13 @@ class Preparer:
         return messages
 
     def carried(self, row: Row) -> dict[str, Any]:
-        """The columns a row carries to the results, as `_draft` keeps them (for the pre-scan's type decision)."""
-        data = row.data
-        if data is None or row.bad_text is not None:
-            return {}  # the row fails: it carries nothing
+        """The columns a row carries to the results, those `_draft` keeps (for the pre-scan's type decision).
+        A row that fails there carries nothing: it goes to the errors, and its odd values (a number for a
+        prompt, a word for a temperature) must not make every other row's value of the column JSON text."""
         try:
-            shape = row_shape(data, self.input)
+            return self._draft(row, "").extra
         except RowError:
             return {}
-        return self._openai_extra(data) if shape == "openai" else self._extra(data)
 
     def _extra(self, data: dict[str, Any]) -> dict[str, Any]:
         """The columns carried to the results: every input column, the prompt's or messages' included (a

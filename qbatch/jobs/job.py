@@ -36,6 +36,7 @@ from qbatch.sampling import SAMPLING_KEY_SET
 from qbatch.spec import EMBEDDING_ONLY, JobSpec, SamplingSpec, parse_shard
 
 MAX_LISTED_DUPLICATES = 10
+MAX_PLACES = 3  # where a duplicated id appears, in the error: its first few places
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,20 +304,34 @@ class Job:
             if in_shard(rid, shard) and rid not in done:
                 counts[rid] = counts.get(rid, 0) + 1
         named.check()
-        self._refuse_duplicates(counts)
+        self._refuse_duplicates(counts, shard, done)
         return InputScan(sum(counts.values()), rows_read, columns.finish())
 
     def _parquet_schemas(self) -> dict[int, Any]:
         return {i: parquet_schema(path) for i, path in enumerate(self.files)
                 if detect_format(path, self.spec.input.format) == "parquet"}
 
-    def _refuse_duplicates(self, counts: dict[str, int]) -> None:
+    def _refuse_duplicates(self, counts: dict[str, int], shard: tuple[int, int] | None, done: set[str]) -> None:
+        """Refuse ids that appear more than once (unless --dedupe), each listed one with where it appears."""
         duplicates = [rid for rid, n in counts.items() if n > 1]
         if duplicates and not self.spec.input.dedupe:
-            listed = ", ".join(repr(d) for d in duplicates[:MAX_LISTED_DUPLICATES])
+            places = self._places(set(duplicates[:MAX_LISTED_DUPLICATES]), shard, done)
+            listed = ", ".join(f"{rid!r} ({', '.join(places[rid])}{', ' + str(counts[rid]) + ' times in all' if counts[rid] > MAX_PLACES else ''})"
+                               for rid in duplicates[:MAX_LISTED_DUPLICATES])
             more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
             raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
+
+    def _places(self, ids: set[str], shard: tuple[int, int] | None, done: set[str]) -> dict[str, list[str]]:
+        """Where each of `ids` appears (file:line, or file row N for Parquet), the first MAX_PLACES of each:
+        a second reading of the inputs, made only to say so in an error."""
+        places: dict[str, list[str]] = {rid: [] for rid in ids}
+        for row in self.rows():
+            rid = self.preparer.row_id(row)
+            if rid in places and in_shard(rid, shard) and rid not in done and len(places[rid]) < MAX_PLACES:
+                name = Path(row.source).name
+                places[rid].append(f"{name}:{row.line}" if row.line is not None else f"{name} row {row.row_index}")
+        return places
 
 
 def check_dimensions(spec: JobSpec, model_path: str) -> None:

@@ -1,6 +1,7 @@
 """Carried columns' output types: one decision per column for the whole input.
 
-The rule: a carried column keeps its Arrow type when the whole input agrees on
+The rule: a carried column keeps its Arrow type when the whole input (every row
+that does not fail on its own input: inputs/prepare.py `carried`) agrees on
 one (a Parquet column: its schema's type; a JSONL column: the type Arrow infers
 from all its values, where nulls and int/float mixes widen); otherwise every
 value of the column is written as JSON text (`json.dumps`). The decision is made

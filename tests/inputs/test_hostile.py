@@ -79,7 +79,9 @@ def test_messages_say_how_to_fix(run_null, tmp_path):
 FILE_CASES = [
     ("not_parquet.parquet", EXIT_INPUT, "not a readable Parquet file"),
     ("not_gzip.jsonl.gz", EXIT_INPUT, "cannot read compressed input"),
-    ("duplicate_ids.jsonl", EXIT_INPUT, "2 ids appear more than once: 'a', 'b'"),
+    ("duplicate_ids.jsonl", EXIT_INPUT,
+     "2 ids appear more than once: 'a' (duplicate_ids.jsonl:1, duplicate_ids.jsonl:3), 'b' (duplicate_ids.jsonl:2, "
+     "duplicate_ids.jsonl:4)"),
     ("malformed.jsonl", EXIT_INPUT, "line is not valid JSON"),
 ]
 

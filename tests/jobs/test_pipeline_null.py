@@ -118,11 +118,20 @@ def test_bad_line_stops_by_default_with_file_and_line(run_null, write_jsonl, tmp
     assert "Hint: fix the line, or pass --on-bad-line skip" in result.stderr
 
 
+def test_duplicate_ids_in_parquet_say_their_rows_and_how_often(run_null, tmp_path):
+    path = tmp_path / "in.parquet"
+    pl.DataFrame({"id": ["a", "b", "a", "a", "a"], "prompt": ["1", "2", "3", "4", "5"]}).write_parquet(path)
+    result = run_null(path, "-o", tmp_path / "out")
+    assert result.exit_code == EXIT_INPUT
+    assert "Error: 1 ids appear more than once: 'a' (in.parquet row 0, in.parquet row 2, in.parquet row 3, " \
+           "4 times in all)" in result.stderr
+
+
 def test_duplicate_ids_refused_or_deduped(run_null, write_jsonl, tmp_path):
     path = write_jsonl([{"id": "a", "prompt": "1"}, {"id": "b", "prompt": "2"}, {"id": "a", "prompt": "3"}])
     result = run_null(path, "-o", tmp_path / "out")
     assert result.exit_code == EXIT_INPUT
-    assert "Error: 1 ids appear more than once: 'a'" in result.stderr
+    assert f"Error: 1 ids appear more than once: 'a' ({path.name}:1, {path.name}:3)" in result.stderr  # where, to fix it
     assert not (tmp_path / "out" / "results.parquet").exists()
     assert not list((tmp_path / "out" / "parts").iterdir())  # refused before anything was written
     result = run_null(path, "-o", tmp_path / "out", "--dedupe")

@@ -34,6 +34,26 @@ def test_the_prompt_and_messages_columns_are_carried_with_their_types(run_null_s
     assert manifest["columns"]["messages"] == "list<item: struct<role: string, content: string>>"
 
 
+def test_a_failing_rows_odd_values_leave_the_other_rows_columns_their_types(run_null_short, write_jsonl, tmp_path):
+    """A row that fails (a number for its prompt, a word for its temperature, a string for its messages)
+    goes to the errors; its values do not turn every other row's value of the column into JSON text."""
+    rows = [{"id": "a", "prompt": "Name a cat.", "temperature": 0.5},
+            {"id": "b", "prompt": 42},
+            {"id": "c", "prompt": "Name a dog.", "temperature": "hot"},
+            {"id": "d", "messages": MESSAGES},
+            {"id": "e", "messages": "not a list"}]
+    out = tmp_path / "out"
+    result = run_null_short(write_jsonl(rows), "-o", out)
+    assert result.exit_code == 0, result.output
+    df = _results(out)
+    assert df["id"].to_list() == ["a", "d"]
+    assert (df.schema["prompt"], df.schema["temperature"]) == (pl.String, pl.Float64)
+    assert df["prompt"].to_list() == ["Name a cat.", None] and df["temperature"].to_list() == [0.5, None]
+    assert df["messages"].to_list() == [None, MESSAGES]
+    errors = pl.read_parquet(out / "errors.parquet")
+    assert errors.select("id", "error").rows() == [("b", "bad_prompt"), ("c", "bad_param"), ("e", "bad_messages")]
+
+
 def test_drop_columns_and_keep_columns(run_null_short, write_jsonl, tmp_path):
     path = write_jsonl([{"id": "a", "prompt": "hi", "topic": "x", "big": "y" * 100}])
     assert run_null_short(path, "-o", tmp_path / "drop", "--drop-columns", "prompt,big").exit_code == 0
