@@ -260,14 +260,22 @@ class Preparer:
             return [{"role": "system", "content": self.input.system_prompt}, *messages]
         return messages
 
-    def carried(self, row: Row) -> dict[str, Any]:
-        """The columns a row carries to the results, those `_draft` keeps (for the pre-scan's type decision).
-        A row that fails there carries nothing: it goes to the errors, and its odd values (a number for a
-        prompt, a word for a temperature) must not make every other row's value of the column JSON text."""
+    def carried(self, row: Row) -> tuple[dict[str, Any], bool]:
+        """The columns a row carries to the results, as `_draft` keeps them, and whether the row fails
+        there (for the pre-scan's type decision: output/columns.py lets failing rows' odd values, a number
+        for a prompt, decide no column that passing rows give values)."""
         try:
-            return self._draft(row, "").extra
+            return self._draft(row, "").extra, False
         except RowError:
-            return {}
+            pass
+        data = row.data
+        if data is None or row.bad_text is not None:
+            return {}, True  # the row fails: it carries nothing
+        try:
+            shape = row_shape(data, self.input)
+        except RowError:
+            return {}, True
+        return (self._openai_extra(data) if shape == "openai" else self._extra(data)), True
 
     def _extra(self, data: dict[str, Any]) -> dict[str, Any]:
         """The columns carried to the results: every input column, the prompt's or messages' included (a

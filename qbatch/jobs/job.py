@@ -298,7 +298,8 @@ class Job:
         for row in self.rows():
             rows_read[row.source_index] += 1
             if row.data is not None:
-                columns.add(preparer.carried(row), row.source_index)
+                extra, fails = preparer.carried(row)
+                columns.add(extra, row.source_index, fails=fails)
                 named.add(row)
             rid = preparer.row_id(row)
             if in_shard(rid, shard) and rid not in done:

@@ -1,8 +1,8 @@
 """Carried columns' output types: one decision per column for the whole input.
 
-The rule: a carried column keeps its Arrow type when the whole input (every row
-that does not fail on its own input: inputs/prepare.py `carried`) agrees on
-one (a Parquet column: its schema's type; a JSONL column: the type Arrow infers
+The rule: a carried column keeps its Arrow type when the whole input agrees on
+one (the rows that pass: a row that fails on its own input, inputs/prepare.py
+`carried`, counts only for a column that no passing row gives a value) (a Parquet column: its schema's type; a JSONL column: the type Arrow infers
 from all its values, where nulls and int/float mixes widen); otherwise every
 value of the column is written as JSON text (`json.dumps`). The decision is made
 in the pre-scan, before any part is written, so a column's type and values never
@@ -27,28 +27,58 @@ ColumnTypes = dict[str, pa.DataType | None]  # column -> its Arrow type, or JSON
 
 
 class ColumnScan:
-    """Decides each carried column's type from every row of the input, row by row."""
+    """Decides each carried column's type from every row of the input, row by row.
+
+    The rows that pass decide; a row that fails on its own input (a number for a prompt) goes to the
+    errors, so its values count only for a column no passing row gave a value: the columns of a job
+    whose rows all fail still get their types, and its results concatenate with those of other days.
+    """
 
     def __init__(self, parquet_schemas: dict[int, pa.Schema]):
-        self.types: ColumnTypes = {}
+        self._order: dict[str, None] = {}  # the columns, in the order they first appear
+        self._passing = _Votes()
+        self._failing = _Votes()
         self._schemas = parquet_schemas  # source_index -> schema, for Parquet inputs
         self._typed: set[tuple[int, str]] = set()  # (Parquet source, column) already merged
+
+    def add(self, extra: dict[str, Any], source_index: int, *, fails: bool = False) -> None:
+        """One row's carried columns (from the input file numbered `source_index`); `fails`: the row
+        fails on its own input."""
+        schema = self._schemas.get(source_index)
+        votes = self._failing if fails else self._passing
+        for name, value in extra.items():
+            self._order.setdefault(name)
+            if schema is None:
+                votes.add(name, value)
+            elif (source_index, name) not in self._typed:  # a Parquet file's schema: its type, whatever its rows
+                self._typed.add((source_index, name))
+                index = schema.get_field_index(name)
+                self._passing.merge(name, schema.field(index).type if index >= 0 else pa.null())
+        votes.row_done()
+
+    def finish(self) -> ColumnTypes:
+        passing, failing = self._passing.finish(), self._failing.finish()
+        types: ColumnTypes = {}
+        for name in self._order:
+            kind = passing.get(name, pa.null())
+            types[name] = failing.get(name, pa.null()) if kind is not JSON_TEXT and kind == pa.null() else kind
+        return types
+
+
+class _Votes:
+    """The types a set of rows' values give each column (JSON_TEXT where they do not agree)."""
+
+    def __init__(self) -> None:
+        self.types: ColumnTypes = {}
         self._pending: dict[str, list[Any]] = {}
         self._num_pending = 0
 
-    def add(self, extra: dict[str, Any], source_index: int) -> None:
-        """One row's carried columns (from the input file numbered `source_index`)."""
-        schema = self._schemas.get(source_index)
-        for name, value in extra.items():
-            if name not in self.types:
-                self.types[name] = pa.null()
-            if schema is not None:
-                if (source_index, name) not in self._typed:
-                    self._typed.add((source_index, name))
-                    index = schema.get_field_index(name)
-                    self._merge(name, schema.field(index).type if index >= 0 else pa.null())
-            elif self.types[name] is not JSON_TEXT:
-                self._pending.setdefault(name, []).append(value)
+    def add(self, name: str, value: Any) -> None:
+        kind = self.types.setdefault(name, pa.null())
+        if kind is not JSON_TEXT:
+            self._pending.setdefault(name, []).append(value)
+
+    def row_done(self) -> None:
         self._num_pending += 1
         if self._num_pending >= SCAN_BATCH_ROWS:
             self._flush()
@@ -64,12 +94,12 @@ class ColumnScan:
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # mixed kinds, or ints beyond 64 bits
                 self.types[name] = JSON_TEXT
             else:
-                self._merge(name, inferred)
+                self.merge(name, inferred)
         self._pending.clear()
         self._num_pending = 0
 
-    def _merge(self, name: str, new: pa.DataType) -> None:
-        old = self.types[name]
+    def merge(self, name: str, new: pa.DataType) -> None:
+        old = self.types.setdefault(name, pa.null())
         if old is JSON_TEXT:
             return
         merged = unify(old, new)
