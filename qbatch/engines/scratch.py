@@ -5,9 +5,10 @@ folder unless set, which vLLM leaves there (seven a run: a job from cron every f
 thousands). The first process of a run that starts an engine makes a folder and points vLLM's sockets
 there (a VLLM_RPC_BASE_PATH the user set is kept); the processes it starts inherit the folder and put
 their own temporary files in it too (start_errors.py; a multiprocessing child skips the exit handlers
-that would remove them), and vLLM's engine processes have it as their temp folder. A Ray actor on another machine, where the folder does not exist,
-makes its own. The folder goes at its maker's exit, and one left by a process that was killed goes
-with the next engine start. A socket's path has a length limit: where the temp folder's own path is
+that would remove them). The engine processes keep the system's temp folder as theirs: torch keeps its
+compile cache there (on the CPU, C++ headers that took seconds to build at each start when it moved).
+A Ray actor on another machine, where the folder does not exist, makes its own. The folder goes at
+its maker's exit, and one left by a process that was killed goes with the next engine start. A socket's path has a length limit: where the temp folder's own path is
 too long for the sockets to fit in a folder below it, they stay where vLLM puts them.
 """
 
@@ -15,16 +16,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import getpass
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 SOCKETS_ENV = "VLLM_RPC_BASE_PATH"
 SCRATCH_ENV = "QBATCH_SCRATCH"
-INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"  # torch's compile cache: $TMPDIR/torchinductor_USER unless set
 PREFIX = "qbatch-"
 # The longest socket path (sockaddr_un.sun_path: 107 characters on Linux, 103 on macOS), and the length of
 # the name vLLM gives a socket (a uuid4).
@@ -46,28 +44,6 @@ def scratch_folder() -> str:
     if len(folder) + 1 + SOCKET_NAME <= SOCKET_PATH_MAX:
         os.environ.setdefault(SOCKETS_ENV, folder)
     return folder
-
-
-@contextlib.contextmanager
-def engine_processes_temp() -> Iterator[None]:
-    """While the block starts an engine, the processes it spawns (vLLM's engine core) get the run's folder
-    as their temp folder, so that what they leave there goes with it (vLLM's torch store file, left when
-    one is killed); torch's compile cache stays where it would be. This process's temp folder is not
-    changed (tempfile reads TMPDIR once), nor is a folder the user set for torch's cache."""
-    folder = scratch_folder()
-    temp = tempfile.gettempdir()
-    saved = {name: os.environ.get(name) for name in ("TMPDIR", INDUCTOR_ENV)}
-    with contextlib.suppress(Exception):  # no user name (a container's uid without one): torch's own default
-        os.environ.setdefault(INDUCTOR_ENV, os.path.join(temp, f"torchinductor_{getpass.getuser()}"))
-    os.environ["TMPDIR"] = folder
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _remove_orphans() -> None:

@@ -29,7 +29,7 @@ from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.lora import LoraRequests
 from qbatch.engines.messages import EngineSample
 from qbatch.engines.platform import bind_cpu_cores, spawn_if_forks_lose_cuda
-from qbatch.engines.scratch import engine_processes_temp, scratch_folder
+from qbatch.engines.scratch import scratch_folder
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.engines.vllm_output import EngineLog, engine_processes
 from qbatch.errors import EngineError, MissingDependency, first_line
@@ -286,7 +286,7 @@ def start_llm(model: str, model_path: str, kwargs: dict[str, Any]) -> tuple[Any,
 
     with engine_processes() as engine_log:
         try:
-            with start_log() as logged, engine_processes_temp():
+            with start_log() as logged:
                 return LLM(model=model_path, **kwargs), engine_log
         except Exception as exc:
             engine_log.show_tail()

@@ -4,7 +4,6 @@ A real run leaving its temp folder as it found it, killed or not: tests/jobs/tes
 
 from __future__ import annotations
 
-import getpass
 import os
 import shutil
 import subprocess
@@ -92,17 +91,3 @@ def test_sockets_stay_where_vllm_puts_them_when_the_path_would_be_too_long(temp,
     assert os.path.isdir(folder) and scratch.SOCKETS_ENV not in os.environ
     assert len(str(deep)) + 1 + scratch.SOCKET_NAME <= scratch.SOCKET_PATH_MAX  # vLLM's own place still fits
 
-
-def test_the_engine_processes_have_the_folder_as_their_temp_folder(temp, monkeypatch):
-    """What vLLM's engine core leaves in its temp folder when it is killed goes with the run's folder;
-    torch's compile cache stays where it was."""
-    tmp, _ = temp
-    monkeypatch.delenv("TMPDIR", raising=False)
-    monkeypatch.delenv(scratch.INDUCTOR_ENV, raising=False)
-    show = "import os, tempfile; print(tempfile.gettempdir(), os.environ['TORCHINDUCTOR_CACHE_DIR'])"
-    with scratch.engine_processes_temp():
-        child = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, check=True)
-        assert scratch.tempfile.gettempdir() == str(tmp)  # this process's own is unchanged
-    folder = os.environ[scratch.SCRATCH_ENV]
-    assert child.stdout.split() == [folder, os.path.join(str(tmp), f"torchinductor_{getpass.getuser()}")]
-    assert "TMPDIR" not in os.environ and scratch.INDUCTOR_ENV not in os.environ  # put back
