@@ -8,8 +8,9 @@ their own temporary files in it too (start_errors.py; a multiprocessing child sk
 that would remove them). The engine processes keep the system's temp folder as theirs: torch keeps its
 compile cache there (on the CPU, C++ headers that took seconds to build at each start when it moved).
 A Ray actor on another machine, where the folder does not exist, makes its own. The folder goes at
-its maker's exit, and one left by a process that was killed goes with the next engine start. A socket's path has a length limit: where the temp folder's own path is
-too long for the sockets to fit in a folder below it, they stay where vLLM puts them.
+its maker's exit, and one left by a process that was killed goes with the next engine start. A
+socket's path has a length limit: where the temp folder's own path is too long for the sockets to fit
+in a folder below it, they stay where vLLM puts them.
 """
 
 from __future__ import annotations

@@ -316,9 +316,12 @@ class Job:
         """Refuse ids that appear more than once (unless --dedupe), each listed one with where it appears."""
         duplicates = [rid for rid, n in counts.items() if n > 1]
         if duplicates and not self.spec.input.dedupe:
-            places = self._places(set(duplicates[:MAX_LISTED_DUPLICATES]), shard, done)
-            listed = ", ".join(f"{rid!r} ({', '.join(places[rid])}{', ' + str(counts[rid]) + ' times in all' if counts[rid] > MAX_PLACES else ''})"
-                               for rid in duplicates[:MAX_LISTED_DUPLICATES])
+            shown = duplicates[:MAX_LISTED_DUPLICATES]
+            places = self._places(set(shown), shard, done)
+            for rid in shown:
+                if counts[rid] > MAX_PLACES:
+                    places[rid].append(f"{counts[rid]} times in all")
+            listed = ", ".join(f"{rid!r} ({', '.join(places[rid])})" for rid in shown)
             more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
             raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")

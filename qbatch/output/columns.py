@@ -1,9 +1,10 @@
 """Carried columns' output types: one decision per column for the whole input.
 
 The rule: a carried column keeps its Arrow type when the whole input agrees on
-one (the rows that pass: a row that fails on its own input, inputs/prepare.py
-`carried`, counts only for a column that no passing row gives a value) (a Parquet column: its schema's type; a JSONL column: the type Arrow infers
-from all its values, where nulls and int/float mixes widen); otherwise every
+one (a Parquet column: its schema's type; a JSONL column: the type Arrow infers
+from all its values, where nulls and int/float mixes widen; a row that fails on
+its own input, inputs/prepare.py `carried`, counts only for a column that no
+passing row gives a value); otherwise every
 value of the column is written as JSON text (`json.dumps`). The decision is made
 in the pre-scan, before any part is written, so a column's type and values never
 depend on how rows were chunked, ordered, sharded or resumed; the manifest
@@ -61,7 +62,7 @@ class ColumnScan:
         types: ColumnTypes = {}
         for name in self._order:
             kind = passing.get(name, pa.null())
-            types[name] = failing.get(name, pa.null()) if kind is not JSON_TEXT and kind == pa.null() else kind
+            types[name] = failing.get(name, pa.null()) if kind is not JSON_TEXT and pa.types.is_null(kind) else kind
         return types
 
 
