@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 ITERATION = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
                        r"(\d+) generation tokens, iteration elapsed time: ([\d.]+) ms(?! \(dummy\))")
-MARK = re.compile(r"qbatch-bench: (start|end) (\S+) (.+)$")
+MARK = re.compile(r"qbatch-bench: (start|end) (\S+) (.+?)(?: @([\d.]+))?$")  # @: the wall clock (time.time())
 SIZES = ((1, 1024), (1024, 8192), (8192, 24576), (24576, None))
 
 

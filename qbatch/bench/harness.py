@@ -466,7 +466,7 @@ def _mark(text: str) -> None:
     path = vllm_output.current()
     if path is not None:
         with open(path, "a") as log_file:
-            log_file.write(f"{RUN_MARK} {text}\n")
+            log_file.write(f"{RUN_MARK} {text} @{time.time():.3f}\n")  # the wall clock: benchmarks/gpu_busy.py
 
 
 def _share(cached: int, prompt_tokens: int) -> float | None:

@@ -362,6 +362,29 @@ def test_the_step_profile_reads_vllms_lines_between_a_runs_marks():
     assert len(second.steps) == 1
 
 
+def test_the_gpu_busy_report_averages_the_samples_inside_each_marked_run(tmp_path, monkeypatch):
+    """benchmarks/gpu_busy.py: the bench's marks carry the wall clock (steps.py still reads the run's name
+    alone), and each run gets the NVML samples taken between its marks, none of the others'."""
+    from qbatch.bench import harness
+    from qbatch.engines import vllm_output
+
+    log = tmp_path / "engine.log"
+    monkeypatch.setattr(vllm_output, "current", lambda: log)
+    clock = iter([100.0, 102.0, 103.0, 104.0])
+    monkeypatch.setattr(harness.time, "time", lambda: next(clock))
+    for workload, mode in (("prefill", "vllm-best"), ("prefill", "qbatch compilation_mode=3")):
+        with harness._marked(workload, mode):
+            pass
+    samples = tmp_path / "gpu.tsv"
+    samples.write_text("99.5\t0\t1980\t100\n100.5\t90\t1900\t600\n101.5\t100\t1800\t650\n102.5\t7\t1980\t90\n"
+                       "103.5\t50\t1980\t400\n")
+    assert _load_benchmark_script("gpu_busy").report(str(samples), str(log)) == [
+        "prefill vllm-best: 2.00 s, GPU busy 95.0% (median 95, 2 samples), SM clock 1850 MHz, 625 W",
+        "prefill qbatch compilation_mode=3: 1.00 s, GPU busy 50.0% (median 50, 1 samples), SM clock 1980 MHz, 400 W"]
+    assert [run.name for run in _load_benchmark_script("steps").runs(log.read_text().splitlines())] == [
+        "prefill vllm-best", "prefill qbatch compilation_mode=3"]
+
+
 def test_table_compares_with_vllm_best_when_it_ran():
     from qbatch.bench.harness import format_table
 
