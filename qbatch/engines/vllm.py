@@ -12,12 +12,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import inspect
 import os
 import signal
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,12 @@ from qbatch.records import Completion, Embedding, Request, Sample
 # coordinator keeps a running one to max_num_seqs rows (dispatch.py): rows waiting in it
 # cannot go to another.
 FEED_FACTOR = 1.5
+# Prompt tokens added between two engine steps, in steps' worth (max_num_batched_tokens each). vLLM's
+# engine core takes every request waiting in its input queue before its next step, so a chunk of
+# thousands of rows added at once holds the GPU idle while the core takes them in (an H200 ran at
+# 8-26% for 1-2 s at each large chunk of one engine, and raw vLLM's generate() idles so for its first
+# seconds: docs/benchmarks.md, session 43). Two steps' worth a step keeps the core ahead of prefill.
+ADD_STEPS = 2
 IDLE_S = 0.002
 SHUTDOWN_S = 30.0  # the most an engine's processes get to stop cleanly before vLLM kills them
 
@@ -94,7 +102,8 @@ class VllmEngine:
         self.llm, self._log = start_llm(config.model, config.model_path, kwargs)
         try:
             self._loras = LoraRequests(config.lora)
-            self.max_num_seqs = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+            scheduler = self.llm.llm_engine.vllm_config.scheduler_config
+            self.max_num_seqs, self.max_num_batched_tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
             self._decoder = None if self.embeds else FinalDecoder.for_llm(self.llm)
             self._watchdog = EngineWatchdog(self.llm.llm_engine)
         except BaseException:
@@ -146,19 +155,28 @@ class VllmEngine:
         chunk_iter = iter(chunks)
         open_chunks: dict[int, OpenChunk] = {}
         in_flight: dict[str, tuple[OpenChunk, int]] = {}  # request id -> (its chunk, its position there)
+        pending: deque[tuple[OpenChunk, int]] = deque()  # rows of chunks taken, not added yet
         self._in_flight = in_flight
         exhausted = False
         reported = time.monotonic()
+        add = functools.partial(self._add, engine, SamplingParams, RequestOutputKind)
         try:
             while True:
-                while not exhausted and len(in_flight) < target:
-                    chunk = next(chunk_iter, END)
-                    if chunk is END:
-                        exhausted = True
-                        break
-                    if chunk is None:  # a live feed with nothing ready yet (data-parallel workers)
-                        break
-                    self._add_chunk(engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind)
+                budget = ADD_STEPS * self.max_num_batched_tokens
+                while budget > 0:
+                    if not pending:
+                        if exhausted or len(in_flight) >= target:
+                            break
+                        chunk = next(chunk_iter, END)
+                        if chunk is END:
+                            exhausted = True
+                            break
+                        if chunk is None:  # a live feed with nothing ready yet (data-parallel workers)
+                            break
+                        state = open_chunks[chunk.index] = OpenChunk(chunk, len(chunk.requests))
+                        pending.extend((state, pos) for pos in range(len(chunk.requests)))
+                    state, pos = pending.popleft()
+                    budget -= add(state, pos, in_flight)
                 if in_flight:
                     try:
                         outputs = engine.step()
@@ -170,7 +188,7 @@ class VllmEngine:
                         if output.finished and output.request_id in in_flight:
                             state, pos = in_flight.pop(output.request_id)
                             self._finish(state, pos, output)
-                elif not exhausted:
+                elif not exhausted and not pending:
                     time.sleep(IDLE_S)  # a live feed with nothing for us yet: wait without spinning
                 # Finished rows go back every REPORT_S, and at once when nothing else runs (nothing
                 # would finish after them): rows never wait in here for the end of a long one.
@@ -178,7 +196,7 @@ class VllmEngine:
                 if now - reported >= REPORT_S or (not in_flight and any(s.finished for s in open_chunks.values())):
                     reported = now
                     yield from self._report(open_chunks)
-                if exhausted and not in_flight:
+                if exhausted and not in_flight and not pending:
                     return
         finally:
             # A consumer that stops early (an error, Ctrl-C) leaves requests in the engine: abort them,
@@ -193,28 +211,31 @@ class VllmEngine:
         self._log.show_tail()
         return EngineError(f"the engine failed: {cause}", hint="finished parts are kept; rerun the same command to resume")
 
-    def _add_chunk(self, engine, chunk, open_chunks, in_flight, SamplingParams, RequestOutputKind) -> None:
-        state = open_chunks[chunk.index] = OpenChunk(chunk, len(chunk.requests))
-        for pos, request in enumerate(chunk.requests):
-            try:
-                if self.embeds:
-                    params = pooling_params()
-                else:
-                    params = SamplingParams(**_vllm_sampling(request.sampling), output_kind=RequestOutputKind.FINAL_ONLY,
-                                            detokenize=self._vllm_detokenizes(request))
-                request_id = f"q{self._next_id}"
-                self._next_id += 1
-                engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params,
-                                   lora_request=self._loras.get(request.adapter))
-            except _engine_dead_errors() as exc:  # the engine died between steps: no row's fault
-                raise self._failed(exc) from exc
-            except (ValueError, TypeError, *_request_errors()) as exc:  # a row vLLM rejects fails alone
-                error = f"vLLM rejected the request: {first_line(exc)}"
-                state.finished.append(Embedding(request, None, error=error) if self.embeds else
-                                      Completion(request, "", None, 0, error=error))
-                state.remaining -= 1
-                continue
-            in_flight[request_id] = (state, pos)
+    def _add(self, engine, SamplingParams, RequestOutputKind, state: OpenChunk, pos: int,
+             in_flight: dict[str, tuple[OpenChunk, int]]) -> int:
+        """Add one row of a chunk to the engine; its prompt tokens (what it adds to the engine's work).
+        A row vLLM rejects fails alone (finished with its error); a dead engine stops the run."""
+        request = state.chunk.requests[pos]
+        try:
+            if self.embeds:
+                params = pooling_params()
+            else:
+                params = SamplingParams(**_vllm_sampling(request.sampling), output_kind=RequestOutputKind.FINAL_ONLY,
+                                        detokenize=self._vllm_detokenizes(request))
+            request_id = f"q{self._next_id}"
+            self._next_id += 1
+            engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params,
+                               lora_request=self._loras.get(request.adapter))
+        except _engine_dead_errors() as exc:  # the engine died between steps: no row's fault
+            raise self._failed(exc) from exc
+        except (ValueError, TypeError, *_request_errors()) as exc:  # a row vLLM rejects fails alone
+            error = f"vLLM rejected the request: {first_line(exc)}"
+            state.finished.append(Embedding(request, None, error=error) if self.embeds else
+                                  Completion(request, "", None, 0, error=error))
+            state.remaining -= 1
+            return 0
+        in_flight[request_id] = (state, pos)
+        return request.num_prompt_tokens
 
     def _vllm_detokenizes(self, request: Request) -> bool:
         """Whether vLLM decodes this row's text (else qbatch does, with the rows reported with it; see detokenize.py).

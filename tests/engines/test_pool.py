@@ -179,7 +179,7 @@ def fake_vllm_engine() -> VllmEngine:
     pytest.importorskip("vllm")
     engine = object.__new__(VllmEngine)
     engine.llm = SimpleNamespace(llm_engine=FakeLlmEngine())
-    engine.max_num_seqs, engine._decoder, engine._next_id = 8, None, 0
+    engine.max_num_seqs, engine.max_num_batched_tokens, engine._decoder, engine._next_id = 8, 64, None, 0
     return engine
 
 
@@ -199,6 +199,24 @@ def test_a_run_stopped_early_aborts_its_requests_in_flight(monkeypatch):
     run.close()
     llm = engine.llm.llm_engine
     assert llm.added == ["q0", "q1", "q2"] and llm.finished == ["q0"] and sorted(llm.aborted) == ["q1", "q2"]
+
+
+def test_rows_go_into_the_engine_a_few_steps_worth_at_a_time(monkeypatch):
+    """vLLM's engine core takes in every waiting request before its next step: a chunk of thousands added
+    at once idled an H200 for seconds. Between two steps the run adds ADD_STEPS x max_num_batched_tokens
+    prompt tokens (a row at least), and the rows of a chunk taken wait their turn."""
+    from qbatch.engines import vllm
+
+    monkeypatch.setattr(vllm, "ADD_STEPS", 2)
+    engine = fake_vllm_engine()
+    engine.max_num_batched_tokens = 2  # a row here has 2 prompt tokens: two rows between steps
+    llm, calls = engine.llm.llm_engine, []
+    add, step = llm.add_request, llm.step
+    llm.add_request = lambda *args, **kwargs: (calls.append("add"), add(*args, **kwargs))[1]
+    llm.step = lambda: (calls.append("step"), step())[1]
+    done = [c.request.id for _, completions in engine.run([chunk(0, 5), chunk(1, 1)]) for c in completions]
+    assert sorted(done) == ["0-0", "0-1", "0-2", "0-3", "0-4", "1-0"]
+    assert "".join("a" if c == "add" else "s" for c in calls) == "aasaasaassss"
 
 
 def test_a_run_that_ends_aborts_nothing():
