@@ -6,7 +6,8 @@
 `sample` runs the command and polls GPU 0 through NVML every 0.1 s meanwhile: its utilisation (the share
 of the last sample period in which a kernel ran; not how many of the SMs it used), SM clock and power.
 `report` averages the samples inside each run the bench marked in its engine log (steps.py's marks;
-their wall clock since the marks carry one).
+their wall clock since the marks carry one); `report ... --timeline` also lists each run's samples, one every
+0.2 s (NVML's own period on the H200): where in a run the GPU waited, e.g. while vLLM took in requests.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def spans(lines: list[str]) -> list[tuple[str, float, float]]:
     return found
 
 
-def report(samples_path: str, log_path: str) -> list[str]:
-    """A line per timed run: its wall time, the GPU's mean utilisation, SM clock and power inside it."""
+def report(samples_path: str, log_path: str, *, timeline: bool = False) -> list[str]:
+    """A line per timed run: its wall time, the GPU's mean utilisation, SM clock and power inside it
+    (and with `timeline`, a line of its utilisation samples, every second one)."""
     with open(samples_path) as f:
         rows = [tuple(map(float, line.split("\t"))) for line in f if line.strip()]
     with open(log_path, errors="replace") as f:
@@ -77,10 +79,12 @@ def report(samples_path: str, log_path: str) -> list[str]:
         lines.append(f"{name}: {end - start:.2f} s, GPU busy {statistics.mean(util):.1f}% (median "
                      f"{statistics.median(util):.0f}, {len(inside)} samples), SM clock "
                      f"{statistics.mean(r[2] for r in inside):.0f} MHz, {statistics.mean(r[3] for r in inside):.0f} W")
+        if timeline:
+            lines.append("  every 0.2 s: " + " ".join(f"{r[1]:.0f}" for r in inside[::2]))
     return lines
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "sample" and "--" in sys.argv:
         sys.exit(sample(sys.argv[2], sys.argv[sys.argv.index("--") + 1:]))
-    print("\n".join(report(sys.argv[2], sys.argv[3])))
+    print("\n".join(report(sys.argv[2], sys.argv[3], timeline="--timeline" in sys.argv[4:])))

@@ -381,6 +381,7 @@ def test_the_gpu_busy_report_averages_the_samples_inside_each_marked_run(tmp_pat
     assert _load_benchmark_script("gpu_busy").report(str(samples), str(log)) == [
         "prefill vllm-best: 2.00 s, GPU busy 95.0% (median 95, 2 samples), SM clock 1850 MHz, 625 W",
         "prefill qbatch compilation_mode=3: 1.00 s, GPU busy 50.0% (median 50, 1 samples), SM clock 1980 MHz, 400 W"]
+    assert _load_benchmark_script("gpu_busy").report(str(samples), str(log), timeline=True)[1] == "  every 0.2 s: 90"
     assert [run.name for run in _load_benchmark_script("steps").runs(log.read_text().splitlines())] == [
         "prefill vllm-best", "prefill qbatch compilation_mode=3"]
 
