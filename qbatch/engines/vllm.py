@@ -46,10 +46,10 @@ from qbatch.records import Completion, Embedding, Request, Sample
 # cannot go to another.
 FEED_FACTOR = 1.5
 # Prompt tokens added between two engine steps, in steps' worth (max_num_batched_tokens each). vLLM's
-# engine core takes every request waiting in its input queue before its next step, so a chunk of
-# thousands of rows added at once holds the GPU idle while the core takes them in (an H200 ran at
-# 8-26% for 1-2 s at each large chunk of one engine, and raw vLLM's generate() idles so for its first
-# seconds: docs/benchmarks.md, session 43). Two steps' worth a step keeps the core ahead of prefill.
+# engine core takes in every request waiting in its input queue before its next step, so a chunk of
+# thousands of rows added at once leaves the GPU idle while the core takes them in, as raw vLLM's
+# generate() does at its start (docs/benchmarks.md, session 43). More than one step's worth a step
+# keeps the core ahead of prefill, which consumes one a step.
 ADD_STEPS = 2
 IDLE_S = 0.002
 SHUTDOWN_S = 30.0  # the most an engine's processes get to stop cleanly before vLLM kills them
