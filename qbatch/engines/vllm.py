@@ -152,6 +152,7 @@ class VllmEngine:
 
         engine = self.llm.llm_engine
         target = int(self.max_num_seqs * FEED_FACTOR)
+        per_step = ADD_STEPS * self.max_num_batched_tokens  # prompt tokens added between two steps
         chunk_iter = iter(chunks)
         open_chunks: dict[int, OpenChunk] = {}
         in_flight: dict[str, tuple[OpenChunk, int]] = {}  # request id -> (its chunk, its position there)
@@ -162,7 +163,7 @@ class VllmEngine:
         add = functools.partial(self._add, engine, SamplingParams, RequestOutputKind)
         try:
             while True:
-                budget = ADD_STEPS * self.max_num_batched_tokens
+                budget = per_step
                 while budget > 0:
                     if not pending:
                         if exhausted or len(in_flight) >= target:
@@ -188,7 +189,7 @@ class VllmEngine:
                         if output.finished and output.request_id in in_flight:
                             state, pos = in_flight.pop(output.request_id)
                             self._finish(state, pos, output)
-                elif not exhausted and not pending:
+                elif not exhausted:
                     time.sleep(IDLE_S)  # a live feed with nothing for us yet: wait without spinning
                 # Finished rows go back every REPORT_S, and at once when nothing else runs (nothing
                 # would finish after them): rows never wait in here for the end of a long one.
@@ -196,7 +197,7 @@ class VllmEngine:
                 if now - reported >= REPORT_S or (not in_flight and any(s.finished for s in open_chunks.values())):
                     reported = now
                     yield from self._report(open_chunks)
-                if exhausted and not in_flight and not pending:
+                if exhausted and not in_flight:  # the feed ended with `pending` empty
                     return
         finally:
             # A consumer that stops early (an error, Ctrl-C) leaves requests in the engine: abort them,
