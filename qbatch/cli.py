@@ -304,13 +304,14 @@ class EngineHandoff:
     close: bool = False
 
 
-def command_pool() -> tuple[Any, bool]:
-    """The pool this command runs on, and whether the command closes it when it ends."""
+def command_pool(*, kept: bool = False) -> tuple[Any, bool]:
+    """The pool this command runs on, and whether the command closes it when it ends. `kept`: its
+    engines serve many runs (`qbatch serve`), see EnginePool."""
     from qbatch.engines.pool import EnginePool
 
     handoff = click.get_current_context().find_object(EngineHandoff)
     if handoff is None:
-        return EnginePool(), True
+        return EnginePool(kept=kept), True
     return handoff.pool, handoff.close
 
 
@@ -461,7 +462,7 @@ def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str 
                              max_upload_bytes=max_upload_bytes, max_requests=max_requests,
                              window_s=completion_window_s)
     JobSpec.from_flat({**engine, **job}, source="command line")  # bad values stop here, before anything starts
-    pool, owned = command_pool()
+    pool, owned = command_pool(kept=True)
     Service(settings, pool=pool, close_pool=owned).serve()  # the service closes its engines as it stops
 
 

@@ -52,13 +52,15 @@ class EnginePool:
     `max_engines`: keep at most this many; starting one more closes the least recently used first
     (each engine holds its model and KV cache). `start`: how an engine starts (start_engine; a test
     passes a stand-in). An engine with nothing to close (the null engine) costs nothing to start and
-    is not kept: each run gets a new one.
+    is not kept: each run gets a new one. `kept`: its engines serve later runs (a Session's, a service's),
+    which may start them compiled (plan/placement.choose_kept_engines); a command's own pool is not.
     """
 
-    def __init__(self, *, max_engines: int | None = None, start: StartEngine = start_engine):
+    def __init__(self, *, max_engines: int | None = None, start: StartEngine = start_engine, kept: bool = False):
         if max_engines is not None and max_engines < 1:
             raise ValueError(f"max_engines must be >= 1, got {max_engines}")
         self.max_engines = max_engines
+        self.kept = kept
         self._start = start
         self._engines: OrderedDict[EngineConfig, Engine] = OrderedDict()  # least recently used first
         # Closes the engines when the pool is dropped or at exit; created before the first engine starts,

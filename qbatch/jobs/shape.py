@@ -22,7 +22,8 @@ from qbatch.engines.pool import EnginePool
 from qbatch.inputs.readers import detect_format
 from qbatch.jobs.job import Job
 from qbatch.log import log
-from qbatch.plan.shape import JobShape, candidates, may_choose, resolve_for_shape, resolve_for_size
+from qbatch.plan.shape import (JobShape, candidates, may_choose, resolve_for_kept, resolve_for_shape,
+                               resolve_for_size)
 from qbatch.spec import COMPRESSED_SUFFIXES, parse_shard
 
 SAMPLE_ROWS = 512
@@ -35,12 +36,17 @@ STOP_COUNTING_BYTES = 64 << 20
 
 def choose_for_shape(job: Job, done: set[str], pool: EnginePool) -> Job:
     """The job with the engines its shape calls for (a new plan: job.plan.choice says which and why); the
-    job as it is where no choice is made. An engine of `pool` that fits the job is chosen first."""
+    job as it is where no choice is made. An engine of `pool` that fits the job is chosen first, then the
+    engines a pool kept for later runs gets (plan/shape.py's resolve_for_kept), then the shape's."""
     if not may_choose(job.plan):
         return job
     for plan in candidates(job.plan):  # a warm engine (a Session's) beats any start
         if pool.has(plan.engine):
             return job.with_plan(plan)
+    kept = resolve_for_kept(job.plan) if pool.kept else None
+    if kept is not None:
+        log.info("engines: %s", kept.choice.reason)
+        return job.with_plan(kept)
     bound = max_prompt_tokens(job)
     small = resolve_for_size(job.plan, bound) if bound is not None else None
     if small is not None:

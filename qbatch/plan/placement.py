@@ -83,6 +83,20 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
                                           "one engine per GPU with torch.compile (it fills the compile cache)")
 
 
+def choose_kept_engines(*, compile_cache_warm: bool, default_engines: int) -> EngineChoice | None:
+    """Engines a Session or a service keeps for later runs, on a GPU: compiled where this machine compiled
+    their settings before, whatever the first job's shape; None (the job's shape chooses) otherwise.
+
+    A cached compile costs seconds of start once, and compiled engines were not slower on any shape
+    measured, decode-heavy included (docs/benchmarks.md), so engines that serve many jobs repay it. A first
+    compile costs most of a minute: it is left to a job large enough to repay it alone (choose_engines).
+    """
+    if not compile_cache_warm:
+        return None
+    return EngineChoice(default_engines, TORCH_COMPILE, f"kept for later runs and compiled before on this machine: "
+                                                        f"{default_engines} engine(s) per GPU with torch.compile")
+
+
 def too_short_to_compile(max_prompt_tokens: int) -> bool:
     """Whether a job of at most this many prompt tokens keeps the default engines whatever its output and
     compile cache (choose_engines): it compiles only when prefill-bound, its prompts then more than

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from qbatch.plan.placement import TORCH_COMPILE, EngineChoice, choose_engines, too_short_to_compile
+from qbatch.plan.placement import (TORCH_COMPILE, EngineChoice, choose_engines, choose_kept_engines,
+                                   too_short_to_compile)
 from qbatch.plan.resolve import Plan, compile_cache_warm, resolve
 
 
@@ -66,13 +67,26 @@ def resolve_for_size(plan: Plan, max_prompt_tokens: int) -> Plan | None:
     return dataclasses.replace(with_choice(plan, choice), choice=choice)
 
 
+def resolve_for_kept(plan: Plan) -> Plan | None:
+    """The plan with the engines a Session or a service keeps for later runs (placement.choose_kept_engines:
+    compiled where this machine compiled them before); None where no such choice is made."""
+    if not may_choose(plan):
+        return None
+    choice = choose_kept_engines(compile_cache_warm=_compiled_before(plan), default_engines=default_engines(plan))
+    return None if choice is None else dataclasses.replace(with_choice(plan, choice), choice=choice)
+
+
 def resolve_for_shape(plan: Plan, shape: JobShape) -> Plan:
     """The plan with the engines the job's shape calls for (plan.choice says which and why); the plan
     as it is where no choice is made (see may_choose) or the job has no rows."""
     if not may_choose(plan) or not shape.rows:
         return plan
-    compiled = candidates(plan)[1]
-    warm = compile_cache_warm(compiled.spec.engine, compiled.max_model_len, plan.machine)
-    choice = choose_engines(shape.prompt_tokens, shape.output_tokens, shape.rows, gpu=True, compile_cache_warm=warm,
-                            default_engines=default_engines(plan))
+    choice = choose_engines(shape.prompt_tokens, shape.output_tokens, shape.rows, gpu=True,
+                            compile_cache_warm=_compiled_before(plan), default_engines=default_engines(plan))
     return dataclasses.replace(with_choice(plan, choice), choice=choice)
+
+
+def _compiled_before(plan: Plan) -> bool:
+    """Whether this machine compiled the plan's default engines with torch.compile before."""
+    compiled = candidates(plan)[1]
+    return compile_cache_warm(compiled.spec.engine, compiled.max_model_len, plan.machine)

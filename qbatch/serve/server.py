@@ -45,7 +45,7 @@ class Service:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.data_dir / "qbatch-serve.sqlite3")
-        self.pool = pool if pool is not None else EnginePool()
+        self.pool = pool if pool is not None else EnginePool(kept=True)
         self._owns_pool = pool is None or close_pool
         self.worker = BatchWorker(self.store, settings, self.pool)
         self.app = create_app(settings, self.store, self.worker)

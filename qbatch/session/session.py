@@ -109,7 +109,7 @@ class Session:
         JobSpec.from_flat(self.engine_settings, source="Session(...)")  # bad values fail now, not at the first run
         self.engine_log = Path(engine_log) if engine_log is not None else _default_engine_log()
         self.closed = False
-        self.pool = pool if pool is not None else EnginePool()
+        self.pool = pool if pool is not None else EnginePool(kept=True)
         self._owns_pool = pool is None
 
     @classmethod
@@ -316,8 +316,12 @@ def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | 
     """
     engine = {k: v for k, v in settings.items() if k.replace("-", "_") in ENGINE_SETTINGS}
     job = {k: v for k, v in settings.items() if k not in engine}
-    with Session(model, **engine) as session:
-        return session.run(data, output_dir=output_dir, **job)
+    pool = EnginePool()  # one job's engines, as `qbatch run` starts them (not kept for later runs)
+    try:
+        with Session(model, pool=pool, **engine) as session:
+            return session.run(data, output_dir=output_dir, **job)
+    finally:
+        pool.close_all()
 
 
 # Settings that choose the input's rows or columns: the quick paths' rows are their own.

@@ -130,6 +130,36 @@ def test_an_engine_of_the_pool_that_fits_the_job_is_chosen_before_sampling(gpu, 
     assert chosen.plan.choice is None
 
 
+def test_engines_kept_for_later_runs_start_compiled_where_they_compiled_before(gpu, bundled_model, tmp_path):
+    """A Session's or a service's engines serve many jobs: with a warm compile cache they start compiled
+    whatever the first job's shape (decode-bound, short); a command's own pool keeps the job's choice, and
+    a cold cache leaves the choice to the shape."""
+    job = job_for(bundled_model, tmp_path, DOCS, max_tokens=2048)  # decode-bound and short
+    assert shape.choose_for_shape(job, set(), EnginePool(kept=True)).spec.engine.compilation_mode is None  # cold
+    job = warmed(job)
+    chosen = shape.choose_for_shape(job, set(), EnginePool(kept=True))
+    assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (2, TORCH_COMPILE)
+    assert chosen.plan.choice.reason.startswith("kept for later runs and compiled before on this machine")
+    assert chosen.plan.engine == shape.candidates(job.plan)[1].engine  # the next job finds them in the pool
+    assert shape.choose_for_shape(job, set(), EnginePool()).spec.engine.compilation_mode is None
+    explicit = warmed(job_for(bundled_model, tmp_path, DOCS, max_tokens=2048, compilation_mode=0))
+    assert shape.choose_for_shape(explicit, set(), EnginePool(kept=True)) is explicit
+
+
+def test_the_doors_that_keep_engines_say_so(tmp_path, monkeypatch):
+    """A Session's and a service's pools keep their engines for later runs; qbatch.run's one job's does not."""
+    from qbatch.serve.config import ServeSettings
+    from qbatch.serve.server import Service
+    from qbatch.session import session
+
+    assert session.Session("m").pool.kept
+    service = Service(ServeSettings(data_dir=tmp_path / "serve", engine={"model": "m"}))
+    assert service.pool.kept
+    service.store.close()
+    monkeypatch.setattr(session.Session, "run", lambda self, data, **settings: self.pool.kept)
+    assert session.run(["hi"], model="m") is False
+
+
 def test_rows_estimated_from_a_sample_and_the_file_size(gpu, bundled_model, tmp_path, monkeypatch):
     monkeypatch.setattr(shape, "SAMPLE_ROWS", 10)
     rows = [{"id": str(i), "prompt": "lorem ipsum " * 20} for i in range(1000)]
