@@ -3,8 +3,8 @@ and torch.compile for a job's shape: decisions from a Machine (machine.py), and 
 
 A small model leaves its GPU idle for part of each step while vLLM's engine loop runs
 on the CPU, so by default such a model gets two engines per GPU, each with half of the
-GPU's memory (docs/benchmarks.md has the measurements). A long prefill-bound job gets one
-compiled engine instead (choose_engines).
+GPU's memory (docs/benchmarks.md has the measurements). A long prefill-bound job gets
+them compiled (choose_engines).
 """
 
 from __future__ import annotations
@@ -25,16 +25,14 @@ SHARED_GPU_CORES = 4
 # A job is prefill-bound when its output tokens (max_tokens, the most it may generate) are under
 # this share of its tokens: torch.compile's fused kernels then gain most (docs/benchmarks.md, issue #19).
 PREFILL_BOUND_OUTPUT_SHARE = 0.10
-# A first torch.compile costs most of a minute of start: a prefill-bound job of at least this many tokens
-# (prompt + output) repays it. The gain per token is smaller where rows repeat documents (vLLM's prefix cache
-# serves them compiled or not), so the threshold is set for a job of one shared instruction and distinct
-# documents (docs/benchmarks.md, "compile cache" and "2026-12-02": where it comes from).
+# Starting with torch.compile costs most of a minute more with a cold compile cache and several
+# seconds with a warm one (vLLM still loads and links the cached graphs), for faster prefill: a
+# prefill-bound job of at least this many tokens (prompt + output) repays it. The gain per token is
+# smaller where rows repeat documents (vLLM's prefix cache serves them uncompiled or not), so the
+# warm threshold is set for a job of one shared instruction and distinct documents (docs/benchmarks.md,
+# "compile cache" and "2026-12-02": where the thresholds come from).
 COMPILE_REPAID_TOKENS = 275_000_000
-# With the compile cache warm, one compiled engine starts no later than two uncompiled ones and prefills
-# faster (docs/benchmarks.md, session 44): a prefill-bound job of at least this many tokens gets it. A
-# smaller one keeps the default engines, which start before the tokenizer loads (jobs/shape.py): a job of
-# a few seconds gains more from that head start than from faster kernels.
-WARM_COMPILE_REPAID_TOKENS = 2_000_000
+WARM_COMPILE_REPAID_TOKENS = 50_000_000
 # vLLM's CompilationMode.VLLM_COMPILE.
 TORCH_COMPILE = 3
 
@@ -62,11 +60,11 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
     and output tokens (output: max_tokens, its bound), its rows, whether it runs on a GPU and
     whether this machine compiled these settings before.
 
-    A prefill-bound job long enough to repay the compile (a cached one costs seconds) gets one compiled
-    engine per GPU: with the paced feed (engines/vllm.py) one compiled engine keeps the GPU as busy as two
-    and does not share it in time slices, and it ran prefill-bound shapes faster than two compiled or two
-    uncompiled ones (docs/benchmarks.md, session 44). Decode-bound jobs keep the defaults (`default_engines`,
-    no compile on Hopper): where vLLM's loop on the CPU is the limit, a second engine fills the GPU's gaps.
+    Prefill-bound jobs long enough to repay the compile (a cached one costs less) get torch.compile on
+    the default engines: two compiled engines on one GPU outran one compiled engine on prefill-bound
+    jobs as two uncompiled ones do (docs/benchmarks.md). A first compile runs on one engine: two
+    engines compiling into one empty cache at once would write the same files, which is untried.
+    The rest keep the defaults (`default_engines`, no compile on Hopper).
     """
     total = prompt_tokens + output_tokens
     share = output_tokens / total if total else 1.0
@@ -78,9 +76,11 @@ def choose_engines(prompt_tokens: int, output_tokens: int, rows: int, *, gpu: bo
     if total < (WARM_COMPILE_REPAID_TOKENS if compile_cache_warm else COMPILE_REPAID_TOKENS):
         cache = "a cached" if compile_cache_warm else "a first"
         return EngineChoice(default_engines, None, f"{shape}: prefill-bound, but too short to repay {cache} torch.compile")
-    cache = "compiled before on this machine" if compile_cache_warm else \
-        "long enough to repay a first torch.compile (it fills the compile cache)"
-    return EngineChoice(1, TORCH_COMPILE, f"{shape}: prefill-bound, {cache}: one engine per GPU with torch.compile")
+    if compile_cache_warm:
+        return EngineChoice(default_engines, TORCH_COMPILE, f"{shape}: prefill-bound, compiled before on this machine: "
+                                                            f"{default_engines} engine(s) per GPU with torch.compile")
+    return EngineChoice(1, TORCH_COMPILE, f"{shape}: prefill-bound, long enough to repay a first torch.compile: "
+                                          "one engine per GPU with torch.compile (it fills the compile cache)")
 
 
 def choose_kept_engines(*, compile_cache_warm: bool, default_engines: int) -> EngineChoice | None:

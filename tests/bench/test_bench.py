@@ -228,8 +228,8 @@ def test_a_variant_of_other_engine_settings_gets_engines_of_its_own(bundled_mode
 
 def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, tmp_path, monkeypatch):
     """On a GPU the bench starts a qbatch run's engines as the run itself would choose them (plan/shape.py):
-    a long prefill-bound workload with a warm compile cache gets one compiled engine, not the uncompiled
-    defaults that its run would then have found running and kept."""
+    a long prefill-bound workload with a warm compile cache gets its two engines compiled, not the
+    uncompiled defaults that its run would then have found running and kept."""
     import dataclasses
 
     from qbatch.bench.harness import resolved_job
@@ -258,7 +258,7 @@ def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, 
                                                               compile_cache.vllm_version()))
     warm = dataclasses.replace(h200, warm_compiles=compile_cache.warm_markers())
     chosen = resolved_job(spec, EnginePool(), warm).spec.engine
-    assert (chosen.engines_per_gpu, chosen.compilation_mode) == (1, placement.TORCH_COMPILE)
+    assert (chosen.engines_per_gpu, chosen.compilation_mode) == (2, placement.TORCH_COMPILE)
 
 
 def test_first_run_times_the_engine_start_and_keeps_every_run(cli, bundled_model, tmp_path):

@@ -18,8 +18,8 @@ from qbatch.spec import JobSpec
 
 
 @pytest.mark.parametrize(("prompt", "output", "warm", "expected"), [
-    (WARM_COMPILE_REPAID_TOKENS, 8_000, True, (1, TORCH_COMPILE)),  # prefill-bound, compiled before: one engine
-    (WARM_COMPILE_REPAID_TOKENS // 2, 8_000, True, (2, None)),  # prefill-bound, too short even for a cached compile
+    (WARM_COMPILE_REPAID_TOKENS, 8_000, True, (2, TORCH_COMPILE)),  # prefill-bound, compiled before: both engines
+    (1_000_000, 8_000, True, (2, None)),  # prefill-bound, too short even for a cached compile
     (WARM_COMPILE_REPAID_TOKENS, 8_000, False, (2, None)),  # a first compile would not pay
     (COMPILE_REPAID_TOKENS, 8_000, False, (1, TORCH_COMPILE)),  # long enough to repay it: one engine compiles
     (COMPILE_REPAID_TOKENS, COMPILE_REPAID_TOKENS, True, (2, None)),  # decode-bound: the defaults
@@ -67,16 +67,15 @@ def warmed(job: Job) -> Job:
 DOCS = [{"id": str(i), "prompt": "Read this and answer. " + "lorem ipsum dolor " * 200} for i in range(40)]
 
 
-def test_prefill_bound_job_with_a_warm_compile_gets_one_compiled_engine(gpu, bundled_model, tmp_path, monkeypatch):
+def test_prefill_bound_job_with_a_warm_compile_gets_its_engines_compiled(gpu, bundled_model, tmp_path, monkeypatch):
     monkeypatch.setattr(placement, "WARM_COMPILE_REPAID_TOKENS", 10_000)  # 40 rows of ~600 tokens repay it
     job = job_for(bundled_model, tmp_path, DOCS, max_tokens=8)
     assert job.spec.engine.engines_per_gpu == 2  # the default for a small model on a big GPU
     job = warmed(job)
     chosen = shape.choose_for_shape(job, set(), EnginePool())
     choice = chosen.plan.choice
-    assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (1, TORCH_COMPILE)
-    assert chosen.spec.engine.kv_cache_memory_bytes is None  # one engine: vLLM sizes its KV cache
-    assert chosen.spec.plan.chunk_tokens == 4_194_304  # the chunk size of one engine
+    assert (chosen.spec.engine.engines_per_gpu, chosen.spec.engine.compilation_mode) == (2, TORCH_COMPILE)
+    assert chosen.spec.engine.kv_cache_memory_bytes == job.spec.engine.kv_cache_memory_bytes  # still start together
     assert "prefill-bound, compiled before on this machine" in choice.reason and choice.reason.startswith("40 rows")
     assert job.spec.engine.compilation_mode is None  # the job given is left as it is
 
