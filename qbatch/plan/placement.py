@@ -87,8 +87,9 @@ def choose_kept_engines(*, compile_cache_warm: bool, default_engines: int) -> En
     """Engines a Session or a service keeps for later runs, on a GPU: compiled where this machine compiled
     their settings before, whatever the first job's shape; None (the job's shape chooses) otherwise.
 
-    A cached compile costs seconds of start once, and compiled engines were not slower on any shape
-    measured, decode-heavy included (docs/benchmarks.md), so engines that serve many jobs repay it. A first
+    A cached compile costs seconds of start once, and compiled engines ran as fast as uncompiled ones or
+    faster on the shapes measured, decode-heavy included (docs/benchmarks.md, sessions 43 and 44; one
+    document-QA run 6% slower before), so engines that serve many jobs repay it. A first
     compile costs most of a minute: it is left to a job large enough to repay it alone (choose_engines).
     """
     if not compile_cache_warm:
