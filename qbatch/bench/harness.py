@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.bench.settings import (
-    DEFAULT_ROWS, MODES, QBATCH_MODES, RAW_BEST_MODES, SHARED_ENGINE_MODES, BenchSettings, environment, qbatch_spec,
-    work_dir,
+    DEFAULT_ROWS, MODES, QBATCH_MODES, RAW_BEST_MODES, SHARED_ENGINE_MODES, BenchSettings, describe_host, environment,
+    qbatch_spec, work_dir,
 )
 from qbatch.bench.workloads import Workload, make_workload
 from qbatch.engines import vllm_output
@@ -620,7 +620,7 @@ def format_table(report: dict[str, Any]) -> str:
     if report["kind"] == "pipeline":
         from qbatch.bench.pipeline import format_pipeline
 
-        return format_pipeline(report)
+        return _with_host(format_pipeline(report), report)
     ran = {r["mode"] for r in report["results"]}
     baselines = [b for b in BASELINES if b in ran]  # only the baselines that ran get a column
     head = f"{'workload':<11} {'mode':<26} {'rows':>6} {'wall s':>8} {'rows/s':>9} {'out tok/s':>10} " \
@@ -638,7 +638,12 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"{r['workload']} first-run: engines started in {notes['engine_start_s']:.1f}s, generated in "
                          f"{notes['generate_s']:.1f}s, {r['wall_s']:.1f}s end to end; output tok/s "
                          f"{notes['generate_output_tok_s'] or 0:,.0f} over generation, {r['output_tok_s']:,.0f} end to end")
-    return "\n".join(lines)
+    return _with_host("\n".join(lines), report)
+
+
+def _with_host(table: str, report: dict[str, Any]) -> str:
+    """The table and a line on its host: ratios compare like with like on one host, absolute figures differ by host."""
+    return f"{table}\n{describe_host(report['hardware'])}" if report.get("hardware") else table
 
 
 def _ratio_key(baseline: str) -> str:

@@ -109,17 +109,64 @@ def environment() -> dict[str, Any]:
 
 def _hardware() -> dict[str, Any]:
     info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    fields = _cpuinfo()
+    if "model name" in fields:
+        info["cpu"] = fields["model name"]
+    if {"cpu family", "model"} <= fields.keys():  # what tells apart CPUs a VM names alike
+        info["cpu_model"] = f"family {fields['cpu family']} model {fields['model']} stepping {fields.get('stepping', '?')}"
+    info["python_msteps_s"] = python_speed()
     gpus = query_gpu_text("name")  # nvidia-smi: torch would initialise CUDA in a process that may fork an engine
     if gpus:
         info["gpu"], info["gpu_count"] = gpus[0][0], len(gpus)
     return info
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+# Steps of python_speed's loop: tens of milliseconds on a slow core.
+SPEED_STEPS = 300_000
+
+
+def python_speed() -> float:
+    """Millions of steps a second of a fixed pure-Python loop on one core, the best of three. vLLM's engine
+    loop is single-threaded Python and limits a small model's decode, and hosts that report the same CPU ran
+    it at different rates (docs/benchmarks.md, session 44): this says which kind of host a result came from."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        _steps(SPEED_STEPS)
+        best = min(best, time.perf_counter() - start)
+    return round(SPEED_STEPS / best / 1e6, 2)
+
+
+def _steps(n: int) -> int:
+    table: dict[int, int] = {}
+    total = 0
+    for i in range(n):
+        table[i & 1023] = i
+        total += table[i & 511]
+    return total
+
+
+def describe_host(hardware: dict[str, Any]) -> str:
+    """One line of `hardware` (environment()'s) for a report's reader."""
+    cpu = hardware.get("cpu", "?") + (f" ({hardware['cpu_model']})" if hardware.get("cpu_model") else "")
+    gpu = f", {hardware['gpu_count']} x {hardware['gpu']}" if hardware.get("gpu") else ""
+    speed = f"; Python {hardware['python_msteps_s']}M loop steps/s" if hardware.get("python_msteps_s") else ""
+    return f"host: {cpu}, {hardware.get('cores', '?')} cores{gpu}{speed}"
 
 
 class work_dir:

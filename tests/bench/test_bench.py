@@ -400,6 +400,24 @@ def test_table_compares_with_vllm_best_when_it_ran():
     assert best.split()[:2] == ["docqa", "vllm-best"] and qbatch.rstrip().endswith("1.500x")
 
 
+def test_the_table_ends_with_its_host_and_the_report_records_how_fast_the_host_runs_python(monkeypatch):
+    """Two H200 leases whose CPUs read alike ran raw vLLM's decode at 27k and 39k tok/s: the report says which
+    CPU (family and model, which a VM's name hides) and how fast it ran a fixed Python loop."""
+    from qbatch.bench import settings
+    from qbatch.bench.harness import format_table
+
+    hardware = settings.environment()["hardware"]
+    assert hardware["python_msteps_s"] > 0 and hardware["cores"] >= 1
+    assert hardware["cpu_model"].startswith("family ")  # Linux: /proc/cpuinfo
+    monkeypatch.setattr(settings, "_steps", lambda n: __import__("time").sleep(0.01))  # 300,000 steps in 10 ms
+    assert 20 < settings.python_speed() <= 30.0  # ...read as 30M steps a second, a little less with sleep's delay
+    hardware = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_model": "family 6 model 207 stepping 2", "cores": 16,
+                "python_msteps_s": 21.5, "gpu": "NVIDIA H200", "gpu_count": 1}
+    table = format_table({"kind": "engines", "results": [], "hardware": hardware})
+    assert table.splitlines()[-1] == ("host: Intel(R) Xeon(R) Processor (family 6 model 207 stepping 2), 16 cores, "
+                                      "1 x NVIDIA H200; Python 21.5M loop steps/s")
+
+
 def test_between_engines_the_bench_never_asks_torch_about_cuda(monkeypatch):
     """torch.cuda.is_available() or device_count() leaves CUDA uninitialised but marks the process's later
     forks as unable to use it: vLLM then forks the engine core of a one-engine-per-GPU run, which dies
