@@ -240,7 +240,8 @@ def on_shared_engine(spec: Any, shared: Any, pool: EnginePool) -> bool:
     resolves it (resolved_job), is the shared engine's. A run of other settings (two engines per GPU, a
     --variant with compilation_mode or max_num_seqs, torch.compile chosen for the job's shape) gets
     engines of its own, started before its timing."""
-    return resolved_job(spec, pool).plan.engine == shared
+    with _quiet():
+        return resolved_job(spec, pool).plan.engine == shared
 
 
 def resolved_job(spec: Any, pool: EnginePool, machine: Any = None) -> Any:
@@ -256,7 +257,21 @@ def resolved_job(spec: Any, pool: EnginePool, machine: Any = None) -> Any:
 
 def _engine_processes(spec: Any, pool: EnginePool) -> int:
     """The engines a run of this spec would start."""
-    return resolved_job(spec, pool).plan.engine.engine_count()
+    with _quiet():
+        return resolved_job(spec, pool).plan.engine.engine_count()
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """qbatch's log held back while a check resolves a run's engines: the start of those engines says
+    which and why (`engines: ...`), once, not every check before it."""
+    from qbatch.log import log
+
+    previous, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = previous
 
 
 def _start_engines(spec: Any, pool: EnginePool) -> float:

@@ -400,6 +400,26 @@ def test_table_compares_with_vllm_best_when_it_ran():
     assert best.split()[:2] == ["docqa", "vllm-best"] and qbatch.rstrip().endswith("1.500x")
 
 
+def test_checks_that_resolve_a_runs_engines_say_nothing_so_each_choice_is_logged_once(monkeypatch):
+    """The bench resolves a run's engines to see whether it shares the bench's engine and how many it
+    starts; only the start says `engines: ...` (the H200's stderr had each choice two or three times)."""
+    from types import SimpleNamespace
+
+    from qbatch.bench import harness
+    from qbatch.log import log
+
+    heard = []
+    engine = SimpleNamespace(engine_count=lambda: 2)
+
+    def resolved(spec, pool, machine=None):
+        heard.append(not log.disabled)  # would a line get out?
+        return SimpleNamespace(plan=SimpleNamespace(engine=engine))
+
+    monkeypatch.setattr(harness, "resolved_job", resolved)
+    assert harness.on_shared_engine("spec", engine, "pool") and harness._engine_processes("spec", "pool") == 2
+    assert heard == [False, False] and not log.disabled  # quiet inside, the log back afterwards
+
+
 def test_the_table_ends_with_its_host_and_the_report_records_how_fast_the_host_runs_python(monkeypatch):
     """Two H200 leases whose CPUs read alike ran raw vLLM's decode at 27k and 39k tok/s: the report says which
     CPU (family and model, which a VM's name hides) and how fast it ran a fixed Python loop."""
