@@ -21,7 +21,9 @@ qbatch's own pipeline is in pipeline.py, the workloads in workloads.py, the sett
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -263,15 +265,28 @@ def _engine_processes(spec: Any, pool: EnginePool) -> int:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """qbatch's log held back while a check resolves a run's engines: the start of those engines says
-    which and why (`engines: ...`), once, not every check before it."""
+    """This thread's qbatch log lines held back while a check resolves a run's engines: the start of
+    those engines says which and why (`engines: ...`), once, not every check before it. Other threads
+    (an engine's start, its workers) still say theirs."""
     from qbatch.log import log
 
-    previous, log.disabled = log.disabled, True
+    hold = _OtherThreads()
+    log.addFilter(hold)
     try:
         yield
     finally:
-        log.disabled = previous
+        log.removeFilter(hold)
+
+
+class _OtherThreads(logging.Filter):
+    """Passes the log records of every thread but the one that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
 
 
 def _start_engines(spec: Any, pool: EnginePool) -> float:

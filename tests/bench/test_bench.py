@@ -403,21 +403,33 @@ def test_table_compares_with_vllm_best_when_it_ran():
 def test_checks_that_resolve_a_runs_engines_say_nothing_so_each_choice_is_logged_once(monkeypatch):
     """The bench resolves a run's engines to see whether it shares the bench's engine and how many it
     starts; only the start says `engines: ...` (the H200's stderr had each choice two or three times)."""
+    import logging
+    import threading
     from types import SimpleNamespace
 
     from qbatch.bench import harness
     from qbatch.log import log
 
-    heard = []
+    heard: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
     engine = SimpleNamespace(engine_count=lambda: 2)
 
     def resolved(spec, pool, machine=None):
-        heard.append(not log.disabled)  # would a line get out?
+        log.warning("engines: two, from the check")
+        other = threading.Thread(target=log.warning, args=("engine worker 1 ready",))  # another thread's line
+        other.start()
+        other.join()
         return SimpleNamespace(plan=SimpleNamespace(engine=engine))
 
     monkeypatch.setattr(harness, "resolved_job", resolved)
-    assert harness.on_shared_engine("spec", engine, "pool") and harness._engine_processes("spec", "pool") == 2
-    assert heard == [False, False] and not log.disabled  # quiet inside, the log back afterwards
+    log.addHandler(handler)
+    try:
+        assert harness.on_shared_engine("spec", engine, "pool") and harness._engine_processes("spec", "pool") == 2
+        log.warning("engines: two, at the start")
+    finally:
+        log.removeHandler(handler)
+    assert heard == ["engine worker 1 ready", "engine worker 1 ready", "engines: two, at the start"]
 
 
 def test_the_table_ends_with_its_host_and_the_report_records_how_fast_the_host_runs_python(monkeypatch):
