@@ -16,6 +16,7 @@ from typing import Any
 from qbatch.bench.workloads import DEFAULT_WORKLOADS, DOCQA_SHAPES, EMBED_WORKLOADS, sample_lengths
 from qbatch.errors import SpecError
 from qbatch.plan.placement import query_gpu_text
+from qbatch.plan.probing import cpu_fields
 from qbatch.versions import __version__
 
 MODES = ("vllm-text", "vllm-tokens", "qbatch", "session", "hf", "vllm-best", "vllm-grouped", "first-run")
@@ -109,7 +110,7 @@ def environment() -> dict[str, Any]:
 
 def _hardware() -> dict[str, Any]:
     info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
-    fields = _cpuinfo()
+    fields = cpu_fields()
     if "model name" in fields:
         info["cpu"] = fields["model name"]
     if {"cpu family", "model"} <= fields.keys():  # what tells apart CPUs a VM names alike
@@ -119,21 +120,6 @@ def _hardware() -> dict[str, Any]:
     if gpus:
         info["gpu"], info["gpu_count"] = gpus[0][0], len(gpus)
     return info
-
-
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return fields
 
 
 # Steps of python_speed's loop: tens of milliseconds on a slow core.

@@ -121,11 +121,26 @@ def _major(name: str | None, capability: str | None) -> int | None:
 
 def _cpu_has_bf16() -> bool:
     """Whether the CPU computes bf16 natively (AVX-512 BF16 or AMX); elsewhere vLLM emulates it, slowly."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
+    fields = cpu_fields()
+    if not fields:
         return True
+    flags = fields.get("flags", "")
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_fields() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (model name, cpu family, flags...); empty where there is none."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
 
 
 def _installed(name: str) -> bool:
