@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from qbatch.engines.lora import MAX_LORAS_CAP, batch_adapters
+from qbatch.engines.plugin import FUSED_ARCHITECTURES
 from qbatch.plan.machine import Machine
 from qbatch.spec import EngineSpec
 
@@ -77,6 +78,7 @@ def llm_kwargs(spec: EngineSpec, max_model_len: int, machine: Machine, *,
     if tuned and spec.performance_mode and "performance_mode" in machine.vllm_args:
         kwargs["performance_mode"], why["performance_mode"] = spec.performance_mode, "qbatch's default for batch jobs"
     _compilation(spec, kwargs, why, machine, tuned=tuned)
+    _fused_attention(spec, kwargs, why, machine, tuned=tuned)
     for name, value in machine.extra_args.items():
         kwargs[name], why[name] = value, "$QBATCH_VLLM_ARGS"
     return kwargs, why
@@ -102,6 +104,21 @@ def _lora(spec: EngineSpec, kwargs: dict[str, Any], why: dict[str, str], machine
     why["max_cpu_loras"] = "set" if spec.max_cpu_loras else "every adapter kept in memory"
     if spec.max_lora_rank is not None:
         kwargs["max_lora_rank"], why["max_lora_rank"] = spec.max_lora_rank, "the adapters' largest rank, as vLLM takes it"
+
+
+def _fused_attention(spec: EngineSpec, kwargs: dict[str, Any], why: dict[str, str], machine: Machine, *,
+                     tuned: bool) -> None:
+    """A Qwen3 engine on a GPU without torch.compile runs qbatch's class of the model, whose attention
+    layers normalize and rotate q and k in one vLLM kernel (engines/qwen3_fused.py): the fusion the
+    compile would have made, without its start. vLLM finds the class by the name given here, through
+    qbatch's plugin (engines/plugin.py): where that is not installed, vLLM's own class."""
+    fused = FUSED_ARCHITECTURES.get(machine.model.architecture or "")
+    uncompiled = kwargs.get("enforce_eager") or kwargs.get("compilation_config", {}).get("mode") == 0
+    if tuned and fused and machine.vllm_plugin and machine.platform == "cuda" and uncompiled \
+            and spec.task == "generate":
+        kwargs["hf_overrides"] = {"architectures": [fused]}
+        why["hf_overrides"] = (f"{machine.model.architecture} without torch.compile: q/k norms and RoPE in one "
+                               "vLLM kernel (qbatch's class of the model)")
 
 
 def cuda_graph_sizes(max_num_seqs: int | None) -> list[int]:

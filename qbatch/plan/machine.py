@@ -26,6 +26,7 @@ class ModelFacts:
     decoder: bool = True  # a `...ForCausalLM` (an embedding job converts it: runner "pooling", convert "embed")
     # a fast (Rust) tokenizer, its tokenizer.json beside the model or a hub name: what vLLM's guidance backend needs
     fast_tokenizer: bool = True
+    architecture: str | None = None  # the first its config.json names (None: a hub name, or none named)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class Machine:
     vllm_args: frozenset[str] = field(default=frozenset(), repr=False)  # LLM(...) keyword arguments this vLLM accepts
     vllm_gpu_memory_utilization: float = VLLM_DEFAULT_UTILIZATION  # vLLM's default
     warm_compiles: frozenset[str] = frozenset()  # compile-cache markers present (compile_cache.py)
+    # qbatch's vLLM plugin is installed (its entry point): vLLM's processes know qbatch's model classes
+    vllm_plugin: bool = False
     extra_args: dict[str, Any] = field(default_factory=dict, hash=False)  # $QBATCH_VLLM_ARGS, parsed
 
     @property

@@ -17,6 +17,7 @@ from typing import Any
 
 from qbatch.engines import compile_cache
 from qbatch.errors import SpecError
+from qbatch.engines.plugin import PLUGIN, PLUGIN_GROUP
 from qbatch.models import registry as models
 from qbatch.plan.machine import HOPPER, VLLM_DEFAULT_UTILIZATION, Machine, ModelFacts
 from qbatch.plan.placement import gpu_ids, gpu_memory_bytes, query_gpu_text, query_gpus
@@ -38,7 +39,15 @@ def probe(spec: JobSpec) -> Machine:
         gpu_count=_gpu_count() if memory else 0, cuda_visible_devices=visible, num_cores=len(os.sched_getaffinity(0)),
         cpu_has_bf16=_cpu_has_bf16(), vllm_version=compile_cache.vllm_version(), vllm_args=_vllm_engine_args(),
         vllm_gpu_memory_utilization=vllm_utilization(), warm_compiles=compile_cache.warm_markers(),
-        extra_args=extra_engine_args())
+        vllm_plugin=_plugin_installed(), extra_args=extra_engine_args())
+
+
+def _plugin_installed() -> bool:
+    """Whether vLLM will load qbatch's plugin (engines/plugin.py): qbatch was installed with its entry
+    points (pip), not merely put on the path."""
+    from importlib.metadata import entry_points
+
+    return any(e.value == PLUGIN for e in entry_points(group=PLUGIN_GROUP))
 
 
 def probe_model(spec: JobSpec) -> ModelFacts:
@@ -54,9 +63,13 @@ def probe_model(spec: JobSpec) -> ModelFacts:
 
         refuse_unrunnable(path, spec)
     # the model's own parser, whether the job asks for one or not: resolve.py decides which jobs get it
+    architectures = _architectures(path)
     return ModelFacts(path, models.weights_bytes(path),
                       None if engine.max_model_len else models.model_max_len(path, engine.revision),
-                      models.reasoning_parser(path), _is_decoder(path), _fast_tokenizer(engine.tokenizer or path))
+                      models.reasoning_parser(path),
+                      # a hub name: the models qbatch serves are decoders
+                      architectures is None or any(a.endswith("ForCausalLM") for a in architectures),
+                      _fast_tokenizer(engine.tokenizer or path), (architectures or [None])[0])
 
 
 def extra_engine_args() -> dict[str, Any]:
@@ -87,12 +100,12 @@ def _gpu_count() -> int:
     return len(query_gpus("index") or [])
 
 
-def _is_decoder(model_path: str) -> bool:
+def _architectures(model_path: str) -> list[str] | None:
+    """The architectures the model's config.json names; None where it has none to read (a hub name)."""
     try:
-        architectures = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
+        return [str(a) for a in json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []]
     except (OSError, ValueError, AttributeError):
-        return True  # a hub name: the models qbatch serves are decoders
-    return any(str(a).endswith("ForCausalLM") for a in architectures)
+        return None
 
 
 def _fast_tokenizer(tokenizer: str) -> bool:

@@ -96,3 +96,22 @@ def test_vllm_cpu_starts_eager_with_a_fixed_kv_cache_and_float32_without_bf16():
     assert kwargs_of(EngineSpec(), dataclasses.replace(cpu, cpu_has_bf16=True))["dtype"] == "auto"
     kept = kwargs_of(EngineSpec(enforce_eager=False, gpu_memory_utilization=0.5), cpu)
     assert kept["enforce_eager"] is False and "kv_cache_memory_bytes" not in kept
+
+
+def test_an_uncompiled_qwen3_engine_on_a_gpu_runs_qbatchs_fused_class_of_the_model(monkeypatch):
+    qwen3 = dataclasses.replace(HOPPER, model=dataclasses.replace(MODEL, architecture="Qwen3ForCausalLM"),
+                                vllm_plugin=True)
+    kwargs, why = llm_kwargs(EngineSpec(), 4096, qwen3)
+    assert kwargs["hf_overrides"] == {"architectures": ["QbatchQwen3ForCausalLM"]}
+    assert "one vLLM kernel" in why["hf_overrides"]
+    assert kwargs_of(EngineSpec(enforce_eager=True), qwen3)["hf_overrides"]  # eager: uncompiled too
+    # compiled (torch.compile fuses them itself), vLLM's defaults, another model, the CPU, an embedding engine
+    assert "hf_overrides" not in kwargs_of(EngineSpec(compilation_mode=3), qwen3)
+    assert "hf_overrides" not in kwargs_of(EngineSpec(), dataclasses.replace(qwen3, gpu_capability=8))
+    assert "hf_overrides" not in kwargs_of(EngineSpec(), qwen3, tuned=False)
+    assert "hf_overrides" not in kwargs_of(EngineSpec(), HOPPER)
+    assert "hf_overrides" not in kwargs_of(EngineSpec(), dataclasses.replace(qwen3, platform="cpu"))
+    assert "hf_overrides" not in kwargs_of(EngineSpec(task="embed"), qwen3)
+    assert "hf_overrides" not in kwargs_of(EngineSpec(), dataclasses.replace(qwen3, vllm_plugin=False))
+    monkeypatch.setenv(EXTRA_ARGS_ENV, '{"hf_overrides": {}}')  # vLLM's own class, as a user may ask
+    assert kwargs_of(EngineSpec(), dataclasses.replace(qwen3, extra_args=extra_engine_args()))["hf_overrides"] == {}
