@@ -105,13 +105,13 @@ def test_an_uncompiled_qwen3_engine_on_a_gpu_runs_qbatchs_fused_class_of_the_mod
     assert kwargs["hf_overrides"] == {"architectures": ["QbatchQwen3ForCausalLM"]}
     assert "one vLLM kernel" in why["hf_overrides"]
     assert kwargs_of(EngineSpec(enforce_eager=True), qwen3)["hf_overrides"]  # eager: uncompiled too
-    # compiled (torch.compile fuses them itself), vLLM's defaults, another model, the CPU, an embedding engine
+    # compiled (torch.compile fuses them itself), vLLM's defaults, another model, the CPU, no plugin
     assert "hf_overrides" not in kwargs_of(EngineSpec(compilation_mode=3), qwen3)
     assert "hf_overrides" not in kwargs_of(EngineSpec(), dataclasses.replace(qwen3, gpu_capability=8))
     assert "hf_overrides" not in kwargs_of(EngineSpec(), qwen3, tuned=False)
     assert "hf_overrides" not in kwargs_of(EngineSpec(), HOPPER)
     assert "hf_overrides" not in kwargs_of(EngineSpec(), dataclasses.replace(qwen3, platform="cpu"))
-    assert "hf_overrides" not in kwargs_of(EngineSpec(task="embed"), qwen3)
+    assert kwargs_of(EngineSpec(task="embed"), qwen3)["hf_overrides"]  # vLLM converts the class to embed
     assert "hf_overrides" not in kwargs_of(EngineSpec(), dataclasses.replace(qwen3, vllm_plugin=False))
     monkeypatch.setenv(EXTRA_ARGS_ENV, '{"hf_overrides": {}}')  # vLLM's own class, as a user may ask
     assert kwargs_of(EngineSpec(), dataclasses.replace(qwen3, extra_args=extra_engine_args()))["hf_overrides"] == {}
