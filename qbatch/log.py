@@ -10,12 +10,25 @@ the records through its own logging configuration.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
 import sys
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 LOGGER_NAME = "qbatch"
 log = logging.getLogger(LOGGER_NAME)
+# The job a thread works for, where someone follows that job's lines (a service forwards them to the
+# job's client, serve/runs.py): set in the thread that runs the job, and carried into the threads the
+# job starts (`carried`), whose lines are the job's too.
+current_job: contextvars.ContextVar[object | None] = contextvars.ContextVar("qbatch_job", default=None)
+
+
+def carried(target: Callable[..., Any]) -> Callable[..., Any]:
+    """`target`, to run in a new thread in a copy of the caller's context (its `current_job`): a thread
+    otherwise starts with an empty one. One copy per thread: a context runs in one thread at a time."""
+    return functools.partial(contextvars.copy_context().run, target)
 
 
 class _StderrHandler(logging.Handler):

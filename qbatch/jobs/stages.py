@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from qbatch.log import carried
+
 POLL_S = 0.1
 _END = object()
 
@@ -38,8 +40,9 @@ class Stages(Iterator[Any]):
         inbox: Iterable[Any] = source
         for name, function in stages:
             outbox: queue.Queue = queue.Queue(maxsize=depth)
-            self._threads.append(threading.Thread(target=self._run, args=(inbox, function, outbox), name=name,
-                                                  daemon=True))
+            # the job's lines from these threads are the job's (log.current_job)
+            self._threads.append(threading.Thread(target=carried(self._run), args=(inbox, function, outbox),
+                                                  name=name, daemon=True))
             inbox = self._drain(outbox)
         self._out = iter(inbox)
         if start:

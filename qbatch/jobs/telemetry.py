@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from qbatch.log import log
+from qbatch.log import carried, log
 from qbatch.output.telemetry import COMPACT_PARTS, compact, part_files, write_part
 
 SAMPLE_S = 1.0
@@ -40,7 +40,7 @@ class Telemetry:
         self._rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._probes = _Probes()
-        self._thread = threading.Thread(target=self._loop, name="qbatch-telemetry", daemon=True)
+        self._thread = threading.Thread(target=carried(self._loop), name="qbatch-telemetry", daemon=True)
 
     def __enter__(self) -> Telemetry:
         self._thread.start()

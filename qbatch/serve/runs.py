@@ -35,7 +35,7 @@ from fastapi.responses import StreamingResponse
 from qbatch.errors import EXIT_ENGINE, EXIT_USAGE, QbatchError, SpecError, Stopped
 from qbatch.jobs.events import RunEvents, StopRequest
 from qbatch.jobs.summary import exit_code
-from qbatch.log import log
+from qbatch.log import current_job, log
 from qbatch.serve.config import ServeSettings, is_loopback
 from qbatch.serve.objects import ApiError
 from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunRequest, line
@@ -321,29 +321,32 @@ class _RemoteBar:
 
 class _Forward(logging.Handler):
     """qbatch's log lines of a client's run, to the client: those of the thread running it (the runner, its
-    progress, the pool), not the lines of a batch or another job running meanwhile, nor the service's own
-    (`serve: ...`). The service's log level (its --progress) bounds which lines there are."""
+    progress, the pool) and of the threads the run started (its reading and encoding: log.current_job), not
+    the lines of a batch or another job running meanwhile, nor the service's own (`serve: ...`). The
+    service's log level (its --progress) bounds which lines there are."""
 
     def __init__(self, put: Callable[[dict[str, Any]], None]):
         super().__init__()
         self._put = put
-        self._thread = threading.get_ident()
+        self.job = object()
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def emit(self, record: logging.LogRecord) -> None:  # in the thread that logs: its context says whose
         message = record.getMessage()
-        if record.thread == self._thread and not message.startswith("serve:"):
+        if current_job.get() is self.job and not message.startswith("serve:"):
             self._put({"log": {"level": record.levelno, "message": message}})
 
 
 @contextlib.contextmanager
 def _forwarded_logs(put: Callable[[dict[str, Any]], None]) -> Iterator[None]:
-    """The calling thread's qbatch log lines go to `put` too."""
+    """The qbatch log lines of the calling thread and of the threads it starts go to `put` too."""
     handler = _Forward(put)
+    token = current_job.set(handler.job)
     log.addHandler(handler)
     try:
         yield
     finally:
         log.removeHandler(handler)
+        current_job.reset(token)
 
 
 class _Stream(StreamingResponse):

@@ -108,7 +108,7 @@ def test_layers_the_kernel_cannot_take_keep_vllms_forward():
     other.rotary_emb.__class__ = OtherRope
     flashinfer = layer()
     flashinfer.rotary_emb.use_flashinfer = True
-    for attention in (layer(head_dim=96), layer(dtype=torch.float32), other, flashinfer):
+    for attention in (layer(head_dim=96), layer(dtype=torch.float32), layer(dtype=torch.float16), other, flashinfer):
         assert not qwen3_fused.fusable(attention)
     model = torch.nn.Sequential(layer(head_dim=96), layer())
     assert qwen3_fused.fuse(model, reference_kernel) == (1, 2)

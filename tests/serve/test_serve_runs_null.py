@@ -270,3 +270,18 @@ def test_ctrl_c_on_the_client_exits_130_and_stops_the_run(make_service, work):
     assert done.returncode == 0, done.stderr
     assert "qbatch run completed" in done.stdout and "rows already done" in done.stdout
     assert pl.read_parquet(work / "out/c/results.parquet").height == 400
+
+
+def test_lines_the_run_logs_from_its_reading_threads_reach_the_client(make_service, work):
+    """A line the job logs from the threads that read and encode its rows (here: its rows share documents)
+    reaches the client (a subprocess) as a local run prints it; the service's own lines do not."""
+    documents = ["".join(f"document {d}, sentence {i}. " for i in range(40)) for d in range(4)]
+    rows = [{"id": f"d{d}q{q}", "prompt": f"{text}\nQuestion {q}?"} for d, text in enumerate(documents) for q in range(3)]
+    (work / "docs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    base_url, _ = make_service()
+    done = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", "docs.jsonl", "-o", "out/docs", "--server",
+                           _server(base_url), "--progress", "log", "--max-tokens", "4"], cwd=work, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "rows share long prompt prefixes (a document asked several questions)" in done.stderr
+    assert "serve:" not in done.stderr
