@@ -30,7 +30,10 @@ PREFILL_BOUND_OUTPUT_SHARE = 0.10
 # prefill-bound job of at least this many tokens (prompt + output) repays it. The gain per token is
 # smaller where rows repeat documents (vLLM's prefix cache serves them uncompiled or not), so the
 # warm threshold is set for a job of one shared instruction and distinct documents (docs/benchmarks.md,
-# "compile cache" and "2026-12-02": where the thresholds come from).
+# "compile cache" and "2026-12-02": where the thresholds come from). They were set against vLLM's own
+# uncompiled Qwen3; qbatch's (engines/qwen3_fused.py) fuses its q/k norms without a compile, which
+# leaves the compile less to gain there, and they were not changed: at these sizes a compile is then
+# about a wash either way (docs/benchmarks.md, session 45).
 COMPILE_REPAID_TOKENS = 275_000_000
 WARM_COMPILE_REPAID_TOKENS = 50_000_000
 # vLLM's CompilationMode.VLLM_COMPILE.
