@@ -110,8 +110,9 @@ def _fused_attention(spec: EngineSpec, kwargs: dict[str, Any], why: dict[str, st
                      tuned: bool) -> None:
     """A Qwen3 engine on a GPU without torch.compile (a generation or an embedding engine) runs qbatch's
     class of the model, whose attention layers normalize and rotate q and k in one vLLM kernel
-    (engines/qwen3_fused.py): the fusion the compile would have made, without its start. vLLM finds the class by the name given here, through
-    qbatch's plugin (engines/plugin.py): where that is not installed, vLLM's own class."""
+    (engines/qwen3_fused.py): the fusion the compile would have made, without its start. vLLM finds the
+    class by the name given here, through qbatch's plugin (engines/plugin.py): where that is not
+    installed, vLLM's own class."""
     fused = FUSED_ARCHITECTURES.get(machine.model.architecture or "")
     uncompiled = kwargs.get("enforce_eager") or kwargs.get("compilation_config", {}).get("mode") == 0
     if tuned and fused and machine.vllm_plugin and machine.platform == "cuda" and uncompiled:

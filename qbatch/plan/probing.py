@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.engines import compile_cache
-from qbatch.errors import SpecError
 from qbatch.engines.plugin import PLUGIN, PLUGIN_GROUP
+from qbatch.errors import SpecError
 from qbatch.models import registry as models
 from qbatch.plan.machine import HOPPER, VLLM_DEFAULT_UTILIZATION, Machine, ModelFacts
 from qbatch.plan.placement import gpu_ids, gpu_memory_bytes, query_gpu_text, query_gpus
@@ -42,6 +42,7 @@ def probe(spec: JobSpec) -> Machine:
         vllm_plugin=_plugin_installed(), extra_args=extra_engine_args())
 
 
+@functools.cache  # what is installed does not change while a process runs
 def _plugin_installed() -> bool:
     """Whether vLLM will load qbatch's plugin (engines/plugin.py): qbatch was installed with its entry
     points (pip), not merely put on the path."""

@@ -276,7 +276,8 @@ def test_lines_the_run_logs_from_its_reading_threads_reach_the_client(make_servi
     """A line the job logs from the threads that read and encode its rows (here: its rows share documents)
     reaches the client (a subprocess) as a local run prints it; the service's own lines do not."""
     documents = ["".join(f"document {d}, sentence {i}. " for i in range(40)) for d in range(4)]
-    rows = [{"id": f"d{d}q{q}", "prompt": f"{text}\nQuestion {q}?"} for d, text in enumerate(documents) for q in range(3)]
+    rows = [{"id": f"d{d}q{q}", "prompt": f"{text}\nQuestion {q}?"}
+            for d, text in enumerate(documents) for q in range(3)]
     (work / "docs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     base_url, _ = make_service()
     done = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", "docs.jsonl", "-o", "out/docs", "--server",
