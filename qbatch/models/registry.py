@@ -239,10 +239,8 @@ def weights_bytes(model_path: str) -> int | None:
 def four_bit_method(model_path: str) -> str | None:
     """The quantization method of a local checkpoint with 4-bit weights (config.json's
     quantization_config: AWQ, GPTQ, compressed-tensors W4A16...), or None."""
-    try:
-        quant = json.loads((Path(model_path) / "config.json").read_text()).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
-        return None
+    config = _config(model_path)
+    quant = config.get("quantization_config") if config is not None else None
     if not isinstance(quant, dict):
         return None
     method = str(quant.get("quant_method", "unknown"))
@@ -252,12 +250,26 @@ def four_bit_method(model_path: str) -> str | None:
     return method if 4 in bits else None
 
 
+def architectures(model_path: str) -> list[str] | None:
+    """The architectures a local model's config.json names; None without one (a hub name)."""
+    config = _config(model_path)
+    return None if config is None else [str(a) for a in config.get("architectures") or []]
+
+
 def _text_config(model_path: str) -> dict[str, Any] | None:
     """A local model's config.json, its language model's part for multimodal ones; None without one."""
+    config = _config(model_path)
+    if config is None:
+        return None
+    config = config.get("text_config") or config
+    return config if isinstance(config, dict) else None
+
+
+def _config(model_path: str) -> dict[str, Any] | None:
+    """A local model's config.json as it is; None without one (or one that is no JSON object)."""
     try:
         config = json.loads((Path(model_path) / "config.json").read_text())
-        config = config.get("text_config") or config
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         return None
     return config if isinstance(config, dict) else None
 

@@ -64,7 +64,7 @@ def probe_model(spec: JobSpec) -> ModelFacts:
 
         refuse_unrunnable(path, spec)
     # the model's own parser, whether the job asks for one or not: resolve.py decides which jobs get it
-    architectures = _architectures(path)
+    architectures = models.architectures(path)
     return ModelFacts(path, models.weights_bytes(path),
                       None if engine.max_model_len else models.model_max_len(path, engine.revision),
                       models.reasoning_parser(path),
@@ -99,14 +99,6 @@ def _gpu_identity(device: str) -> tuple[str | None, int | None]:
 @functools.cache
 def _gpu_count() -> int:
     return len(query_gpus("index") or [])
-
-
-def _architectures(model_path: str) -> list[str] | None:
-    """The architectures the model's config.json names; None where it has none to read (a hub name)."""
-    try:
-        return [str(a) for a in json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []]
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _fast_tokenizer(tokenizer: str) -> bool:

@@ -46,3 +46,16 @@ def test_the_bundled_model_is_prepared_once_with_one_line_and_no_progress_bars(b
         [f"preparing the bundled model smollm2-135m (once on this machine): its weights converted into {folder}"]
     caplog.clear()
     assert models.resolve("smollm2-135m") == folder and not caplog.records  # converted once
+
+
+def test_a_models_architectures_and_family_come_from_its_config(tmp_path):
+    """One reader of config.json: the architectures (which engines get qbatch's fused Qwen3 class, whether a
+    model is a decoder) and the family (its reasoning parser, from a multimodal model's text part too)."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+    assert models.architectures(str(tmp_path)) == ["Qwen3ForCausalLM"]
+    assert models.reasoning_parser(str(tmp_path)) == "qwen3"
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"], "text_config": {"model_type": "qwen3"}}))
+    assert models.reasoning_parser(str(tmp_path)) == "qwen3"
+    (tmp_path / "config.json").write_text("[1, 2]")  # no JSON object: nothing to read, as without a file
+    assert models.architectures(str(tmp_path)) is None and models.four_bit_method(str(tmp_path)) is None
+    assert models.architectures(str(tmp_path / "Qwen/Qwen3-0.6B")) is None  # a hub name
