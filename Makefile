@@ -35,11 +35,13 @@ demo: setup
 	[print(f'--- {r[\"id\"]}: {r[\"prompt\"][:70]!r}\n{r[\"text\"][:300]}\n') for r in df.head(4).iter_rows(named=True)]"
 	@echo "Results: out/quickstart/results.parquet (errors: out/quickstart/errors.parquet)"
 
-# The fast tests (no real engine) run on every core; the real-engine tests one at a time (each engine
-# takes ~3.5 GB and both cores). Each part ends with its slowest tests and the engines it started.
-# `make test-bench`: the benchmark's own real-engine tests, run before publishing numbers.
+# The fast tests (no real engine) run on every core; the real-engine tests two at a time, each file on
+# one worker (its engines shared by its tests), the longest files first (tests/conftest.py). An engine's
+# start is mostly vLLM imported by two processes one after the other, one core's work that the other
+# worker's test overlaps; each engine holds ~3.5 GB. Each part ends with its slowest tests and the
+# engines it started. `make test-bench`: the benchmark's own real-engine tests, run before publishing numbers.
 FAST_TESTS := -m "not slow and not bench" -n auto --dist loadfile
-ENGINE_TESTS := -m "slow and not bench"
+ENGINE_TESTS := -m "slow and not bench" -n 2 --dist loadfile --no-loadscope-reorder
 
 test: setup
 	$(BIN)/lint-imports

@@ -30,6 +30,18 @@ QWEN3_TEMPLATE = (
 )
 
 
+# The real-engine files that take longest (the durations and engine starts `make test` prints), first: `make
+# test` runs the real-engine tests on two workers, each file on one, so a long file started last would
+# leave the other worker idle at the end. The rest keep their order.
+LONGEST_FIRST = ("tests/jobs/test_signals.py", "tests/engines/test_ray.py", "tests/serve/test_serve_engine.py",
+                 "tests/bench/test_bench.py", "tests/session/test_notebook.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 @pytest.fixture(scope="session")
 def bundled_model() -> str:
     """SmolLM2-135M-Instruct, converted once into qbatch's cache."""

@@ -4,7 +4,8 @@ An engine start costs ~40 s on CI's two cores: the count per file is what keeps 
 check. Every vLLM engine runs its core in a process titled `VLLM::EngineCore` (vLLM's own title,
 `EngineCore_DP<rank>` with data parallelism); a thread notes each such descendant of this process
 (in-process engines, CLI runs and services the tests start) and the test running when it appeared.
-With pytest-xdist each worker writes its own notes, and the controller adds them up.
+With pytest-xdist each worker writes its own notes, and the controller, which watches nothing (every
+engine is a worker's), adds them up.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class EngineStarts:
                     continue
                 if key not in self.seen and "::EngineCore" in title:
                     self.seen.add(key)
-                    test = os.environ.get("PYTEST_CURRENT_TEST", "(between tests)").split(" ")[0]
+                    current = os.environ.get("PYTEST_CURRENT_TEST")
+                    test = current.split(" ")[0] if current else "(between tests)"
                     with open(self.notes, "a", encoding="utf-8") as handle:
                         handle.write(json.dumps({"test": test, "at": time.time()}) + "\n")
 
@@ -62,6 +64,8 @@ def pytest_configure(config: pytest.Config) -> None:
         import tempfile
 
         os.environ[NOTES_ENV] = tempfile.mkdtemp(prefix="qbatch-engine-starts-")
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # the controller of xdist's workers: their engines are theirs to note
     config._engine_starts = EngineStarts(Path(os.environ[NOTES_ENV]))  # type: ignore[attr-defined]
     config._engine_starts.start()  # type: ignore[attr-defined]
 
