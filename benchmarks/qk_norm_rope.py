@@ -1,11 +1,11 @@
 """Does qbatch's Qwen3 attention with q/k norms and RoPE in one kernel (qbatch/engines/qwen3_fused.py)
 compute what vLLM's own does on this GPU, and how much faster is that part of it?
 
-`python benchmarks/qk_norm_rope.py [TOKENS ...]` (default 256 and 32768: a decode step, a prefill step):
-one attention layer of Qwen3-0.6B's shape (16 heads, 8 KV heads of 128, RoPE theta 1e6) built from vLLM's
-own RMSNorm and RoPE, the projections left out (the input is the qkv tensor itself), bf16 random values
-and positions. For each size: the largest and mean difference of q, k and v between vLLM's forward and
-the fused one, and each one's GPU time per call (CUDA events, the mean of 50 calls after 5).
+`python benchmarks/qk_norm_rope.py [--dtype float16] [TOKENS ...]` (default 256 and 32768: a decode step, a
+prefill step): one attention layer of Qwen3-0.6B's shape (16 heads, 8 KV heads of 128, RoPE theta 1e6) built
+from vLLM's own RMSNorm and RoPE, the projections left out (the input is the qkv tensor itself), random values
+(bf16 unless --dtype says) and positions. For each size: the largest and mean difference of q, k and v between
+vLLM's forward and the fused one, and each one's GPU time per call (CUDA events, the mean of 50 calls after 5).
 """
 
 from __future__ import annotations
@@ -38,18 +38,18 @@ class Attend(torch.nn.Module):
         return torch.cat([q, k, v], dim=-1) if self.whole else q
 
 
-def layer() -> Qwen3Attention:
+def layer(dtype: torch.dtype) -> Qwen3Attention:
     attention = Qwen3Attention.__new__(Qwen3Attention)
     torch.nn.Module.__init__(attention)
     attention.num_heads, attention.num_kv_heads, attention.head_dim = HEADS, KV_HEADS, HEAD
     attention.q_size, attention.kv_size = HEADS * HEAD, KV_HEADS * HEAD
     with set_current_vllm_config(VllmConfig()):
-        attention.q_norm = RMSNorm(HEAD, eps=1e-6, dtype=torch.bfloat16)
-        attention.k_norm = RMSNorm(HEAD, eps=1e-6, dtype=torch.bfloat16)
+        attention.q_norm = RMSNorm(HEAD, eps=1e-6, dtype=dtype)
+        attention.k_norm = RMSNorm(HEAD, eps=1e-6, dtype=dtype)
         attention.rotary_emb = copy.deepcopy(get_rope(HEAD, max_position=MAX_POSITION, is_neox_style=True,
                                                       rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     for norm in (attention.q_norm, attention.k_norm):
-        norm.weight.data = (0.5 + torch.rand(HEAD)).to(torch.bfloat16)
+        norm.weight.data = (0.5 + torch.rand(HEAD)).to(dtype)
     attention.qkv_proj, attention.o_proj, attention.attn = Identity(), Identity(), Attend()
     return attention.cuda()
 
@@ -66,13 +66,13 @@ def gpu_ms(call, repeats: int = 50) -> float:
     return start.elapsed_time(end) / repeats
 
 
-def main(sizes: list[int]) -> None:
-    vllms, fused = layer(), layer()
+def main(sizes: list[int], dtype: torch.dtype) -> None:
+    vllms, fused = layer(dtype), layer(dtype)
     fused.load_state_dict(vllms.state_dict())
     print("fused layers:", qwen3_fused.fuse(torch.nn.Sequential(fused), qwen3_fused.kernel()))
     for tokens in sizes:
         torch.manual_seed(tokens)
-        qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD, dtype=torch.bfloat16, device="cuda")
+        qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD, dtype=dtype, device="cuda")
         positions = torch.randint(0, MAX_POSITION, (tokens,), device="cuda")
         Attend.whole = True
         expected = Qwen3Attention.forward(vllms, positions, qkv.clone()).float()
@@ -88,4 +88,8 @@ def main(sizes: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [256, 32768])
+    args = sys.argv[1:]
+    dtype = torch.bfloat16
+    if args[:1] == ["--dtype"]:
+        dtype, args = getattr(torch, args[1]), args[2:]
+    main([int(a) for a in args] or [256, 32768], dtype)

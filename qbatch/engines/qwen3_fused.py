@@ -6,8 +6,8 @@ rows of a head's 128 values, and then rotates them in a third kernel: on an H200
 of a prefill-heavy job's GPU time (docs/benchmarks.md). torch.compile fuses them, at the cost of a
 longer start. vLLM also has one CUDA kernel doing all three in place on the qkv projection
 (`fused_qk_norm_rope`: what its compile pass `enable_qk_norm_rope_fusion` puts into a compiled graph);
-this model calls it directly. A layer the kernel cannot take (its head size, a dtype other than bf16,
-another kind of RoPE, a vLLM build without the kernel) keeps vLLM's own forward.
+this model calls it directly. A layer the kernel cannot take (its head size, float32, another kind
+of RoPE, a vLLM build without the kernel) keeps vLLM's own forward.
 
 vLLM imports this module in its engine processes (plugin.py names the class); nothing in qbatch does.
 Its log line goes to vLLM's logger, so it lands in the engine's log beside vLLM's own lines.
@@ -27,8 +27,8 @@ from vllm.model_executor.models.qwen3 import Qwen3Attention, Qwen3ForCausalLM
 
 logger = init_logger("vllm.qbatch")  # under vLLM's logger: its handler writes the engine's log
 HEAD_SIZES = (64, 128, 256)  # the kernel's (vLLM's SUPPORTED_FUSED_QK_NORM_ROPE_HEAD_DIMS)
-# bf16 only: the dtype measured on a GPU (float16, e.g. an AWQ model's, keeps vLLM's forward)
-DTYPES = (torch.bfloat16,)
+# Half precision, as vLLM's own fusion pass takes it: bf16, and float16 (e.g. an AWQ model's activations)
+DTYPES = (torch.bfloat16, torch.float16)
 
 
 class FusedQkNormRopeAttention(Qwen3Attention):
@@ -76,7 +76,7 @@ def fuse(model: torch.nn.Module, op: Any | None) -> tuple[int, int]:
 
 def fusable(layer: Qwen3Attention) -> bool:
     """Whether the kernel computes what vLLM's forward of `layer` does: per-head RMSNorm with weights,
-    then vLLM's plain RoPE over the whole head, in bf16."""
+    then vLLM's plain RoPE over the whole head, in half precision."""
     rope, norms = layer.rotary_emb, (layer.q_norm, layer.k_norm)
     return (layer.head_dim in HEAD_SIZES and not envs.VLLM_BATCH_INVARIANT
             and type(rope).forward_cuda is RotaryEmbedding.forward_cuda and not getattr(rope, "use_flashinfer", False)
