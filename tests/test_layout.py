@@ -31,3 +31,12 @@ def test_the_top_level_holds_few_modules():
     in the packages by role (inputs, jobs, engines, output, models, bench, session)."""
     modules = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(modules) <= MAX_TOP_LEVEL_MODULES, modules
+
+
+def test_the_files_the_suite_starts_first_are_real_engine_files_that_exist():
+    """`make test` starts these files' real-engine tests first (tests/conftest.py's LONGEST_FIRST): a file
+    renamed or moved would silently lose its place."""
+    from tests.conftest import LONGEST_FIRST, ROOT
+
+    for path in LONGEST_FIRST:
+        assert "mark.slow" in (ROOT / path).read_text(), path
