@@ -92,7 +92,8 @@ def write_jsonl(tmp_path: Path):
 
 
 # Each CPU engine holds a 2 GiB KV cache and two processes of its own (~3.5 GB): more than this many
-# at once, beside a service or a notebook kernel some tests start, do not fit a 24 GB machine.
+# at once in a test process, beside a service or a notebook kernel some tests start, do not fit a 24 GB
+# machine. `make test`'s two real-engine workers have a pool each (at most 11.8 GB in use, measured).
 MAX_ENGINES = 2
 
 
