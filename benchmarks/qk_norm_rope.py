@@ -10,8 +10,8 @@ vLLM's forward and the fused one, and each one's GPU time per call (CUDA events,
 
 from __future__ import annotations
 
+import argparse
 import copy
-import sys
 
 import torch
 from vllm.config import VllmConfig, set_current_vllm_config
@@ -88,8 +88,8 @@ def main(sizes: list[int], dtype: torch.dtype) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    dtype = torch.bfloat16
-    if args[:1] == ["--dtype"]:
-        dtype, args = getattr(torch, args[1]), args[2:]
-    main([int(a) for a in args] or [256, 32768], dtype)
+    parser = argparse.ArgumentParser(description="qbatch's fused q/k norms and RoPE against vLLM's forward")
+    parser.add_argument("tokens", nargs="*", type=int, default=[256, 32768])
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    args = parser.parse_args()
+    main(args.tokens, getattr(torch, args.dtype))
