@@ -43,6 +43,10 @@ demo: setup
 FAST_TESTS := -m "not slow and not bench" -n auto --dist loadfile
 ENGINE_TESTS := -m "slow and not bench" -n 2 --dist loadfile --no-loadscope-reorder
 
+# Machines that set PYTHONDONTWRITEBYTECODE (these do) would recompile the tests' assertion rewrites and
+# qbatch's modules in every pytest process and every CLI the tests start: the suite caches them.
+test test-fast test-bench: export PYTHONDONTWRITEBYTECODE :=
+
 test: setup
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(FAST_TESTS) --durations=15 $(PYTEST_ARGS)

