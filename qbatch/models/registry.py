@@ -13,6 +13,7 @@ naming the nearest known model.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import io
@@ -181,9 +182,12 @@ def _convert_gguf(name: str, target: Path) -> None:
     folder, filename = str(gguf.parent), gguf.name
 
     def write(tmp: Path) -> None:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        # Transformers parses the whole GGUF (its vocabulary included: seconds) for each call that names
+        # it: the config is read once and handed to the model's load.
         config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, config=copy.deepcopy(config),
+                                                      dtype=torch.float32)
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         plain = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
