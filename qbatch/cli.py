@@ -157,6 +157,9 @@ RUN_OPTIONS = [
     click.option("--engines-per-gpu", type=int, help="Engines sharing each GPU: a small model leaves the GPU idle "
                  "between steps, a second engine fills the gaps.  [default: 2 for models under 2% of a GPU's "
                  "memory on hosts with 8+ cores per GPU, else 1]"),
+    click.option("--mps/--no-mps", default=None, help="CUDA MPS for engines sharing a GPU: their kernels run side by "
+                 "side instead of in turns (qbatch starts and stops a daemon of its own).  [default: on where "
+                 "engines share a GPU and nvidia-cuda-mps-control is installed]"),
     click.option("--tensor-parallel-size", type=int, help="vLLM tensor_parallel_size.  [default: 1]"),
     click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM enforce_eager: no torch.compile/CUDA graphs.  [default: on for CPU]"),
     click.option("--compilation-mode", type=click.IntRange(0, 3), help="vLLM compilation_config mode: 0 no torch.compile, 3 torch.compile.  [default: chosen from the job's shape on a GPU (3 for prefill-bound jobs when compiling pays), else 0 on Hopper]"),

@@ -162,6 +162,9 @@ class EngineSpec:
     quantize: str | None = affects_results(None)  # "awq": quantize with AutoAWQ first, cached
     data_parallel_size: int = 1  # independent engines, one process per GPU (engines/processes.py)
     engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by plan/placement.py
+    # CUDA MPS for the engines sharing a GPU (engines/mps.py). None: on where they share one and the
+    # driver's MPS control program is installed (plan/placement.py)
+    mps: bool | None = None
     gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
     # vLLM's reasoning parser: a constraint then applies after the reasoning. None: "qwen3" for Qwen3
     # models when the job has a constraint (plan/resolve.py), else none (rows with their own need the flag).

@@ -28,6 +28,7 @@ class EngineConfig:
     engines_per_gpu: int = 1
     data_parallel_size: int = 1
     start_together: bool = False  # engines sharing a GPU start at once (their KV cache is fixed)
+    mps: bool = False  # engines sharing a GPU run under a CUDA MPS daemon of their own (mps.py)
     ray_address: str | None = None
     compile_marker: str | None = None  # with torch.compile: what to note in the compile cache once started
     lora: tuple[tuple[str, str], ...] = ()  # the job's LoRA adapters: (name, folder), by name

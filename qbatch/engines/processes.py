@@ -32,9 +32,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from qbatch.engines import mps
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.dispatch import POLL_S, Answers, Dispatcher, Dropped, Worker, feed, send_stats, start_engine
@@ -53,15 +54,19 @@ class DataParallelEngine(Dispatcher):
         devices = [device for device in config.devices for _ in range(share)]
         context = mp.get_context("spawn")  # vLLM and CUDA do not survive fork
         started: dict[str, Any] = {}  # per GPU: the event its latest engine sets once it has started
+        self._mps = None
         # The workers' output goes to the engine log, and that of multiprocessing's resource tracker,
         # which the first queue starts: it reports what a worker killed while starting left behind.
         with engine_processes() as self.engine_log:
+            if config.mps and share > 1:
+                self._mps = mps.start(config.devices, self.engine_log.path)
+            env = self._mps.env() if self._mps else {}
             self._results = context.Queue()
             for rank, device in enumerate(devices):
                 tasks, ready = context.Queue(), context.Event()
                 # One after another unless each engine's KV cache is fixed (by qbatch or the user), see above.
                 after = None if config.start_together else started.get(device)
-                turn = Turn(device, share, after, ready)
+                turn = Turn(device, share, after, ready, env)
                 started[device] = ready
                 process = context.Process(target=_worker_main, name=f"qbatch-dp-{rank}",
                                           args=(rank, len(devices), turn, config, tasks, self._results))
@@ -134,6 +139,9 @@ class DataParallelEngine(Dispatcher):
             if process.is_alive():
                 process.kill()
         self._workers.clear()
+        if self._mps:  # after its clients, the engines
+            self._mps.stop()
+            self._mps = None
 
 
 def start_failure(message: Failed) -> QbatchError:
@@ -169,11 +177,13 @@ class Turn:
     share: int  # engines on this GPU
     after: Any  # that engine's "started" event, or None
     started: Any  # set once this engine has started (or failed to)
+    env: dict[str, str] = field(default_factory=dict)  # what the worker adds to its environment (CUDA MPS: mps.py)
 
 
 def _worker_main(rank: int, world: int, turn: Turn, config: EngineConfig, tasks: Any, results: Any) -> None:
     enter_engine_process()  # its output, and its engine's, to the engine log
     os.environ["CUDA_VISIBLE_DEVICES"] = turn.device
+    os.environ.update(turn.env)
     try:
         import setproctitle
 

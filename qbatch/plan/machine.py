@@ -48,6 +48,7 @@ class Machine:
     warm_compiles: frozenset[str] = frozenset()  # compile-cache markers present (compile_cache.py)
     # qbatch's vLLM plugin is installed (its entry point): vLLM's processes know qbatch's model classes
     vllm_plugin: bool = False
+    mps_control: str | None = None  # the driver's nvidia-cuda-mps-control, where installed (engines/mps.py)
     extra_args: dict[str, Any] = field(default_factory=dict, hash=False)  # $QBATCH_VLLM_ARGS, parsed
 
     @property

@@ -129,6 +129,21 @@ def engines_per_gpu(spec: EngineSpec, machine: Machine) -> tuple[int, str]:
     return 2, f"a small model ({weights / memory:.1%} of the GPU's memory): two engines keep the GPU busy"
 
 
+def use_mps(spec: EngineSpec, machine: Machine) -> tuple[bool, str]:
+    """Whether the engines sharing each GPU run under CUDA MPS (engines/mps.py), and why: set, else
+    wherever they share a local GPU and the driver's MPS control program is installed."""
+    if spec.mps is not None:
+        return spec.mps, "set"
+    if (spec.engines_per_gpu or 1) < 2:
+        return False, "one engine a GPU"
+    if spec.backend != "vllm" or machine.platform != "cuda":
+        return False, "engines sharing a local NVIDIA GPU only"
+    if not machine.mps_control:
+        return False, "nvidia-cuda-mps-control not found: the engines share the GPU in turns"
+    return True, (f"{spec.engines_per_gpu} engines share a GPU: CUDA MPS runs their kernels side by side, "
+                  "not in turns (a daemon of the run's own)")
+
+
 def shared_gpu_kv_cache_bytes(spec: EngineSpec, machine: Machine) -> int | None:
     """The KV cache (bytes) of each engine of a GPU shared by several, fixed so that they start
     together; None where vLLM sizes it: one engine per GPU, no GPU, weights unknown, or the user

@@ -10,12 +10,13 @@ import functools
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from qbatch.engines import compile_cache
+from qbatch.engines import compile_cache, mps
 from qbatch.engines.plugin import PLUGIN, PLUGIN_GROUP
 from qbatch.errors import SpecError
 from qbatch.models import registry as models
@@ -39,7 +40,8 @@ def probe(spec: JobSpec) -> Machine:
         gpu_count=_gpu_count() if memory else 0, cuda_visible_devices=visible, num_cores=len(os.sched_getaffinity(0)),
         cpu_has_bf16=_cpu_has_bf16(), vllm_version=compile_cache.vllm_version(), vllm_args=_vllm_engine_args(),
         vllm_gpu_memory_utilization=vllm_utilization(), warm_compiles=compile_cache.warm_markers(),
-        vllm_plugin=_plugin_installed(), extra_args=extra_engine_args())
+        vllm_plugin=_plugin_installed(), mps_control=shutil.which(mps.CONTROL) if memory else None,
+        extra_args=extra_engine_args())
 
 
 @functools.cache  # what is installed does not change while a process runs

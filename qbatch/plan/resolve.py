@@ -19,7 +19,7 @@ from qbatch.engines.config import EngineConfig
 from qbatch.errors import SpecError
 from qbatch.plan.engine_args import COMPILED_MODE, llm_kwargs
 from qbatch.plan.machine import Machine
-from qbatch.plan.placement import EngineChoice, engines_per_gpu, gpu_ids, shared_gpu_kv_cache_bytes
+from qbatch.plan.placement import EngineChoice, engines_per_gpu, gpu_ids, shared_gpu_kv_cache_bytes, use_mps
 from qbatch.spec import DEFAULT_CHUNK_TOKENS, EngineSpec, JobSpec
 
 # A chunk is done when its longest row is, so at the end one engine may still run a chunk while the
@@ -83,6 +83,9 @@ def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = No
     count, why = engines_per_gpu(engine, machine)
     engine = dataclasses.replace(engine, engines_per_gpu=count)
     decisions.append(Decision("engines_per_gpu", count, choice.reason if choice else why))
+    on, why = use_mps(engine, machine)
+    engine = dataclasses.replace(engine, mps=on)
+    decisions.append(Decision("mps", on, why))
     if spec.engine.kv_cache_memory_bytes is None:  # the user left the KV cache to vLLM: qbatch may fix it
         kv_bytes = shared_gpu_kv_cache_bytes(engine, machine)
         engine = dataclasses.replace(engine, kv_cache_memory_bytes=kv_bytes)
@@ -114,7 +117,7 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
         kwargs, backend=spec.backend, task=spec.task, model=spec.model, model_path=machine.model.path,
         max_model_len=max_model_len, platform=machine.platform,
         devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
-        data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes),
+        data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes), mps=bool(spec.mps),
         ray_address=spec.ray_address, compile_marker=marker, reasons=tuple(sorted(why.items())),
         lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())))
 

@@ -21,6 +21,9 @@ def format_plan(plan: Any) -> str:
     engines = plan.decision("engines_per_gpu")
     lines.append(f"engines per GPU: {engines.value}  # {engines.reason}")
     lines.append(f"engines in all: {engine.engine_count()}")
+    if engine.engines_per_gpu > 1:
+        shared = plan.decision("mps")
+        lines.append(f"CUDA MPS: {'on' if shared.value else 'off'}  # {shared.reason}")
     lines.append(_memory_share(engine, kwargs))
     lines.append(_compile_mode(engine, kwargs))
     chunk = plan.decision("chunk_tokens")

@@ -141,3 +141,16 @@ def test_the_probe_asks_nvidia_smi_for_the_gpus_name_and_kind(tmp_path, monkeypa
         ("NVIDIA H200", 9, 143771 << 20, 2)
     assert machine.model.path == bundled_model and machine.model.max_model_len == 8192
     assert probing._major("NVIDIA H100 80GB HBM3", "") == 9  # an nvidia-smi without compute_cap
+
+
+def test_engines_sharing_a_gpu_run_under_mps_where_its_control_program_is_installed():
+    with_mps = dataclasses.replace(H200, mps_control="/usr/bin/nvidia-cuda-mps-control")
+    plan = resolve(spec(), with_mps)
+    assert plan.engine.mps and plan.spec.engine.mps and plan.decision("mps").reason.startswith("2 engines share a GPU")
+    assert "CUDA MPS: on  # 2 engines share a GPU" in str(plan)
+    assert not resolve(spec(), H200).engine.mps  # no control program: the engines take turns, as before
+    assert "not found" in resolve(spec(), H200).decision("mps").reason
+    assert not resolve(spec(engines_per_gpu=1), with_mps).engine.mps  # nothing to share
+    assert not resolve(spec(mps=False), with_mps).engine.mps  # --no-mps
+    assert resolve(spec(mps=False), with_mps).decision("mps").reason == "set"
+    assert not resolve(spec(engines_per_gpu=2), dataclasses.replace(CPU, mps_control="/x")).engine.mps

@@ -1,0 +1,130 @@
+"""CUDA MPS for the engines sharing a GPU: their kernels run side by side instead of in turns.
+
+Without MPS a GPU runs one process's kernels at a time, so two engines on one GPU take turns (time
+slices) and each waits while the other's kernels run, even those that leave most of the GPU idle.
+Under MPS one server process holds the GPU for both and runs their kernels together
+(docs/benchmarks.md: 1.06-1.08x on prefill-heavy jobs, 1.05-1.08x decode-heavy, on an H200).
+
+A run starts a control daemon of its own (`nvidia-cuda-mps-control -f`), its pipe and log folders in
+the run's scratch folder (scratch.py), so a daemon the system runs, or another run's, is left alone,
+and only this run's engines (given CUDA_MPS_PIPE_DIRECTORY) connect to it. The daemon sees every GPU
+(no CUDA_VISIBLE_DEVICES), so an engine's CUDA_VISIBLE_DEVICES names the same GPU with MPS and
+without. A shell watches the run's process: it tells the daemon to quit when the run closes the pipe
+to it, at its end or at its death, so a run killed outright leaves no daemon behind. Where the daemon
+does not start, or a CUDA context cannot be made through it, the engines share the GPU in turns,
+with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from qbatch.engines.scratch import scratch_folder
+from qbatch.log import log
+
+CONTROL = "nvidia-cuda-mps-control"
+PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+START_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 60.0
+QUIT_TIMEOUT_S = 15.0
+# The watcher: the daemon in the background (its stdin /dev/null), `cat` on the run's pipe until it closes,
+# then the daemon's own way to stop (the `quit` command), and wait for it.
+WATCH = '"$0" -f & cat >/dev/null; echo quit | "$0"; wait'
+# A CUDA context on each visible GPU through the driver alone (no torch: seconds to import); prints the
+# first CUDA error's code and exits 1 on one.
+PROBE = """
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+count, device, context = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p()
+def check(code):
+    if code:
+        print(code); sys.exit(1)
+check(cuda.cuInit(0))
+check(cuda.cuDeviceGetCount(ctypes.byref(count)))
+for i in range(count.value):
+    check(cuda.cuDeviceGet(ctypes.byref(device), i))
+    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
+    check(cuda.cuDevicePrimaryCtxRelease_v2(device))
+"""
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A running MPS control daemon of this run: the environment its engines get, and how it stops."""
+
+    folder: Path
+    watcher: subprocess.Popen[bytes]
+
+    def env(self) -> dict[str, str]:
+        """What an engine's process adds to its environment to run under this daemon."""
+        return {PIPE_ENV: str(self.folder / "pipe"), LOG_ENV: str(self.folder / "log")}
+
+    def stop(self) -> None:
+        """Quit the daemon (once the engines are gone: its clients fail from then on) and wait for it."""
+        if self.watcher.stdin and not self.watcher.stdin.closed:
+            self.watcher.stdin.close()  # the watcher's `cat` ends: it sends `quit`
+        try:
+            self.watcher.wait(timeout=QUIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the CUDA MPS daemon did not quit in %.0fs; killed", QUIT_TIMEOUT_S)
+            os.killpg(self.watcher.pid, 9)
+            self.watcher.wait()
+
+
+def start(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | None:
+    """A daemon for engines on `devices` (CUDA_VISIBLE_DEVICES entries), its output appended to `log_path`,
+    checked with a CUDA context on each device through it; None, with a warning, where it cannot run (the
+    engines then take turns)."""
+    folder = Path(tempfile.mkdtemp(prefix="mps-", dir=scratch_folder()))  # a socket's path is short
+    (folder / "pipe").mkdir()
+    (folder / "log").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    try:
+        with open(log_path or os.devnull, "ab") as output:
+            watcher = subprocess.Popen(["/bin/sh", "-c", WATCH, CONTROL], stdin=subprocess.PIPE, stdout=output,
+                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={**env, PIPE_ENV: str(folder / "pipe"), LOG_ENV: str(folder / "log")})
+    except OSError as exc:
+        log.warning("CUDA MPS did not start (%s): engines sharing a GPU take turns on it", exc)
+        return None
+    daemon = Daemon(folder, watcher)
+    problem = _wait_listening(daemon) or _probe(daemon, devices)
+    if problem:
+        daemon.stop()
+        log.warning("CUDA MPS did not start (%s): engines sharing a GPU take turns on it; --no-mps "
+                    "skips the try", problem)
+        return None
+    log.debug("CUDA MPS daemon running for the engines (%s)", folder)
+    return daemon
+
+
+def _wait_listening(daemon: Daemon) -> str | None:
+    """None once the daemon listens (its control socket exists), else what went wrong."""
+    control = daemon.folder / "pipe" / "control"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not control.exists():
+        if daemon.watcher.poll() is not None or time.monotonic() > deadline:
+            return f"{CONTROL} exited" if daemon.watcher.poll() is not None else f"{CONTROL} did not listen"
+        time.sleep(0.02)
+    return None
+
+
+def _probe(daemon: Daemon, devices: tuple[str, ...]) -> str | None:
+    """None when a CUDA context can be made through the daemon on each device, else what went wrong."""
+    env = {**os.environ, **daemon.env(), "CUDA_VISIBLE_DEVICES": ",".join(dict.fromkeys(devices))}
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"no CUDA context through it in {PROBE_TIMEOUT_S:.0f}s"
+    if done.returncode:
+        code = done.stdout.strip()
+        said = f"CUDA error {code}" if code else (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"a CUDA context through it failed: {said}"
+    return None
