@@ -18,6 +18,7 @@ with a warning.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from qbatch.log import log
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
-START_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 60.0
 QUIT_TIMEOUT_S = 15.0
 # The watcher: the daemon in the background (its stdin /dev/null), `cat` on the run's pipe until it closes,
@@ -81,27 +82,33 @@ def start(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | No
     """A daemon for engines on `devices` (CUDA_VISIBLE_DEVICES entries), its output appended to `log_path`,
     checked with a CUDA context on each device through it; None, with a warning, where it cannot run (the
     engines then take turns)."""
+    program = shutil.which(CONTROL)
+    if program is None:
+        return _turns(f"{CONTROL} not found")
     folder = Path(tempfile.mkdtemp(prefix="mps-", dir=scratch_folder()))  # a socket's path is short
     (folder / "pipe").mkdir()
     (folder / "log").mkdir()
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     try:
         with open(log_path or os.devnull, "ab") as output:
-            watcher = subprocess.Popen(["/bin/sh", "-c", WATCH, CONTROL], stdin=subprocess.PIPE, stdout=output,
+            watcher = subprocess.Popen(["/bin/sh", "-c", WATCH, program], stdin=subprocess.PIPE, stdout=output,
                                        stderr=subprocess.STDOUT, start_new_session=True,
                                        env={**env, PIPE_ENV: str(folder / "pipe"), LOG_ENV: str(folder / "log")})
     except OSError as exc:
-        log.warning("CUDA MPS did not start (%s): engines sharing a GPU take turns on it", exc)
-        return None
+        return _turns(str(exc))
     daemon = Daemon(folder, watcher)
     problem = _wait_listening(daemon) or _probe(daemon, devices)
     if problem:
         daemon.stop()
-        log.warning("CUDA MPS did not start (%s): engines sharing a GPU take turns on it; --no-mps "
-                    "skips the try", problem)
-        return None
+        return _turns(problem)
     log.debug("CUDA MPS daemon running for the engines (%s)", folder)
     return daemon
+
+
+def _turns(problem: str) -> None:
+    """No MPS for these engines: they take turns on their GPU, as without it; the user is told why."""
+    log.warning("CUDA MPS did not start (%s): engines sharing a GPU take turns on it; --no-mps skips the try",
+                problem)
 
 
 def _wait_listening(daemon: Daemon) -> str | None:

@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from qbatch.engines import mps
@@ -53,10 +54,9 @@ def control(tmp_path, monkeypatch):
 
 def _running(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def _gone(pid: int, within: float = 10.0) -> bool:
@@ -107,8 +107,18 @@ def test_where_no_cuda_context_can_be_made_through_it_the_engines_take_turns(con
 
 
 def test_without_the_control_program_the_engines_take_turns(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("PATH", str(tmp_path))  # the control program is not found
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no NVIDIA driver's programs here
     monkeypatch.setenv("QBATCH_SCRATCH", str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="qbatch"):
         assert mps.start(("0",)) is None
-    assert f"{mps.CONTROL} exited" in caplog.text
+    assert f"CUDA MPS did not start ({mps.CONTROL} not found)" in caplog.text
+    assert not list(tmp_path.iterdir())  # nothing made
+
+
+def test_a_control_program_that_does_not_start_is_no_run_stopper(control, monkeypatch, caplog):
+    program = Path(os.environ["PATH"].split(os.pathsep)[0]) / mps.CONTROL
+    program.write_text("#!/bin/sh\nexit 1\n")  # fails at once, as a daemon refused by the system would
+    monkeypatch.setattr(mps, "START_TIMEOUT_S", 1.0)
+    with caplog.at_level(logging.WARNING, logger="qbatch"):
+        assert mps.start(("0",)) is None
+    assert f"CUDA MPS did not start ({mps.CONTROL} did not listen)" in caplog.text
