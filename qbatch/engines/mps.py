@@ -7,7 +7,8 @@ Under MPS one server process holds the GPU for both and runs their kernels toget
 
 A run starts a control daemon of its own (`nvidia-cuda-mps-control -f`), its pipe and log folders in
 the run's scratch folder (scratch.py), so a daemon the system runs, or another run's, is left alone,
-and only this run's engines (given CUDA_MPS_PIPE_DIRECTORY) connect to it. The daemon sees every GPU
+and only this run's engines (given CUDA_MPS_PIPE_DIRECTORY) connect to it; a process's engines of
+every configuration share it (acquire), so they do not take turns either. The daemon sees every GPU
 (no CUDA_VISIBLE_DEVICES), so an engine's CUDA_VISIBLE_DEVICES names the same GPU with MPS and
 without. A shell watches the run's process: it tells the daemon to quit when the run closes the pipe
 to it, at its end or at its death, so a run killed outright leaves no daemon behind. Where the daemon
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,11 @@ for i in range(count.value):
 """
 
 
+_lock = threading.Lock()
+_daemon: Daemon | None = None  # this process's, while engines use it (acquire)
+_users = 0
+
+
 @dataclass(frozen=True)
 class Daemon:
     """A running MPS control daemon of this run: the environment its engines get, and how it stops."""
@@ -76,6 +83,34 @@ class Daemon:
             log.warning("the CUDA MPS daemon did not quit in %.0fs; killed", QUIT_TIMEOUT_S)
             os.killpg(self.watcher.pid, 9)
             self.watcher.wait()
+
+
+def acquire(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | None:
+    """This process's daemon for engines on `devices`, started by the first engines that need it: all of a
+    process's engines (a Session's generation and embedding engines) share one server, so none of them
+    takes turns with another. None, with a warning, where it cannot serve these devices."""
+    global _daemon, _users
+    with _lock:
+        if _daemon is None or _daemon.watcher.poll() is not None:
+            _daemon, _users = start(devices, log_path), 0
+        elif problem := _probe(_daemon, devices):  # the running one serves the engines on other GPUs
+            return _turns(problem)
+        if _daemon is not None:
+            _users += 1
+        return _daemon
+
+
+def release(daemon: Daemon) -> None:
+    """The engines that acquired `daemon` are gone: it quits once none are left."""
+    global _daemon, _users
+    with _lock:
+        if daemon is not _daemon:  # restarted meanwhile (this one had died)
+            daemon.stop()
+            return
+        _users -= 1
+        if _users == 0:
+            _daemon = None
+            daemon.stop()
 
 
 def start(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | None:

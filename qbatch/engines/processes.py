@@ -59,7 +59,7 @@ class DataParallelEngine(Dispatcher):
         # which the first queue starts: it reports what a worker killed while starting left behind.
         with engine_processes() as self.engine_log:
             if config.mps and share > 1:
-                self._mps = mps.start(config.devices, self.engine_log.path)
+                self._mps = mps.acquire(config.devices, self.engine_log.path)
             env = self._mps.env() if self._mps else {}
             self._results = context.Queue()
             for rank, device in enumerate(devices):
@@ -140,7 +140,7 @@ class DataParallelEngine(Dispatcher):
                 process.kill()
         self._workers.clear()
         if self._mps:  # after its clients, the engines
-            self._mps.stop()
+            mps.release(self._mps)
             self._mps = None
 
 

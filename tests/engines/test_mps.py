@@ -49,6 +49,9 @@ def control(tmp_path, monkeypatch):
     scratch.mkdir(exist_ok=True)
     monkeypatch.setenv("QBATCH_SCRATCH", str(scratch))
     yield scratch
+    if mps._daemon is not None:  # a test that failed between acquire and release
+        mps._daemon.stop()
+        monkeypatch.setattr(mps, "_daemon", None)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -79,6 +82,21 @@ def test_the_daemon_serves_the_runs_engines_and_quits_when_stopped(control, monk
     daemon.stop()
     assert (logs / "commands").read_text() == "quit\n"  # its own way to stop, after the engines
     assert not _running(pid) and daemon.watcher.poll() == 0
+
+
+def test_a_processs_engines_share_one_daemon_which_quits_after_the_last(control, monkeypatch):
+    probed = []
+    monkeypatch.setattr(mps, "_probe", lambda daemon, devices: probed.append(devices))
+    generate = mps.acquire(("0",))
+    embed = mps.acquire(("0", "1"))  # a Session's second engine configuration, one GPU more
+    assert generate is embed and probed == [("0",), ("0", "1")]  # the new GPU checked through the running one
+    pid = int((generate.folder / "pipe" / "daemon.pid").read_text())
+    mps.release(generate)
+    assert _running(pid)  # the other engines still use it
+    mps.release(embed)
+    again = mps.acquire(("0",))
+    assert _gone(pid) and again is not generate  # the next engines start a new one
+    mps.release(again)
 
 
 def test_a_run_killed_outright_leaves_no_daemon(control, tmp_path):
