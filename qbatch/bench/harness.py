@@ -543,7 +543,7 @@ def _qbatch_engine_settings(spec: Any, pool: EnginePool) -> dict[str, Any]:
     vLLM config this process cannot read; None: vLLM's default, or qbatch's tuned one in plan/engine_args.py)."""
     job = resolved_job(spec, pool)
     engine = job.spec.engine
-    return {"engines": engine.engine_count(), "engines_per_gpu": engine.engines_per_gpu,
+    return {"engines": engine.engine_count(), "engines_per_gpu": engine.engines_per_gpu, "mps": engine.mps,
             "compilation_mode": engine.compilation_mode,
             "max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens,
             "max_model_len": job.max_model_len, "dtype": engine.dtype, "enforce_eager": engine.enforce_eager,
