@@ -3,7 +3,7 @@
 Without MPS a GPU runs one process's kernels at a time, so two engines on one GPU take turns (time
 slices) and each waits while the other's kernels run, even those that leave most of the GPU idle.
 Under MPS one server process holds the GPU for both and runs their kernels together
-(docs/benchmarks.md: 1.06-1.08x on prefill-heavy jobs, 1.05-1.08x decode-heavy, on an H200).
+(faster on prefill- and decode-heavy jobs alike: docs/benchmarks.md, "CUDA MPS").
 
 A run starts a control daemon of its own (`nvidia-cuda-mps-control -f`), its pipe and log folders in
 the run's scratch folder (scratch.py), so a daemon the system runs, or another run's, is left alone,
