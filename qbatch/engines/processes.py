@@ -54,7 +54,7 @@ class DataParallelEngine(Dispatcher):
         devices = [device for device in config.devices for _ in range(share)]
         context = mp.get_context("spawn")  # vLLM and CUDA do not survive fork
         started: dict[str, Any] = {}  # per GPU: the event its latest engine sets once it has started
-        self._mps = None
+        self._mps: mps.Daemon | None = None  # the CUDA MPS daemon its engines share a GPU through
         # The workers' output goes to the engine log, and that of multiprocessing's resource tracker,
         # which the first queue starts: it reports what a worker killed while starting left behind.
         with engine_processes() as self.engine_log:
