@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,7 +82,7 @@ class Daemon:
             self.watcher.wait(timeout=QUIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             log.warning("the CUDA MPS daemon did not quit in %.0fs; killed", QUIT_TIMEOUT_S)
-            os.killpg(self.watcher.pid, 9)
+            os.killpg(self.watcher.pid, signal.SIGKILL)
             self.watcher.wait()
 
 
@@ -151,8 +152,10 @@ def _wait_listening(daemon: Daemon) -> str | None:
     control = daemon.folder / "pipe" / "control"
     deadline = time.monotonic() + START_TIMEOUT_S
     while not control.exists():
-        if daemon.watcher.poll() is not None or time.monotonic() > deadline:
-            return f"{CONTROL} exited" if daemon.watcher.poll() is not None else f"{CONTROL} did not listen"
+        if daemon.watcher.poll() is not None:
+            return f"{CONTROL} exited"
+        if time.monotonic() > deadline:
+            return f"{CONTROL} did not listen"
         time.sleep(0.02)
     return None
 
