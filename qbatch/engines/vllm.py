@@ -225,7 +225,9 @@ class VllmEngine:
                                         detokenize=self._vllm_detokenizes(request))
             request_id = f"q{self._next_id}"
             self._next_id += 1
-            engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params,
+            # vLLM's own engine input (its TokensInput): a raw prompt would be parsed and rendered again
+            # for every row, a path vLLM deprecates; the checks of length and ids stay vLLM's.
+            engine.add_request(request_id, {"type": "token", "prompt_token_ids": request.prompt_token_ids}, params,
                                lora_request=self._loras.get(request.adapter))
         except _engine_dead_errors() as exc:  # the engine died between steps: no row's fault
             raise self._failed(exc) from exc

@@ -224,6 +224,7 @@ def test_a_run_stopped_every_way_resumes_with_each_row_once(job, tmp_path):
     assert "qbatch run completed" in final.stdout
     logged = (out / "engine.log").read_bytes()
     assert logged.count(b"Loading safetensors checkpoint shards") >= 3  # every run's engine, appended
+    assert b"raw prompts to InputProcessor is deprecated" not in logged  # rows reach vLLM as its engine inputs
     # The last run's engine stopped cleanly. (The processes killed before may leave shared memory that
     # Python's resource tracker reports in the log as it cleans it up, once they are gone.)
     last = logged[earlier:].decode(errors="replace")
