@@ -72,7 +72,7 @@ class Daemon:
 
     def env(self) -> dict[str, str]:
         """What an engine's process adds to its environment to run under this daemon."""
-        return {PIPE_ENV: str(self.folder / "pipe"), LOG_ENV: str(self.folder / "log")}
+        return _folders_env(self.folder)
 
     def stop(self) -> None:
         """Quit the daemon (once the engines are gone: its clients fail from then on) and wait for it."""
@@ -129,7 +129,7 @@ def start(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | No
         with open(log_path or os.devnull, "ab") as output:
             watcher = subprocess.Popen(["/bin/sh", "-c", WATCH, program], stdin=subprocess.PIPE, stdout=output,
                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                       env={**env, PIPE_ENV: str(folder / "pipe"), LOG_ENV: str(folder / "log")})
+                                       env={**env, **_folders_env(folder)})
     except OSError as exc:
         return _turns(str(exc))
     daemon = Daemon(folder, watcher)
@@ -139,6 +139,11 @@ def start(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | No
         return _turns(problem)
     log.debug("CUDA MPS daemon running for the engines (%s)", folder)
     return daemon
+
+
+def _folders_env(folder: Path) -> dict[str, str]:
+    """The daemon's pipe and log folders, as the daemon and its clients read them from the environment."""
+    return {PIPE_ENV: str(folder / "pipe"), LOG_ENV: str(folder / "log")}
 
 
 def _turns(problem: str) -> None:
