@@ -58,7 +58,7 @@ class DataParallelEngine(Dispatcher):
         # The workers' output goes to the engine log, and that of multiprocessing's resource tracker,
         # which the first queue starts: it reports what a worker killed while starting left behind.
         with engine_processes() as self.engine_log:
-            if config.mps and share > 1:
+            if config.mps:  # the plan's: engines share a GPU (plan/placement.use_mps)
                 self._mps = mps.acquire(config.devices, self.engine_log.path)
             env = self._mps.env() if self._mps else {}
             self._results = context.Queue()

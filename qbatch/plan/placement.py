@@ -130,12 +130,13 @@ def engines_per_gpu(spec: EngineSpec, machine: Machine) -> tuple[int, str]:
 
 
 def use_mps(spec: EngineSpec, machine: Machine) -> tuple[bool, str]:
-    """Whether the engines sharing each GPU run under CUDA MPS (engines/mps.py), and why: set, else
-    wherever they share a local GPU and the driver's MPS control program is installed."""
-    if spec.mps is not None:
-        return spec.mps, "set"
+    """Whether the engines sharing each GPU run under CUDA MPS (engines/mps.py), and why: never for one
+    engine a GPU (nothing shares it); set, else wherever they share a local GPU and the driver's MPS
+    control program is installed."""
     if (spec.engines_per_gpu or 1) < 2:
         return False, "one engine a GPU"
+    if spec.mps is not None:
+        return spec.mps, "set"
     if spec.backend != "vllm" or machine.platform != "cuda":
         return False, "engines sharing a local NVIDIA GPU only"
     if not machine.mps_control:

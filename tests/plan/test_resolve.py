@@ -151,6 +151,7 @@ def test_engines_sharing_a_gpu_run_under_mps_where_its_control_program_is_instal
     assert not resolve(spec(), H200).engine.mps  # no control program: the engines take turns, as before
     assert "not found" in resolve(spec(), H200).decision("mps").reason
     assert not resolve(spec(engines_per_gpu=1), with_mps).engine.mps  # nothing to share
+    assert not resolve(spec(engines_per_gpu=1, mps=True), with_mps).engine.mps  # --mps: still nothing to share
     assert not resolve(spec(mps=False), with_mps).engine.mps  # --no-mps
     assert resolve(spec(mps=False), with_mps).decision("mps").reason == "set"
     assert not resolve(spec(engines_per_gpu=2), dataclasses.replace(CPU, mps_control="/x")).engine.mps
