@@ -151,6 +151,8 @@ class _Run:
         as they finish and write them as parts; True when the caller's stop ended the generation."""
         job = self.job
         t0 = time.monotonic()
+        if self.opened is not None and (started_early or not self.pool.has(job.plan.engine)):
+            self.opened.progress.log(f"starting the engine (loading {job.spec.engine.model})…")  # a phase of its own, before the bar
         engine = self.pool.get(job.plan.engine)
         self.summary.engine_start_s = time.monotonic() - (started_early or t0)
         early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
