@@ -9,8 +9,6 @@ is not Unicode keeps its data and fails alone (text.py), whatever --on-bad-line 
 from __future__ import annotations
 
 import glob
-import gzip
-import io
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -20,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from qbatch._fs import OUTPUT_LOCK
 from qbatch.errors import InputError
+from qbatch.inputs.compressed import compressed_error, open_input
 from qbatch.inputs.text import SURROGATE_ESCAPE, column_not_utf8, escaped, is_text, lone_surrogate, not_utf8
 from qbatch.log import log
 from qbatch.records import Row
@@ -170,26 +169,9 @@ def _after_last_newline(handle: IO[bytes], size: int) -> int:
     return 0
 
 
-def _open_text_bytes(path: Path) -> IO[bytes]:
-    name = path.name.lower()
-    try:
-        raw = open(path, "rb")
-    except IsADirectoryError:
-        raise InputError("input is a folder, not a file", where=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot open input: {exc.strerror}", where=str(path)) from None
-    if name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
-    if name.endswith(".zst"):
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return raw
-
-
 def _read_jsonl(path: Path, source_index: int, on_bad_line: str, size: int | None) -> Iterator[Row]:
     row_index = 0
-    with _open_text_bytes(path) as handle:
+    with open_input(path) as handle:
         try:
             for line_no, raw in read_lines(handle if size is None else _first_bytes(handle, size)):
                 data, error, bad_text = _parse_line(raw)
@@ -201,8 +183,8 @@ def _read_jsonl(path: Path, source_index: int, on_bad_line: str, size: int | Non
                     )
                 yield Row(str(path), source_index, row_index, line_no, data, error, bad_text)
                 row_index += 1
-        except (OSError, EOFError) as exc:  # corrupt gzip/zstd stream
-            raise InputError(f"cannot read compressed input: {exc}", where=str(path)) from None
+        except (OSError, EOFError) as exc:  # corrupt or cut gzip/zstd stream
+            raise compressed_error(path, exc) from None
 
 
 def _first_bytes(lines: Iterable[bytes], size: int) -> Iterator[bytes]:

@@ -219,3 +219,32 @@ def test_a_file_name_that_is_not_utf8_is_refused_before_the_run(run_null, tmp_pa
     assert result.exit_code == EXIT_INPUT, result.output
     assert "Error: the input's file name is not valid UTF-8: results could not name their source" in result.stderr
     assert "caf\\udce9.jsonl" in result.stderr
+
+
+def _compress(codec: str, data: bytes) -> bytes:
+    if codec == "gz":
+        import gzip
+
+        return gzip.compress(data)
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(data)
+
+
+@pytest.mark.parametrize("codec", ["gz", "zst"])
+def test_a_truncated_compressed_input_stops_the_run(codec, run_null, tmp_path):
+    """A compressed file cut short (a copy that did not finish) is an error naming it, never half its rows
+    read as the whole file: with --on-bad-line skip too."""
+    data = b"".join(json.dumps({"id": str(i), "prompt": f"row {i}"}).encode() + b"\n" for i in range(5000))
+    whole = _compress(codec, data)
+    path = tmp_path / f"in.jsonl.{codec}"
+    path.write_bytes(whole[:len(whole) // 2])
+    result = run_null(path, "-o", tmp_path / "out", "--on-bad-line", "skip")
+    assert result.exit_code == EXIT_INPUT, result.output
+    assert result.stderr.startswith("Error: cannot read compressed input: ")
+    assert "the file is cut short" in result.stderr and str(path) in result.stderr
+    more = b"".join(json.dumps({"id": f"more {i}", "prompt": "x"}).encode() + b"\n" for i in range(3))
+    path.write_bytes(whole + _compress(codec, more))  # concatenated streams (`cat a.gz b.gz`) are one input
+    result = run_null(path, "-o", tmp_path / "whole")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "whole" / "results.parquet").height == 5003
