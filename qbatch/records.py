@@ -87,6 +87,7 @@ class Completion:
 
 
 EMBED_SAMPLING: dict[str, Any] = {"max_tokens": 0}
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # Qwen3-style reasoning (output/reasoning.py splits at the last close)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.errors import ModelError, RowError, SpecError, first_line
-from qbatch.records import EMBED_SAMPLING, Failure, Request, Row
+from qbatch.records import EMBED_SAMPLING, THINK_CLOSE, THINK_OPEN, Failure, Request, Row
 from qbatch.inputs.adapters import ADAPTER_COLUMN_SET, AdapterChoice
 from qbatch.inputs.shapes import BATCH_URLS, fallback_id, is_openai, own_id, positional_id, row_shape
 from qbatch.inputs.splice import ChatSplicer
@@ -101,7 +101,9 @@ class Preparer:
     """Turns windows of rows into requests; holds the tokenizer and job-level defaults."""
 
     def __init__(self, spec: JobSpec, tokenizer: Any, *, max_model_len: int, base_sampling: dict[str, Any],
-                 positional_prefix: bool = False):
+                 positional_prefix: bool = False, unusable_adapters: dict[str, str] | None = None):
+        """`unusable_adapters`: the job's LoRA adapters left out of the engines, each with what is wrong (the
+        rows naming one fail: inputs/adapters.py)."""
         self.spec = spec
         self.input = spec.input
         self.tokenizer = tokenizer
@@ -113,7 +115,8 @@ class Preparer:
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
         self.splicer = ChatSplicer(_chat_template(tokenizer) if self.has_template else None, self._apply_template)
         self._backend_agrees: dict[bool, bool] = {}  # add_special_tokens -> backend gives tokenizer()'s ids
-        self.adapters = AdapterChoice(spec.engine.lora, spec.engine.model) if spec.engine.lora else None
+        self.adapters = (AdapterChoice(spec.engine.lora or {}, spec.engine.model, unusable_adapters)
+                         if spec.engine.lora or unusable_adapters else None)
         if not self.input.raw and not self.has_template and self.input.shape != "openai" and not self.embeds:
             raise SpecError(
                 "the model has no chat template, so prompts cannot be sent as chat turns",
@@ -424,12 +427,44 @@ class Preparer:
         if self.spec.engine.seed is not None and "seed" not in sampling:  # a row's own seed is kept as given
             sampling["seed"] = row_seed(self.spec.engine.seed, draft.id)
         sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - num)
-        thinking = None
-        if self.model_thinks:
-            thinking = True if draft.thinking is None else draft.thinking
+        thinking = self._thinks(draft, sampling, ids)
         prompt = draft.text if self.spec.output.include_prompt else None
         return Request(draft.id, draft.row.source_index, draft.row.row_index, ids, sampling, thinking,
                        draft.extra, prompt, draft.adapter)
+
+    def _thinks(self, draft: Draft, sampling: dict[str, Any], ids: list[int]) -> bool | None:
+        """Whether a row thinks: its output is split into reasoning and text (None: no split, the text as
+        vLLM gives it). The rules, and why:
+        - only a chat-templated row of a thinking model thinks: the template opens the reasoning (or closes
+          it, thinking off). A raw prompt or an OpenAI /v1/completions line opens none, and vLLM's own
+          /v1/completions splits nothing;
+        - a constrained row thinks only where the engine has a reasoning parser: without one the constraint
+          holds from the first token, so the output is all answer;
+        - a raw constrained row under a reasoning parser is refused unless its prompt already closed the
+          reasoning: the parser holds the constraint until `</think>`, which such a prompt never opens, so the
+          constraint would silently never apply."""
+        constrained = "structured_outputs" in sampling
+        if draft.messages is None:
+            if constrained and self.spec.engine.reasoning_parser and not self._closes_reasoning(ids):
+                raise RowError("constraint_not_applied", f"the row's prompt is sent as is (not through the chat "
+                               f"template) and opens no reasoning, so the engine's reasoning parser "
+                               f"({self.spec.engine.reasoning_parser}) would hold its constraint until a "
+                               "`</think>` the model never writes: the constraint would not apply")
+            return None
+        if not self.model_thinks or (constrained and not self.spec.engine.reasoning_parser):
+            return None
+        return True if draft.thinking is None else draft.thinking
+
+    def _closes_reasoning(self, ids: list[int]) -> bool:
+        """Whether a prompt's last think token closes the reasoning (vLLM's parsers then constrain from the start)."""
+        vocab = self.tokenizer.get_vocab()
+        open_id, close_id = vocab.get(THINK_OPEN), vocab.get(THINK_CLOSE)
+        for token in reversed(ids):
+            if token == close_id:
+                return True
+            if token == open_id:
+                return False
+        return False
 
     def _embed_request(self, draft: Draft, ids: list[int]) -> Request:
         """An embedding request: the whole input fits max_model_len (vLLM's pooling runner takes a prompt

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+from qbatch.records import THINK_CLOSE, THINK_OPEN
 
 
 def split_reasoning(output: str, thinking: bool | None) -> tuple[str | None, str]:

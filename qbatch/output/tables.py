@@ -3,7 +3,7 @@
 Result columns: id, source, source_index (dropped at assembly), row_index, the carried input
 columns (types decided for the whole input: columns.py; one named like a result column is
 `input_<name>`), prompt (optional), adapter (jobs with LoRA adapters), then the generation's text,
-reasoning, finish_reason and token counts.
+reasoning, finish_reason, flag (flags.py) and token counts.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from qbatch.output.flags import row_flag
 from qbatch.output.reasoning import split_reasoning
 from qbatch.output.samples import COLUMN_TYPES, per_sample, sample_columns
-from qbatch.records import Completion, Failure
+from qbatch.records import THINK_CLOSE, Completion, Failure
 
 ERROR_SCHEMA = pa.schema(
     [
@@ -33,6 +34,7 @@ RESULT_TAIL = [
     ("text", pa.string()),
     ("reasoning", pa.string()),
     ("finish_reason", pa.string()),
+    ("flag", pa.string()),  # null: a usable answer; else what is wrong with it (flags.py)
     ("prompt_tokens", pa.int32()),
     ("completion_tokens", pa.int32()),
     ("cached_tokens", pa.int32()),
@@ -73,13 +75,23 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
         columns["text"] = [c.text for c in completions]
         columns["reasoning"] = [None] * len(completions)
     columns["finish_reason"] = [c.finish_reason for c in completions]
+    columns["flag"] = None  # its place; set once the parse errors are known
     columns["prompt_tokens"] = [len(r.prompt_token_ids) for r in requests]
     columns["completion_tokens"] = [c.num_completion_tokens for c in completions]
     columns["cached_tokens"] = [c.num_cached_tokens for c in completions]
     if sample_indexes is not None:
         columns["sample_index"] = pa.array(sample_indexes, type=pa.int32())
     columns.update(sample_columns(completions, columns["text"]))
+    columns["flag"] = flags_of(completions, columns["text"], columns.get("parse_error"))
     return pa.table({name: _array(name, values) for name, values in columns.items()})
+
+
+def flags_of(completions: list[Completion], answers: list[str], parse_errors: pa.Array | None) -> pa.Array:
+    """Each result row's flag (flags.py): what a user must not miss about its answer."""
+    errors = [None] * len(completions) if parse_errors is None else parse_errors.to_pylist()
+    return pa.array([row_flag(thinking=c.request.thinking, answer=answer, reasoning_closed=THINK_CLOSE in c.text,
+                              finish_reason=c.finish_reason, parse_error=error)
+                     for c, answer, error in zip(completions, answers, errors, strict=True)], type=pa.string())
 
 
 def carried_columns(requests: list[Any], column_types: dict[str, pa.DataType | None] | None, *,

@@ -130,9 +130,15 @@ def compile_cache_warm(spec: EngineSpec, max_model_len: int, machine: Machine) -
 
 def _reasoning_parser(spec: JobSpec, engine: EngineSpec, machine: Machine, decisions: list[Decision]) -> EngineSpec:
     """Only jobs with a constraint or a thinking budget get the model's parser (an engine setting: an
-    engine of its own); vLLM ends the reasoning at the budget only with a parser."""
+    engine of its own); vLLM ends the reasoning at the budget only with a parser. A --raw job gets none:
+    its prompts open no reasoning, and the parser would hold a constraint until a `</think>` that never
+    comes (inputs/prepare.py: which rows think)."""
+    if spec.input.raw and spec.sampling.thinking_token_budget is not None and engine.reasoning_parser is None:
+        raise SpecError("--thinking-token-budget limits the reasoning of rows that think, and raw prompts (--raw) "
+                        "open no reasoning", hint="drop --raw so that the chat template opens the reasoning, or "
+                        "drop --thinking-token-budget")
     asks = spec.sampling.structured_outputs() is not None or spec.sampling.thinking_token_budget is not None
-    if engine.reasoning_parser is None and asks and machine.model.reasoning_parser is not None:
+    if engine.reasoning_parser is None and asks and not spec.input.raw and machine.model.reasoning_parser is not None:
         engine = dataclasses.replace(engine, reasoning_parser=machine.model.reasoning_parser)
         decisions.append(Decision("reasoning_parser", engine.reasoning_parser,
                                   "the model's family, for the job's constraint or thinking budget"))

@@ -85,5 +85,5 @@ def test_a_merge_of_shards_whose_rows_all_failed_has_the_jobs_columns(cli, bundl
     assert result.exit_code == 0, result.output
     merged = pl.read_parquet(tmp_path / "all" / "results.parquet")
     assert merged.height == 0 and merged.columns == [
-        "id", "source", "row_index", "prompt", "topic", "text", "reasoning", "finish_reason", "prompt_tokens",
+        "id", "source", "row_index", "prompt", "topic", "text", "reasoning", "finish_reason", "flag", "prompt_tokens",
         "completion_tokens", "cached_tokens", "sample_index"]

@@ -47,6 +47,18 @@ def test_the_reasoning_parser_comes_with_a_constraint_or_a_thinking_budget_only(
         resolve(spec(thinking_token_budget=64), other)
 
 
+def test_a_raw_job_gets_no_reasoning_parser_its_prompts_open_no_reasoning():
+    """A raw prompt never opens a reasoning block: the parser would hold a job's constraint forever (issue #52:
+    0 of 2,048 raw rows were JSON). With the chat template the constraint waits for `</think>`."""
+    assert resolve(spec(json_schema='{"type": "object"}'), CPU).spec.engine.reasoning_parser == "qwen3"
+    raw = resolve(spec(json_schema='{"type": "object"}', raw=True), CPU)
+    assert raw.spec.engine.reasoning_parser is None and "reasoning_parser" not in raw.engine.kwargs()
+    explicit = resolve(spec(json_schema='{"type": "object"}', raw=True, reasoning_parser="qwen3"), CPU)
+    assert explicit.spec.engine.reasoning_parser == "qwen3"  # asked for: kept (prepare refuses rows it would not constrain)
+    with pytest.raises(SpecError, match="raw prompts .--raw. open no reasoning"):
+        resolve(spec(thinking_token_budget=64, raw=True), CPU)
+
+
 def test_the_shape_step_compiles_a_long_prefill_bound_job_on_one_engine_first():
     plan = resolve(spec(), H200)
     prefill = JobShape(rows=1_000_000, prompt_tokens=400_000_000, output_tokens=8_000_000, estimated=True)

@@ -43,7 +43,7 @@ def test_two_runs_start_the_engine_once_and_return_the_schema(session, started):
     first = session.run(pl.DataFrame({"id": ["a", "b", "c"], "prompt": ["hi", "hello there", "x " * 40]}), **QUICK)
     second = session.run(["one", "two"], thinking=False, **QUICK)
     assert started["n"] == 1
-    assert first.results.columns == ["id", "source", "row_index", "prompt", "text", "reasoning", "finish_reason",
+    assert first.results.columns == ["id", "source", "row_index", "prompt", "text", "reasoning", "finish_reason", "flag",
                                      "prompt_tokens", "completion_tokens", "cached_tokens"]
     assert first.results["id"].to_list() == ["a", "b", "c"] and second.results["id"].to_list() == ["0", "1"]
     assert (first.results["completion_tokens"] <= 8).all() and first.results["text"].dtype == pl.String

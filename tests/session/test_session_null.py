@@ -13,7 +13,7 @@ import qbatch
 from qbatch.errors import InputError, SpecError
 from qbatch.session import Session
 
-RESULT_COLUMNS = ["id", "source", "row_index", "text", "reasoning", "finish_reason", "prompt_tokens",
+RESULT_COLUMNS = ["id", "source", "row_index", "text", "reasoning", "finish_reason", "flag", "prompt_tokens",
                   "completion_tokens", "cached_tokens"]
 ERROR_COLUMNS = ["id", "source", "row_index", "line", "error", "message"]
 
