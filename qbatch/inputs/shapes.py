@@ -22,6 +22,8 @@ from qbatch.spec import InputSpec
 
 BATCH_URLS = (*OPENAI_URLS, EMBEDDINGS_URL)
 ID_HINT = "give every row an id, or drop the column to number rows by position, or pass --id-column"
+STAND_IN_HINT = ("give every row its own id (an `id` column, or --id-column NAME), or rename one of two inputs "
+                 "of the same name")
 
 
 def is_openai(data: dict[str, Any], spec: InputSpec) -> bool:
@@ -104,6 +106,36 @@ def positional_id(row: Row, positional_prefix: bool) -> str:
 def fallback_id(row: Row) -> str:
     """An id for a row whose own id is missing or unreadable: file name and position."""
     return f"{Path(row.source).name}#{row.row_index}"
+
+
+def has_own_id(row: Row, spec: InputSpec) -> bool:
+    """Whether the row's id is its own: else it is a stand-in (positional_id, fallback_id)."""
+    if row.data is None:
+        return False
+    try:
+        return own_id(row.data, spec) is not None
+    except RowError:
+        return False
+
+
+class StandIns:
+    """The pre-scan's record of the stand-in ids it met (rows without a usable id, named by position).
+
+    A stand-in may equal another row's real id ("0", "in.jsonl#3"), or another stand-in (two inputs of
+    one name in two folders): two rows, not one row twice, which --dedupe would drop one of.
+    """
+
+    def __init__(self, spec: InputSpec):
+        self.spec = spec
+        self.ids: set[str] = set()
+
+    def add(self, row: Row, rid: str) -> None:
+        if not has_own_id(row, self.spec):
+            self.ids.add(rid)
+
+    def clashes(self, counts: dict[str, int]) -> list[str]:
+        """The stand-ins that name more than one row (`counts`: the rows of each id)."""
+        return sorted(rid for rid in self.ids if counts.get(rid, 0) > 1)
 
 
 class NamedColumns:

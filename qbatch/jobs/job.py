@@ -19,7 +19,7 @@ from qbatch.engines.base import hidden_size
 from qbatch.engines.lora import batch_adapters
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
-from qbatch.inputs.shapes import NamedColumns
+from qbatch.inputs.shapes import STAND_IN_HINT, NamedColumns, StandIns
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows, rows_size
 from qbatch.jobs.planning import DOCUMENT_SAMPLE, FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups
 from qbatch.jobs.prefixes import shares_prefixes
@@ -292,6 +292,7 @@ class Job:
         shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
         columns = ColumnScan(self._parquet_schemas())
         named = NamedColumns(self.spec.input)
+        stand_ins = StandIns(self.spec.input)
         preparer = self.preparer
         counts: dict[str, int] = {}
         rows_read = [0] * len(self.files)
@@ -304,27 +305,39 @@ class Job:
             rid = preparer.row_id(row)
             if in_shard(rid, shard) and rid not in done:
                 counts[rid] = counts.get(rid, 0) + 1
+                stand_ins.add(row, rid)
         named.check()
-        self._refuse_duplicates(counts, shard, done)
+        self._refuse_duplicates(counts, shard, done, stand_ins.clashes(counts))
         return InputScan(sum(counts.values()), rows_read, columns.finish())
 
     def _parquet_schemas(self) -> dict[int, Any]:
         return {i: parquet_schema(path) for i, path in enumerate(self.files)
                 if detect_format(path, self.spec.input.format) == "parquet"}
 
-    def _refuse_duplicates(self, counts: dict[str, int], shard: tuple[int, int] | None, done: set[str]) -> None:
-        """Refuse ids that appear more than once (unless --dedupe), each listed one with where it appears."""
+    def _refuse_duplicates(self, counts: dict[str, int], shard: tuple[int, int] | None, done: set[str],
+                           clashes: list[str]) -> None:
+        """Refuse ids that appear more than once (unless --dedupe), each listed one with where it appears;
+        and, --dedupe or not, stand-in ids (`clashes`) that name more than one row."""
+        if clashes:
+            one = len(clashes) == 1
+            raise InputError(f"{len(clashes)} row{'' if one else 's'} without a usable id {'is' if one else 'are'} "
+                             f"named by {'its position' if one else 'their positions'}, which {'is' if one else 'are'} "
+                             f"also another row's id: {self._listed(clashes, counts, shard, done)}", hint=STAND_IN_HINT)
         duplicates = [rid for rid, n in counts.items() if n > 1]
         if duplicates and not self.spec.input.dedupe:
-            shown = duplicates[:MAX_LISTED_DUPLICATES]
-            places = self._places(set(shown), shard, done)
-            for rid in shown:
-                if counts[rid] > MAX_PLACES:
-                    places[rid].append(f"{counts[rid]} times in all")
-            listed = ", ".join(f"{rid!r} ({', '.join(places[rid])})" for rid in shown)
-            more = f" and {len(duplicates) - MAX_LISTED_DUPLICATES} more" if len(duplicates) > MAX_LISTED_DUPLICATES else ""
-            raise InputError(f"{len(duplicates)} ids appear more than once: {listed}{more}",
+            raise InputError(f"{len(duplicates)} ids appear more than once: "
+                             f"{self._listed(duplicates, counts, shard, done)}",
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
+
+    def _listed(self, ids: list[str], counts: dict[str, int], shard: tuple[int, int] | None, done: set[str]) -> str:
+        """The first MAX_LISTED_DUPLICATES of `ids`, each with where it appears."""
+        shown = ids[:MAX_LISTED_DUPLICATES]
+        places = self._places(set(shown), shard, done)
+        for rid in shown:
+            if counts[rid] > MAX_PLACES:
+                places[rid].append(f"{counts[rid]} times in all")
+        listed = ", ".join(f"{rid!r} ({', '.join(places[rid])})" for rid in shown)
+        return listed + (f" and {len(ids) - MAX_LISTED_DUPLICATES} more" if len(ids) > MAX_LISTED_DUPLICATES else "")
 
     def _places(self, ids: set[str], shard: tuple[int, int] | None, done: set[str]) -> dict[str, list[str]]:
         """Where each of `ids` appears (file:line, or file row N for Parquet), the first MAX_PLACES of each:

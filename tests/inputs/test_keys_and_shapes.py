@@ -139,3 +139,20 @@ def test_a_text_the_tokenizer_cannot_take_fails_its_row_alone(bundled_model, wri
     assert [r.id for r in requests] == ["a", "c"]
     assert [(f.id, f.error) for f in failures] == [("b", "bad_text")]
     assert failures[0].message.startswith("the tokenizer cannot encode the prompt: ")
+
+
+@pytest.mark.parametrize("rows", [
+    [{"prompt": "no id"}, {"id": "0", "prompt": "a real row whose id is a position"}],
+    [{"id": "in.jsonl#1", "prompt": "a real row"}, "{not json"],
+    [{"id": 7, "prompt": "a"}, {"id": None, "prompt": "null id"}, {"id": "in.jsonl#1", "prompt": "b"}],
+])
+def test_a_stand_in_id_that_is_another_rows_id_stops_the_run(rows, run_null_short, write_jsonl, tmp_path):
+    """A row without a usable id is named by its position; when that name is another row's real id, --dedupe
+    must not drop either row (they are two rows, not one row twice): the run stops before the model loads."""
+    path = write_jsonl(rows)
+    for flags in ([], ["--dedupe"]):
+        result = run_null_short(path, "-o", tmp_path / "out", "--on-bad-line", "skip", *flags)
+        assert result.exit_code == 3, result.output
+        assert "Error: 1 row without a usable id is named by its position, which is also another row's id: " \
+               in result.stderr, result.stderr
+        assert "Hint: give every row its own id" in result.stderr
