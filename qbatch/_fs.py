@@ -134,3 +134,16 @@ def exclusive_lock(path: Path) -> Iterator[None]:
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def private_folder(path: Path) -> bool:
+    """Make `path` a folder only its owner may enter (0700), creating it and its parents (those as mkdir -p
+    makes them); whether it was created. PermissionError: it is another user's (it stays as it was)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o700)
+        return False
+    return True

@@ -32,6 +32,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from qbatch._fs import output_error, private_folder
 from qbatch.errors import EXIT_ENGINE, EXIT_USAGE, QbatchError, SpecError, Stopped
 from qbatch.jobs.events import RunEvents, StopRequest
 from qbatch.jobs.summary import exit_code
@@ -71,18 +72,25 @@ def check_client(host: str | None, *, port: int | None = None, server_port: int 
                  keyed: bool = False) -> None:
     """Loopback clients only: the request names files on this machine, and what they hold goes back. Without
     an API key, clients of the service's own user only: another user's job would read and write files with
-    the service's rights (the client's user is the owner of its socket, where the system says: Linux)."""
+    the service's rights. The client's user is the owner of its socket, where the system says (Linux); where
+    it does not, the job is refused (fail closed): an address is no proof of a user, a header less still."""
     if not is_loopback(host or ""):
         raise refused(403, f"jobs are taken from this machine only (127.0.0.1, ::1); the request came from {host}",
                       hint="run the command on the service's host, or without --server", code="not_loopback")
-    if keyed or port is None or server_port is None:
+    if keyed:
         return
-    uid = socket_owner(port, server_port)
-    if uid is not None and uid != os.getuid():
+    uid = socket_owner(port, server_port) if port and server_port else None
+    if uid is None:
+        raise refused(403, "the service cannot tell which user the job comes from (the system does not name the "
+                      "owner of the client's socket); a service without an API key takes jobs from its own user only",
+                      hint=f"start `qbatch serve` with {KEY_HINT}", code="unknown_user")
+    if uid != os.getuid():
         raise refused(403, f"the job comes from another user (uid {uid}) than the service's ({_user()}); a service "
                       "without an API key takes jobs from its own user only",
-                      hint="start `qbatch serve` with --api-key KEY (or QBATCH_API_KEY) and pass the same key, "
-                           "or run without --server", code="other_user")
+                      hint=f"start `qbatch serve` with {KEY_HINT}, or run without --server", code="other_user")
+
+
+KEY_HINT = "--api-key KEY (or QBATCH_API_KEY) and pass the same key"
 
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")  # Linux's TCP sockets: local and remote address, owner's uid
@@ -188,6 +196,10 @@ def _check_output(folder: Path, data_dir: Path) -> None:
     if folder.resolve().is_relative_to(data_dir.resolve()):
         raise PathRefused("the output folder is inside the service's own data folder", where=out,
                           hint="pass another -o/--output-dir")
+    if folder.is_dir() and os.getuid() != 0 and folder.stat().st_uid != os.getuid():
+        raise PathRefused(f"the output folder belongs to another user than the service's ({_user()}), who makes a "
+                          "job's output folder private to itself", where=out,
+                          hint="pass an -o/--output-dir that does not exist yet, or run without --server")
     existing = _nearest_existing(folder)
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise PathRefused(f"the service's user ({_user()}) cannot write here", where=str(existing),
@@ -258,15 +270,21 @@ class ClientRun:
     def _work(self) -> None:
         spec = self.spec
         log.info(f"serve: running a job for a client into {spec.output.output_dir}")
+        made = False
         try:
             with self.worker.client_run(self.stop), _forwarded_logs(self._put):
                 self._wait_for_engines()
+                made = not spec.output.dry_run and _private_output(spec.output.output_dir)
                 summary = self.worker.session.run_spec(spec, self.events)
-            code = exit_code(summary, fail_on_row_errors=spec.output.fail_on_row_errors)
+            code = exit_code(summary, fail_on_row_errors=spec.output.fail_on_row_errors,
+                             max_unusable=spec.output.max_unusable)
             self._put({"summary": dataclasses.asdict(summary), "exit_code": code})
         except Stopped as exc:
             self._put({"error": _stopped(exc).fields()})
         except QbatchError as exc:
+            if made:  # a run refused before it wrote anything leaves no folder, as a local one does
+                with contextlib.suppress(OSError):
+                    Path(spec.output.output_dir).rmdir()
             self._put({"error": ErrorInfo.of(exc).fields()})
         except Exception:  # noqa: BLE001 - a bug: logged here, the client told where to look
             log.exception(f"serve: the run into {spec.output.output_dir} failed")
@@ -287,6 +305,17 @@ class ClientRun:
 
     def _bar(self, total: int) -> _RemoteBar:
         return _RemoteBar(total, self._put)
+
+
+def _private_output(output_dir: str | None) -> bool:
+    """The job's output folder, made private to the service's user (0700) before its run writes in it: what the
+    run writes there was read with that user's rights. Whether it was created."""
+    if not output_dir or os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        return False  # the run names what is wrong with a path that is no folder
+    try:
+        return private_folder(Path(output_dir))
+    except OSError as exc:
+        raise output_error("make the output folder private to the service's user", Path(output_dir), exc) from None
 
 
 def _stopped(exc: Stopped) -> ErrorInfo:

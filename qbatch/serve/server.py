@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
+from qbatch._fs import private_folder
 from qbatch.engines.pool import EnginePool
-from qbatch.errors import MissingDependency
+from qbatch.errors import MissingDependency, SpecError
 from qbatch.log import log
 from qbatch.serve.config import SERVE_EXTRA_HINT, ServeSettings
 from qbatch.serve.store import Store
@@ -43,7 +45,7 @@ class Service:
         from qbatch.serve.worker import BatchWorker
 
         self.settings = settings
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        _private_data_dir(settings.data_dir)
         self.store = Store(settings.data_dir / "qbatch-serve.sqlite3")
         self.pool = pool if pool is not None else EnginePool(kept=True)
         self._owns_pool = pool is None or close_pool
@@ -74,9 +76,7 @@ class Service:
                     worker.stop()
                 self.should_exit = True
 
-        config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port, log_level="warning",
-                                access_log=False, timeout_graceful_shutdown=5)
-        server = Server(config)
+        server = Server(uvicorn_config(self.app, self.settings, timeout_graceful_shutdown=5))
         # Until uvicorn takes the signals over (its run has started), a signal is already a stop.
         previous = {sig: signal.signal(sig, server.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         worker.start()
@@ -97,6 +97,25 @@ class Service:
             log.info("serve: stopped")
 
 
+def _private_data_dir(data_dir: Path) -> None:
+    """The data folder holds every client's batches: only the service's user may enter it (0700)."""
+    try:
+        private_folder(data_dir)
+    except OSError as exc:
+        raise SpecError(f"cannot make the data folder private to the service's user: {exc.strerror or exc}",
+                        where=str(data_dir), hint="pass a --data-dir of the service's user") from None
+
+
+def uvicorn_config(app: Any, settings: ServeSettings, **extra: Any) -> Any:
+    """uvicorn's settings for the app. Proxy headers are never trusted (uvicorn trusts them from loopback by
+    default): a client's address is its socket's peer, and `X-Forwarded-For: 127.0.0.1` from any local user
+    would otherwise pass for a loopback client whose socket no one owns (runs.check_client)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                          proxy_headers=False, forwarded_allow_ips=[], **extra)
+
+
 def _exit_now(sig: int, frame: Any) -> None:
     """The second signal: the worker's chunk is not waited for; the reaper takes the engines along."""
     log.warning("serve: second signal, exiting now")
@@ -109,9 +128,7 @@ def serve_in_thread(settings: ServeSettings, *, pool: EnginePool | None = None
     import uvicorn
 
     service = Service(settings, pool=pool)
-    config = uvicorn.Config(service.app, host=settings.host, port=settings.port, log_level="warning",
-                            access_log=False)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(service.app, settings))
     thread = threading.Thread(target=server.run, name="qbatch-serve-http", daemon=True)
     service.worker.start()
     thread.start()

@@ -126,9 +126,10 @@ def test_a_url_that_is_no_qbatch_service_and_a_wrong_key_are_named(make_service,
     assert right.exit_code == 0, right.stderr
 
 
-def test_only_loopback_clients_and_only_the_clients_version(make_service):
+def test_only_loopback_clients_and_only_the_clients_version(make_service, monkeypatch):
     from fastapi.testclient import TestClient
 
+    from qbatch.serve import runs
     from qbatch.serve.runs import check_client
     from qbatch.serve.wire import RUN_ROUTE
 
@@ -136,10 +137,12 @@ def test_only_loopback_clients_and_only_the_clients_version(make_service):
     body = {"values": {"inputs": ["/x.jsonl"], "output_dir": "/tmp/x"}, "qbatch_version": "0"}
     answer = TestClient(service.app).post(RUN_ROUTE, json=body)  # its client address is "testclient"
     assert answer.status_code == 403 and answer.json()["error"]["code"] == "not_loopback"
-    check_client("127.0.0.1"), check_client("::1"), check_client("::ffff:127.0.0.1")
+    for host in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+        check_client(host, keyed=True)
     with pytest.raises(Exception, match="from this machine only"):
         check_client("10.0.0.5")
 
+    monkeypatch.setattr(runs, "socket_owner", lambda *ports: os.getuid())  # TestClient has no socket
     local = TestClient(service.app, client=("127.0.0.1", 5000))
     answer = local.post(RUN_ROUTE, json=body)
     assert answer.status_code == 409 and "this client qbatch 0" in answer.json()["error"]["message"]
@@ -168,7 +171,8 @@ def test_without_an_api_key_jobs_come_from_the_services_own_user_only(tmp_path, 
         runs.check_client("127.0.0.1", port=5000, server_port=8000)
     assert refused.value.status == 403 and "--api-key" in refused.value.error.hint
     runs.check_client("127.0.0.1", port=5000, server_port=8000, keyed=True)  # the key is the proof
-    runs.check_client("127.0.0.1", port=5001, server_port=8000)  # a socket the system does not list
+    with pytest.raises(runs.RunRefused, match="cannot tell which user"):
+        runs.check_client("127.0.0.1", port=5001, server_port=8000)  # a socket the system does not list
 
 
 def test_an_output_folder_the_service_cannot_write_is_refused_before_any_row(make_service, cli, work, monkeypatch):
