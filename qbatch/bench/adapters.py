@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qbatch.models.adapters import CONFIG_FILE, tensor_shapes
+from qbatch.models.adapter_weights import tensor_shapes
+from qbatch.models.adapters import CONFIG_FILE
 
 TARGET_MODULES = ("q_proj", "v_proj")
 

@@ -102,6 +102,7 @@ class VllmEngine:
         self.llm, self._log = start_llm(config.model, config.model_path, kwargs)
         try:
             self._loras = LoraRequests(config.lora)
+            self._loras.load(self.llm.llm_engine, _engine_dead_errors())
             scheduler = self.llm.llm_engine.vllm_config.scheduler_config
             self.max_num_seqs, self.max_num_batched_tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
             self._decoder = None if self.embeds else FinalDecoder.for_llm(self.llm)

@@ -97,6 +97,8 @@ class Job:
     # the fingerprint hashes and the pre-scan and the run read those bytes, whatever a writer appends meanwhile.
     input_sizes: tuple[int | None, ...] | None = None
     loaded: dict[str, Preparer] = field(default_factory=dict, compare=False, repr=False)  # shared by with_plan
+    # LoRA adapters whose weights cannot be used, each with what is wrong: left out of the engines, their rows fail
+    unusable_adapters: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def setup(cls, spec: JobSpec, machine: Machine | None = None) -> Job:
@@ -106,12 +108,13 @@ class Job:
                       for path in files)
         machine = machine or probe(spec)
         # the adapters read and checked against the base model before any engine starts
-        spec = replace(spec, engine=check_adapters(spec.engine, machine.model.path))
+        engine, unusable = check_adapters(spec.engine, machine.model.path)
+        spec = replace(spec, engine=engine)
         plan = resolve(spec, machine)
         if spec.engine.task == "embed":
             check_dimensions(plan.spec, plan.model_path)
             _warn_generation_settings(spec)
-        return cls(plan, files, sizes)
+        return cls(plan, files, sizes, unusable_adapters=unusable)
 
     def with_plan(self, plan: Plan) -> Job:
         return self if plan == self.plan else replace(self, plan=plan)
@@ -150,7 +153,7 @@ class Job:
         if structured is not None:
             base["structured_outputs"] = structured
         return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
-                        positional_prefix=len(self.files) > 1)
+                        positional_prefix=len(self.files) > 1, unusable_adapters=self.unusable_adapters)
 
     def fingerprint(self, previous: dict[str, Any] | None = None) -> Fingerprint:
         """What the results depend on; hashes every input once (with the prefix the `previous`

@@ -68,7 +68,34 @@ def test_without_adapters_the_columns_are_data_and_body_model_changes_nothing(ru
     ("rank8", ["--lora", "one=ADAPTER", "--max-lora-rank", "1"],
      "Error: the adapter's rank 8 is above --max-lora-rank (1) (adapter one: ADAPTER)"),
     ("targets", ["--lora", "one=ADAPTER"],
-     "Error: the adapter's target modules nonexistent_proj are not in the base model (adapter one: ADAPTER)"),
+     "Error: the adapter's target modules nonexistent_proj are not layers of the base model a LoRA adapter can change "
+     "(adapter one: ADAPTER)"),
+    ({"target_modules": ["q_proj", "input_layernorm"]}, ["--lora", "one=ADAPTER"],
+     "Error: the adapter's target modules input_layernorm are not layers of the base model a LoRA adapter can change "
+     "(adapter one: ADAPTER)\nHint: use an adapter trained on this --model (its layers: down_proj, embed_tokens, "
+     "gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj)"),
+    ('[{"r": 8}]', ["--lora", "one=ADAPTER"],
+     "Error: adapter_config.json holds a JSON array, not an object (adapter one: ADAPTER/adapter_config.json)"),
+    ('"LORA"', ["--lora", "one=ADAPTER"],
+     "Error: adapter_config.json holds a JSON string, not an object (adapter one: ADAPTER/adapter_config.json)"),
+    ("{r: 8", ["--lora", "one=ADAPTER"],
+     "Error: adapter_config.json is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 "
+     "(char 1) (adapter one: ADAPTER/adapter_config.json)"),
+    ({"peft_type": "PREFIX_TUNING"}, ["--lora", "one=ADAPTER"],
+     "Error: the adapter is a PREFIX_TUNING adapter (peft_type); vLLM runs LoRA adapters only "
+     "(adapter one: ADAPTER/adapter_config.json)"),
+    ({"target_modules": 7}, ["--lora", "one=ADAPTER"],
+     "Error: adapter_config.json's target_modules must be a list of module names or a regular expression, got 7 "
+     "(adapter one: ADAPTER/adapter_config.json)"),
+    ({"lora_alpha": None}, ["--lora", "one=ADAPTER"],
+     "Error: adapter_config.json has no lora_alpha (it is None) (adapter one: ADAPTER/adapter_config.json)"),
+    ({"use_dora": True}, ["--lora", "one=ADAPTER"],
+     "Error: the adapter uses DoRA (use_dora), which vLLM does not run (adapter one: ADAPTER/adapter_config.json)"),
+    ({"init_lora_weights": "pissa"}, ["--lora", "one=ADAPTER"],
+     "Error: the adapter uses init_lora_weights 'pissa' (it changes the base model's weights), which vLLM does not "
+     "run (adapter one: ADAPTER/adapter_config.json)"),
+    ({"rank_pattern": {"q_proj": 16}}, ["--lora", "one=ADAPTER", "--max-lora-rank", "8"],
+     "Error: the adapter's rank 16 is above --max-lora-rank (8) (adapter one: ADAPTER)"),
     (None, ["--lora", "one=x", "--max-lora-rank", "12"],
      "Error: max_lora_rank must be one of vLLM's 1, 8, 16, 32, 64, 128, 256, 320, 512; got 12"),
     (None, ["--max-loras", "2"], "Error: --max-loras, --max-lora-rank and --max-cpu-loras size vLLM's LoRA adapters; "
@@ -81,14 +108,173 @@ def test_bad_adapters_are_refused_before_any_engine_starts(run_null_short, bundl
         folder.mkdir()
     elif make is not None:
         write_random_adapter(folder, bundled_model, rank=8)
+    message = message.replace("ADAPTER", str(folder))
     if make == "targets":
+        make = {"target_modules": ["q_proj", "nonexistent_proj"]}
+    if isinstance(make, dict):  # the config with these keys changed
         config = json.loads((folder / "adapter_config.json").read_text())
-        (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["q_proj", "nonexistent_proj"]}))
+        (folder / "adapter_config.json").write_text(json.dumps({**config, **make}))
+    elif make not in (None, "empty", "rank8"):  # the config's text
+        (folder / "adapter_config.json").write_text(make)
     flags = [flag.replace("ADAPTER", str(folder)) for flag in flags]
     result = run_null_short(write_jsonl([{"id": "a", "prompt": "hi"}]), "-o", tmp_path / "out", *flags)
     assert result.exit_code == EXIT_USAGE, result.output
-    assert message.replace("ADAPTER", str(folder)) in result.output
-    assert "Hint: " in result.output
+    assert message in result.output
+    assert "Hint: " in result.output and "Traceback" not in result.output
+
+
+def _break_weights(folder, how: str) -> None:
+    """Rewrite the adapter's weights (written by the safetensors package) so that they no longer match its config."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    path = folder / "adapter_model.safetensors"
+    tensors = load_file(path)
+    q_a, q_b = (f"base_model.model.model.layers.0.self_attn.q_proj.lora_{side}.weight" for side in "AB")
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "garbage":
+        path.write_bytes(b"PK\x03\x04 a zip, not safetensors at all")
+    elif how == "cut":
+        path.write_bytes(path.read_bytes()[:100])
+    elif how == "missing":
+        path.unlink()
+    elif how == "rank":  # rank 4 weights, r = 8 in the config
+        save_file({k: (v[:4] if ".lora_A." in k else v[:, :4]).copy() for k, v in tensors.items()}, str(path))
+    elif how == "untargeted":  # k_proj weights; the config targets q_proj and v_proj
+        k_a, k_b = (key.replace("q_proj", "k_proj") for key in (q_a, q_b))
+        save_file({**tensors, k_a: tensors[q_a], k_b: tensors[q_b][:192]}, str(path))
+    elif how == "dtype":
+        save_file({k: v.astype(np.int8) for k, v in tensors.items()}, str(path))
+    elif how == "other_model":  # trained on a model of another width
+        save_file({**tensors, q_a: np.zeros((8, 100), np.float32)}, str(path))
+    elif how == "unpaired":
+        save_file({k: v for k, v in tensors.items() if k != q_b}, str(path))
+    elif how == "not_lora":
+        save_file({**tensors, "base_model.model.model.layers.0.self_attn.q_proj.weight": tensors[q_b]}, str(path))
+
+
+@pytest.mark.parametrize(("how", "problem"), [
+    ("empty", "adapter_model.safetensors cannot be read: it is empty (0 bytes); save the adapter again "
+              "(PEFT's save_pretrained)"),
+    ("garbage", "adapter_model.safetensors cannot be read: its header says "),
+    ("cut", "adapter_model.safetensors cannot be read: its header says "),
+    ("missing", "the folder has no weights (adapter_model.safetensors, adapter_model.bin, adapter_model.pt); pass the "
+                "folder PEFT's save_pretrained wrote"),
+    ("rank", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight has rank 4 (shape [4, 576]) but "
+             "adapter_config.json says r = 8; save the adapter again, or set r to its weights' rank"),
+    ("untargeted", "the weights hold modules adapter_config.json's target_modules does not name: k_proj; save the "
+                   "adapter again (PEFT's save_pretrained), or list them in target_modules"),
+    ("dtype", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight is I8; LoRA weights are floating point "
+              "(F16, BF16, F32, F64): save the adapter in one of them"),
+    ("other_model", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight has shape [8, 100] but the base "
+                    "model's model.layers.0.self_attn.q_proj takes 576 inputs; use an adapter trained on this --model"),
+    ("unpaired", "model.layers.0.self_attn.q_proj has lora_A only, not both lora_A and lora_B"),
+    ("not_lora", "adapter_model.safetensors holds base_model.model.model.layers.0.self_attn.q_proj.weight, which is "
+                 "not a LoRA weight"),
+])
+def test_an_adapter_whose_weights_do_not_match_fails_its_own_rows(run_null_short, adapters, write_jsonl, tmp_path,
+                                                                   bundled_model, how, problem):
+    bad = write_random_adapter(tmp_path / "adapters" / "bad", bundled_model, rank=8, seed=3)
+    _break_weights(bad, how)
+    rows = [{"id": "base", "prompt": "hi"}, {"id": "good", "prompt": "hi", "adapter": "one"},
+            {"id": "bad", "prompt": "hi", "adapter": "bad"},
+            {"custom_id": "bad-line", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "bad", "messages": [{"role": "user", "content": "hi"}]}}]
+    out = tmp_path / "out"
+    result = run_null_short(write_jsonl(rows), "-o", out, "--lora", f"one={adapters['one']}", "--lora", f"bad={bad}")
+    assert result.exit_code == 0, result.output
+    assert sorted(pl.read_parquet(out / "results.parquet")["id"]) == ["base", "good"]
+    errors = pl.read_parquet(out / "errors.parquet").sort("id").to_dicts()
+    assert [(e["id"], e["error"]) for e in errors] == [("bad", "bad_adapter"), ("bad-line", "bad_adapter")]
+    assert errors[0]["message"].startswith(f"adapter bad ({bad}): {problem}"), errors[0]["message"]
+    assert f"adapter bad ({bad}): " in result.output and "its rows fail (bad_adapter), the others run" in result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(manifest["fingerprint"]["settings"]["lora"]) == ["one"]  # the engines load the good one only
+
+
+def test_only_unusable_adapters_leave_the_engine_without_lora(run_null_short, write_jsonl, tmp_path, bundled_model):
+    bad = write_random_adapter(tmp_path / "bad", bundled_model, rank=8)
+    _break_weights(bad, "empty")
+    rows = [{"id": "base", "prompt": "hi"}, {"id": "bad", "prompt": "hi", "adapter": "bad"}]
+    out = tmp_path / "out"
+    result = run_null_short(write_jsonl(rows), "-o", out, "--lora", f"bad={bad}", "--max-loras", "2")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["base"]
+    assert pl.read_parquet(out / "errors.parquet")["error"].to_list() == ["bad_adapter"]
+
+
+def test_a_regular_expression_for_target_modules_runs_and_its_weights_are_checked(run_null_short, write_jsonl,
+                                                                                 tmp_path, bundled_model):
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    folders = {name: write_random_adapter(tmp_path / name, bundled_model, rank=8) for name in ("regex", "stray")}
+    for folder in folders.values():  # vLLM goes by the weights' names, whatever the expression says
+        config = json.loads((folder / "adapter_config.json").read_text())
+        (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": r".*\.(q|v)_proj"}))
+    stray = folders["stray"] / "adapter_model.safetensors"
+    prefix = "base_model.model.model.layers.0.self_attn.nonexistent_proj"
+    save_file({**load_file(stray), f"{prefix}.lora_A.weight": np.zeros((8, 576), np.float32),
+               f"{prefix}.lora_B.weight": np.zeros((576, 8), np.float32)}, str(stray))
+    rows = [{"id": "a", "prompt": "hi", "adapter": "regex"}, {"id": "b", "prompt": "hi", "adapter": "stray"}]
+    out = tmp_path / "out"
+    flags = [flag for name, folder in folders.items() for flag in ("--lora", f"{name}={folder}")]
+    result = run_null_short(write_jsonl(rows), "-o", out, *flags)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a"]
+    (error,) = pl.read_parquet(out / "errors.parquet").to_dicts()
+    assert error["message"] == (f"adapter stray ({folders['stray']}): the weights hold modules the base model does not "
+                                "have: nonexistent_proj; use an adapter trained on this --model")
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"adapter": "one", "lora": "two"}, "the row names two models: adapter names 'one', lora names 'two'; name one "
+                                        "adapter (or none: the base model) in adapter"),
+    ({"adapter": "one", "lora": "BASE"}, "the row names two models: adapter names 'one', lora names 'BASE'; name one "
+                                         "adapter (or none: the base model) in adapter"),
+    ({"custom_id": "x", "url": "/v1/chat/completions", "adapter": "one",
+      "body": {"model": "two", "messages": [{"role": "user", "content": "hi"}]}},
+     "the row names two models: body.model names 'two', adapter names 'one'; name one adapter (or none: the base "
+     "model) in body.model"),
+])
+def test_a_row_naming_two_adapters_fails_with_both_names(run_null_short, adapters, write_jsonl, tmp_path,
+                                                         bundled_model, row, message):
+    row = {"id": "x", "prompt": "hi", **{k: (bundled_model if v == "BASE" else v) for k, v in row.items()}}
+    message = message.replace("BASE", bundled_model)
+    out = tmp_path / "out"
+    rows = [row, {"id": "same", "prompt": "hi", "adapter": "one", "lora": "one"}]
+    result = run_null_short(write_jsonl(rows), "-o", out, *lora_flags(adapters))
+    assert result.exit_code == 0, result.output
+    (error,) = pl.read_parquet(out / "errors.parquet").to_dicts()
+    assert (error["id"], error["error"], error["message"]) == ("x", "bad_adapter", message)
+    assert pl.read_parquet(out / "results.parquet")["adapter"].to_list() == ["one"]  # the same name twice is one
+
+
+def test_an_adapter_vllm_cannot_load_fails_its_rows_not_the_engine():
+    from qbatch.engines.lora import LoraRequests
+
+    class Dead(Exception):
+        pass
+
+    class Engine:  # vLLM's LLMEngine.add_lora: the utility call's failure comes back as an Exception
+        def __init__(self, fails):
+            self.fails, self.loaded = fails, []
+
+        def add_lora(self, request):
+            if request.lora_name in self.fails:
+                raise self.fails[request.lora_name]
+            self.loaded.append(request.lora_name)
+
+    loras = LoraRequests((("one", "/a/one"), ("bad", "/a/bad")))
+    engine = Engine({"bad": Exception("Call to add_lora method failed: invalid load key, 'x'.\nmore")})
+    loras.load(engine, (Dead,))
+    assert engine.loaded == ["one"] and loras.get("one").lora_int_id == 2 and loras.get(None) is None
+    with pytest.raises(ValueError, match=r"^adapter bad \(/a/bad\) did not load in vLLM: Call to add_lora method "
+                                         r"failed: invalid load key, 'x'.$"):
+        loras.get("bad")
+    with pytest.raises(Dead):  # a dead engine is no adapter's fault: it stops the run
+        LoraRequests((("one", "/a/one"),)).load(Engine({"one": Dead()}), (Dead,))
 
 
 def test_a_changed_adapter_file_is_a_changed_setting(run_null_short, adapters, write_jsonl, tmp_path):
@@ -119,7 +305,9 @@ def test_vllm_settings_are_chosen_from_the_adapters(bundled_model, adapters):
     from qbatch.plan.machine import Machine, ModelFacts
     from qbatch.spec import EngineSpec
 
-    spec = check_adapters(EngineSpec(model=bundled_model, lora={k: str(v) for k, v in adapters.items()}), bundled_model)
+    spec, unusable = check_adapters(EngineSpec(model=bundled_model, lora={k: str(v) for k, v in adapters.items()}),
+                                    bundled_model)
+    assert unusable == {}
     assert spec.max_lora_rank == 8  # the largest rank, a rank vLLM takes
     lora_keys = ("enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank")
     gpu = Machine(ModelFacts(bundled_model), platform="cuda", gpu_name="NVIDIA H200", gpu_capability=9)
@@ -187,6 +375,6 @@ def test_an_embedding_job_runs_the_base_model(bundled_model, adapters, caplog):
     from qbatch.spec import EngineSpec
 
     spec = EngineSpec(model=bundled_model, task="embed", lora={k: str(v) for k, v in adapters.items()}, max_loras=2)
-    resolved = check_adapters(spec, bundled_model)
+    resolved, _ = check_adapters(spec, bundled_model)
     assert (resolved.lora, resolved.max_loras) == (None, None)
     assert "an embedding job runs the base model: lora ignored" in caplog.text
