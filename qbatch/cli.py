@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from qbatch.log import log, setup as setup_log
-from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, Interrupted, QbatchError
+from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, EXIT_UNUSABLE, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
 from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, GENERATION_ONLY, EngineSpec
 from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
@@ -183,6 +183,7 @@ RUN_OPTIONS = [
     click.option("--include-prompt", is_flag=True, default=None, help="Add the rendered prompt to the results."),
     click.option("--progress", type=click.Choice(PROGRESS), help="Progress: bar on a terminal, log lines otherwise.  [default: auto]"),
     click.option("--fail-on-row-errors", is_flag=True, default=None, help=f"Exit {EXIT_ROW_ERRORS} if any row failed."),
+    click.option("--max-unusable", type=click.FloatRange(0, 1), metavar="SHARE", help=f"Exit {EXIT_UNUSABLE} if more than this share of rows have no usable answer (ended inside their reasoning, empty, or not parsed under their constraint): the `flag` column."),
     click.option("--fail-on-empty", is_flag=True, default=None, help=f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning)."),
     click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
@@ -346,7 +347,8 @@ def _run_job(spec: JobSpec) -> None:
         except BaseException:
             close()
             raise
-        exit_code = run_exit_code(summary, fail_on_row_errors=spec.output.fail_on_row_errors)
+        exit_code = run_exit_code(summary, fail_on_row_errors=spec.output.fail_on_row_errors,
+                                  max_unusable=spec.output.max_unusable)
         guard.completed(exit_code)  # the run is recorded as completed: a signal now only cuts the shutdown short
         print_summary(summary)
         guard.close_engines(close)

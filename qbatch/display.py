@@ -37,7 +37,19 @@ def print_summary(summary: Summary) -> None:
                     f"{_samples(summary.total_samples, summary.total_ok)})"),
         ("errors", f"{Path(summary.output_dir or '.') / 'errors.parquet'} ({summary.total_failed:,} rows)"),
         *_adapter_lines(summary.adapters),
+        *_flag_rows(summary),
     ])
+    for line in flag_lines(summary.flags, summary.total_samples or summary.total_ok):
+        click.echo(f"  {line}")
+
+
+def _flag_rows(summary: Summary) -> list[tuple[str, str]]:
+    """The results' rows a user must not miss (output/flags.py), when there are any: said again below with their fixes."""
+    if not any(summary.flags.values()):
+        return []
+    rows = summary.total_samples or summary.total_ok
+    return [("answers to check", f"{sum(summary.flags.values()):,} of {rows:,} rows (" +
+             ", ".join(f"{n:,} {flag}" for flag, n in summary.flags.items() if n) + ")")]
 
 
 def _adapter_lines(adapters: dict[str, dict[str, int]] | None) -> list[tuple[str, str]]:

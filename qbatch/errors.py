@@ -15,6 +15,7 @@ EXIT_INPUT = 3
 EXIT_ROW_ERRORS = 4
 EXIT_MISMATCH = 5
 EXIT_ENGINE = 6
+EXIT_UNUSABLE = 7  # more than --max-unusable of the rows have no usable answer (output/flags.py)
 EXIT_LOCKED = 75  # EX_TEMPFAIL: another run holds the output; try again later
 # Stopped by a signal: the shell's convention, 128 + the signal's number.
 EXIT_SIGHUP = 129

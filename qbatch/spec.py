@@ -206,6 +206,8 @@ class OutputSpec:
     include_prompt: bool = affects_results(False)
     progress: str = "auto"
     fail_on_row_errors: bool = False
+    # exit EXIT_UNUSABLE when more than this share of result rows have no usable answer (output/flags.py)
+    max_unusable: float | None = None
     fail_on_empty: bool = False  # inputs with no rows at all stop the run (exit 3) instead of a warning
     restart: bool = False
     retry_errors: bool = False
@@ -311,6 +313,10 @@ class JobSpec:
             value = next(getattr(part, name) for part in (self.engine, self.plan, self.input) if hasattr(part, name))
             if value is not None:
                 _check_min(name, value, 1)
+        share = self.output.max_unusable
+        if share is not None and not 0 <= share <= 1:
+            raise SpecError(f"max_unusable must be a share of the rows in [0, 1], got {share}",
+                            hint="e.g. --max-unusable 0.05 fails the run when more than 5% of rows have no answer")
         util = self.engine.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")

@@ -194,6 +194,7 @@ class _Run:
         summary.assemble_s = time.monotonic() - t0
         summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
         summary.total_samples = counts.get("samples_ok", counts["rows_ok"])
+        summary.flags = counts["flags"]
         summary.status = "completed"
         summary.wall_s = time.monotonic() - self.started
         self.out.write_stats(stats_dict(summary))

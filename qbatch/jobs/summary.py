@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from qbatch.errors import EXIT_ROW_ERRORS
+from qbatch.errors import EXIT_ROW_ERRORS, EXIT_UNUSABLE
+from qbatch.output.flags import unusable
 from qbatch.records import Failure
 
 BASE_MODEL = "(base model)"  # the key of rows without an adapter in Summary.adapters (no adapter name has parentheses)
@@ -45,6 +46,8 @@ class Summary:
     # jobs with LoRA adapters: per adapter (BASE_MODEL for rows of none) its rows and tokens, as rows_ok and
     # prompt_tokens / completion_tokens count them; None for jobs without adapters
     adapters: dict[str, dict[str, int]] | None = None
+    # rows of results.parquet by flag (output/flags.py: no answer, cut, not parsed, empty), once assembled
+    flags: dict[str, int] = field(default_factory=dict)
 
     def count_adapters(self, completions: list[Any]) -> None:
         """Rows that finished, counted by their adapter (jobs with adapters only)."""
@@ -80,8 +83,19 @@ def stats_dict(summary: Summary) -> dict[str, Any]:
     return stats
 
 
-def exit_code(summary: Summary, *, fail_on_row_errors: bool) -> int:
+def exit_code(summary: Summary, *, fail_on_row_errors: bool, max_unusable: float | None = None) -> int:
     """The command's exit status for a run that ended: EXIT_ROW_ERRORS when `--fail-on-row-errors` and
-    rows failed (in this run, or recorded by an earlier one), else 0. `qbatch run` and `qbatch serve`
-    (for a job handed to it) decide it here, alike."""
-    return EXIT_ROW_ERRORS if fail_on_row_errors and (summary.total_failed or summary.rows_failed) else 0
+    rows failed (in this run, or recorded by an earlier one); else EXIT_UNUSABLE when more than
+    `--max-unusable` of results.parquet's rows have no usable answer; else 0. `qbatch run` and `qbatch
+    serve` (for a job handed to it) decide it here, alike."""
+    if fail_on_row_errors and (summary.total_failed or summary.rows_failed):
+        return EXIT_ROW_ERRORS
+    if max_unusable is not None and too_many_unusable(summary, max_unusable):
+        return EXIT_UNUSABLE
+    return 0
+
+
+def too_many_unusable(summary: Summary, max_unusable: float) -> bool:
+    """Whether more than `max_unusable` (a share) of the results' rows have no usable answer."""
+    rows = summary.total_samples or summary.total_ok
+    return rows > 0 and unusable(summary.flags) / rows > max_unusable

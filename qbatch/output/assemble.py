@@ -15,6 +15,7 @@ import polars as pl
 
 from qbatch._fs import atomic_write
 from qbatch.output.embeddings import openai_embedding
+from qbatch.output.flags import FLAGS
 from qbatch.output.ranges import sink_by_ranges
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir
 from qbatch.output.reading import PART_HINT, reading
@@ -66,9 +67,19 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     }
     if num_samples != num_ids:
         counts["samples_ok"] = num_samples
+    counts["flags"] = _flag_counts(out.path / "results.parquet")
     if openai_jsonl:
         write_openai_jsonl(out.path, model)
     return counts
+
+
+def _flag_counts(path: Path) -> dict[str, int]:
+    """results.parquet's rows by flag (flags.py), in the flags' order; none for results without the column."""
+    frame = pl.scan_parquet(path)
+    if "flag" not in frame.collect_schema().names():
+        return {}
+    counts = dict(frame.group_by("flag").len().drop_nulls("flag").collect().iter_rows())
+    return {flag: counts[flag] for flag in FLAGS if counts.get(flag)}
 
 
 def _sink_results(results: pl.LazyFrame | None, path: Path) -> None:
