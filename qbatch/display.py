@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from qbatch.jobs.summary import Summary
+from qbatch.output.flags import flag_lines
 
 
 def print_summary(summary: Summary) -> None:
@@ -113,14 +114,7 @@ def print_status(info: dict[str, Any]) -> None:
         ("rows remaining", remaining),
         ("parts", str(info["parts"])),
     ]
-    live = info.get("live")
-    if live:
-        rows.append(("now", f"{_rate(live['rows_s'], 'rows/s')}, {_rate(live['output_tok_s'], 'output tok/s')}"
-                            f" (from {live['rates_from']})"))
-        rows.append(("eta", "unknown" if live["eta_s"] is None else _duration(live["eta_s"])))
-        if live["gpu_util_pct"]:
-            rows.append(("gpu utilization", ", ".join(f"GPU {d}: {u:.0f}%" for d, u in live["gpu_util_pct"].items()
-                                                      if u is not None)))
+    rows += _live_lines(info.get("live"))
     if info["merged_from"]:
         rows.append(("merged from", f"{len(info['merged_from'])} shards"))
     if last.get("output_tok_s") is not None:
@@ -129,3 +123,24 @@ def print_status(info: dict[str, Any]) -> None:
     if info["hint"]:
         rows.append(("hint", info["hint"]))
     _table(f"qbatch status {info['output_dir']}", rows)
+    if info.get("flags") and last.get("rows_ok"):
+        for line in flag_lines(info["flags"], last["rows_ok"]):  # the last run's rows with no usable answer
+            click.echo(f"  {line}")
+
+
+def _live_lines(live: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A live run's phase; once it generates (or when it did not say), its rates, ETA and GPUs now.
+    Before it generates there is no rate to tell: the phase says what it waits for."""
+    if not live:
+        return []
+    phase = live.get("phase")
+    rows = [("phase", phase)] if phase else []
+    if phase and not phase.startswith("generating"):
+        return rows
+    rows.append(("now", f"{_rate(live['rows_s'], 'rows/s')}, {_rate(live['output_tok_s'], 'output tok/s')}"
+                        f" (from {live['rates_from']})"))
+    rows.append(("eta", "unknown" if live["eta_s"] is None else _duration(live["eta_s"])))
+    if live["gpu_util_pct"]:
+        rows.append(("gpu utilization", ", ".join(f"GPU {d}: {u:.0f}%" for d, u in live["gpu_util_pct"].items()
+                                                  if u is not None)))
+    return rows

@@ -127,6 +127,7 @@ class _Run:
         for; engines in processes of their own started now, to load while this process loads the
         tokenizer and scans the inputs (they are killed if a check fails), and when they started."""
         spec = self.job.spec
+        self._phase("reading the inputs")
         fingerprint = self.job.fingerprint(None if spec.output.restart else self.out.manifest())
         previous = self.out.check_fingerprint(fingerprint, restart=spec.output.restart)
         found = Found(previous, fingerprint, self.out.done_ids(include_errors=not spec.output.retry_errors))
@@ -152,7 +153,9 @@ class _Run:
         job = self.job
         t0 = time.monotonic()
         if self.opened is not None and (started_early or not self.pool.has(job.plan.engine)):
-            self.opened.progress.log(f"starting the engine (loading {job.spec.engine.model})…")  # a phase of its own, before the bar
+            starting = f"starting the engine (loading {job.spec.engine.model})"
+            self._phase(starting)
+            self.opened.progress.log(f"{starting}…")  # a phase of its own, before the bar
         engine = self.pool.get(job.plan.engine)
         self.summary.engine_start_s = time.monotonic() - (started_early or t0)
         early = f", started {t0 - started_early:.1f}s before the setup ended" if started_early else ""
@@ -301,9 +304,14 @@ class _Run:
         progress = self.opened.progress
         progress.log(ready)
         progress.start_clock(generating_since)
+        self._phase(f"generating: {progress.total:,} rows to process")
         if self.job.spec.output.telemetry:
             self._telemetry = Telemetry(self.out.path, self.summary, progress.total).__enter__()
             self._telemetry.engine = engine
+
+    def _phase(self, phase: str) -> None:
+        """What the run is doing now, for `qbatch status` (OutputDir.set_phase)."""
+        self.out.set_phase(phase, model=self.job.spec.engine.model)
 
     @contextmanager
     def _recording_stop(self) -> Iterator[None]:

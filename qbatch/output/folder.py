@@ -2,7 +2,8 @@
 holds, and its check: fingerprint.py).
 
     OUT_DIR/
-      .qbatch.lock          fcntl lock held by the live run (the OS drops it when the process dies)
+      .qbatch.lock          fcntl lock held by the live run (the OS drops it when the process dies);
+                            it says who holds it and what that run is doing (its phase, for qbatch status)
       manifest.json         what was run (fingerprint), its status and counts
       stats.json            the last run's numbers
       parts/part-000001.parquet    results, one file per finished chunk
@@ -17,6 +18,7 @@ leftover temp). Resume is by row id, never by position.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import time
@@ -45,6 +47,7 @@ class OutputDir:
         self.path = Path(normal_path(path))
         self.parts = self.path / "parts"
         self._lock_fd: int | None = None
+        self._holder = ""  # "pid N since ...": the lock file's first line while this object holds it
         self._last_number: dict[str, int] = {}  # per part prefix, once the folder was listed
 
     @property
@@ -84,22 +87,43 @@ class OutputDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            holder = os.pread(fd, 200, 0).decode(errors="replace").partition("\n")[0].strip()
             os.close(fd)
             raise LockedError(
                 f"another qbatch run is using this output folder ({holder or 'pid unknown'})",
                 where=str(self.path), hint="wait for it to finish, or use a different -o/--output-dir",
             ) from None
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
-        except OSError as exc:
-            os.close(fd)
-            raise output_error("write the lock file", self.path / LOCK_NAME, exc) from None
         self._lock_fd = fd
+        self._holder = f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
+        try:
+            self._write_lock(self._holder)
+        except OutputError:
+            self.close()
+            raise
+
+    def set_phase(self, phase: str, *, model: str | None = None) -> None:
+        """Say what the live run is doing (reading the inputs, starting the engine, generating), for
+        `qbatch status`: in the lock file, under the holder's line, so that it goes with the run."""
+        if self._lock_fd is not None:
+            self._write_lock(f"{self._holder}\n{json.dumps({'phase': phase, 'model': model})}")
+
+    def _write_lock(self, text: str) -> None:
+        # The new text first, then the length: a reader sees the whole line or an unreadable one, never none.
+        data = text.encode()
+        try:
+            os.pwrite(self._lock_fd, data, 0)
+            os.ftruncate(self._lock_fd, len(data))
+        except OSError as exc:
+            raise output_error("write the lock file", self.path / LOCK_NAME, exc) from None
 
     def lock_holder(self) -> str | None:
         """Who holds the run lock ("pid N since ..."), or None when no live run does."""
+        live = self.live_run()
+        return None if live is None else live[0]
+
+    def live_run(self) -> tuple[str, dict[str, Any]] | None:
+        """Who holds the run lock ("pid N since ...") and what it said it is doing (set_phase: phase,
+        model; empty before it said or when unreadable), or None when no live run does."""
         path = self.path / LOCK_NAME
         if not path.exists():
             return None
@@ -109,7 +133,8 @@ class OutputDir:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             return None
         except BlockingIOError:
-            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+            holder, _, said = os.pread(fd, 4096, 0).decode(errors="replace").partition("\n")
+            return holder.strip() or "unknown process", _said(said)
         finally:
             os.close(fd)
 
@@ -211,3 +236,12 @@ class OutputDir:
             self._last_number[prefix] = int(existing[-1].stem.removeprefix(prefix)) if existing else 0
         self._last_number[prefix] += 1
         return self._last_number[prefix]
+
+
+def _said(text: str) -> dict[str, Any]:
+    """The live run's phase and model from its lock file's second line; {} if it is missing or half written."""
+    try:
+        said = json.loads(text)
+    except ValueError:
+        return {}
+    return said if isinstance(said, dict) else {}

@@ -16,7 +16,8 @@ def read_status(output_dir: str) -> dict[str, Any]:
     """Rows done / failed / remaining, last run's throughput, lock holder, completion."""
     folder = OutputDir(output_dir)
     manifest = folder.manifest()
-    holder = folder.lock_holder()
+    live_run = folder.live_run()
+    holder, said = live_run or (None, {})
     if manifest is None and holder is None:
         raise OutputError("not a qbatch output folder (no manifest.json)", where=output_dir,
                           hint="pass the -o folder of a qbatch run")
@@ -34,7 +35,7 @@ def read_status(output_dir: str) -> dict[str, Any]:
         "completed": status == "completed",
         "running": holder,
         "hint": hint,
-        "model": manifest.get("spec", {}).get("model"),
+        "model": manifest.get("spec", {}).get("model") or said.get("model"),
         "rows_total": total,
         "rows_done": done,
         "rows_failed": failed,
@@ -44,7 +45,8 @@ def read_status(output_dir: str) -> dict[str, Any]:
         "last_run": {key: stats.get(key) for key in ("rows_ok", "rows_failed", "prompt_tokens", "completion_tokens",
                                                     "generate_s", "wall_s", "output_tok_s", "total_tok_s")},
         "updated_at": manifest.get("updated_at"),
-        "live": _live(folder, total, done, failed) if holder is not None else None,
+        "live": _live(folder, total, done, failed, said.get("phase")) if holder is not None else None,
+        "flags": stats.get("flags"),
     }
 
 
@@ -52,14 +54,15 @@ RATE_WINDOW_S = 60.0  # current rates are over the last minute of telemetry
 RATE_PARTS = 10  # without telemetry: over the last parts written
 
 
-def _live(folder: OutputDir, total: int | None, done: int, failed: int) -> dict[str, Any]:
-    """A running job's current rows/s and output tok/s, its ETA and its GPUs' utilization now: from
-    telemetry.parquet's last minute, else from the times its last parts were written."""
+def _live(folder: OutputDir, total: int | None, done: int, failed: int, phase: str | None) -> dict[str, Any]:
+    """A running job's phase (what it said it is doing: OutputDir.set_phase), its current rows/s and
+    output tok/s, its ETA and its GPUs' utilization now: from telemetry.parquet's last minute, else from
+    the times its last parts were written."""
     rates = _telemetry_rates(folder) or _part_rates(folder)
     rows_s = rates.get("rows_s")
     remaining = None if total is None else max(total - done - failed, 0)
     eta_s = round(remaining / rows_s, 1) if rows_s and remaining is not None else None
-    return {"rows_s": rows_s, "output_tok_s": rates.get("output_tok_s"), "eta_s": eta_s,
+    return {"phase": phase, "rows_s": rows_s, "output_tok_s": rates.get("output_tok_s"), "eta_s": eta_s,
             "gpu_util_pct": rates.get("gpu_util_pct"), "rates_from": rates.get("from")}
 
 

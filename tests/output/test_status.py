@@ -96,3 +96,15 @@ def test_restart_wipes_the_telemetry_and_the_report_of_the_old_results(tmp_path)
     finally:
         out.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".qbatch.lock", "parts"]
+
+
+def test_status_says_the_last_runs_flagged_rows_with_their_fix(cli, job, tmp_path):
+    """stats.json's `flags` (rows with no usable answer, or cut) show as output/flags.py says them."""
+    assert cli(*job).exit_code == 0
+    stats_path = tmp_path / "out" / "stats.json"
+    stats = json.loads(stats_path.read_text())
+    stats_path.write_text(json.dumps({**stats, "flags": {"in_reasoning": 3, "cut": 2}, "total_flags": 5}))
+    lines, info = status(cli, tmp_path / "out")
+    assert info["flags"] == {"in_reasoning": 3, "cut": 2}
+    assert "  3 of 20 rows ended inside their reasoning (no answer): raise --max-tokens or pass --no-thinking" in lines
+    assert "  2 of 20 rows were cut at max_tokens (finish_reason length): raise --max-tokens if the answers must be whole" in lines

@@ -37,3 +37,53 @@ def test_status_of_a_running_job_shows_rate_and_eta(cli, tmp_path):
     finally:
         out.close()
     assert read_status(str(out.path))["live"] is None  # no live run: no rates, no ETA
+
+
+def test_status_of_a_run_in_its_start_says_the_phase_and_the_model(cli, tmp_path, write_jsonl):
+    """A run whose engine is still starting: `qbatch status` names that phase and the model, not
+    '? rows/s, eta unknown, model None' (issue #53.4); once generating, the rows it has to process."""
+    import threading
+
+    from qbatch.engines.base import NullEngine
+    from qbatch.engines.pool import EnginePool
+    from qbatch.jobs import runner
+    from qbatch.spec import JobSpec
+
+    release, starting = threading.Event(), threading.Event()
+
+    def held_start(*args, **kwargs):
+        starting.set()
+        assert release.wait(60)
+        return NullEngine()
+
+    out = tmp_path / "out"
+    rows = [{"id": str(i), "prompt": f"row {i}"} for i in range(12)]
+    spec = JobSpec.from_flat({"inputs": [str(write_jsonl(rows))], "output_dir": str(out), "model": "smollm2-135m",
+                              "backend": "null", "progress": "none", "telemetry": False})
+    done = []
+    thread = threading.Thread(target=lambda: done.append(runner.run(spec, EnginePool(start=held_start))))
+    thread.start()
+    try:
+        assert starting.wait(60)
+        info = read_status(str(out))
+        assert info["status"] == "running" and info["model"] == "smollm2-135m"
+        assert info["live"]["phase"] == "starting the engine (loading smollm2-135m)"
+        shown = cli("status", out).output
+        assert "starting the engine (loading smollm2-135m)" in shown and "smollm2-135m" in shown
+        assert "eta" not in shown and "rows/s" not in shown  # no rate to tell while nothing generates
+    finally:
+        release.set()
+        thread.join(60)
+    assert done and done[0].status == "completed"
+    assert read_status(str(out))["live"] is None
+
+
+def test_the_phase_while_generating_says_the_rows_to_process(tmp_path):
+    out = OutputDir(tmp_path / "out").open()
+    try:
+        (out.path / "manifest.json").write_text(json.dumps({"status": "running", "rows_total": 40,
+                                                             "spec": {"model": "m"}}))
+        out.set_phase("generating: 40 rows to process", model="m")
+        assert read_status(str(out.path))["live"]["phase"] == "generating: 40 rows to process"
+    finally:
+        out.close()
