@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -147,3 +148,54 @@ def private_folder(path: Path) -> bool:
             os.chmod(path, 0o700)
         return False
     return True
+
+
+class HolderLock:
+    """An exclusive fcntl lock on a file that names its holder ("pid N since ...") to whoever finds it taken:
+    one live process at a time (an output folder's run, a data folder's service). The OS drops it when the
+    holder dies, so a killed holder never blocks the next one."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> str | None:
+        """Take it: None, or the holder's words when another process holds it. OSError: the file cannot be
+        opened; LockWriteError: it was taken but cannot be written (then it is not held)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            return holder or "pid unknown"
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise LockWriteError(exc.errno, exc.strerror, str(self.path)) from None
+        self._fd = fd
+        return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the fcntl lock
+            self._fd = None
+
+    def holder(self) -> str | None:
+        """Who holds it ("pid N since ..."), or None when no live process does."""
+        if not self.path.exists():
+            return None
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        finally:
+            os.close(fd)
+
+
+class LockWriteError(OSError):
+    """The lock was taken but its holder's words could not be written (it is released)."""

@@ -14,13 +14,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from qbatch._fs import private_folder
+from qbatch._fs import HolderLock, private_folder
 from qbatch.engines.pool import EnginePool
-from qbatch.errors import MissingDependency, SpecError
+from qbatch.errors import LockedError, MissingDependency, SpecError
 from qbatch.log import log
 from qbatch.serve.config import SERVE_EXTRA_HINT, ServeSettings
 from qbatch.serve.store import Store
 
+SERVE_LOCK = ".qbatch-serve.lock"  # in the data folder: held by the live service (fcntl, as a run's OUT_DIR lock)
 SHUTDOWN_WAIT_S = 600.0  # the longest the worker is waited for to finish its chunk (a second signal ends it)
 
 
@@ -46,11 +47,17 @@ class Service:
 
         self.settings = settings
         _private_data_dir(settings.data_dir)
+        self._lock = _lock_data_dir(settings.data_dir)
         self.store = Store(settings.data_dir / "qbatch-serve.sqlite3")
         self.pool = pool if pool is not None else EnginePool(kept=True)
         self._owns_pool = pool is None or close_pool
         self.worker = BatchWorker(self.store, settings, self.pool)
         self.app = create_app(settings, self.store, self.worker)
+
+    def close(self) -> None:
+        """The store closed, the data folder let go (once the worker has stopped)."""
+        self.store.close()
+        self._lock.release()
 
     def serve(self, *, on_ready: Any = None) -> None:
         import uvicorn
@@ -91,10 +98,25 @@ class Service:
             worker.join(SHUTDOWN_WAIT_S)
             if self._owns_pool:
                 self.pool.close_all()
-            self.store.close()
+            self.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             log.info("serve: stopped")
+
+
+def _lock_data_dir(data_dir: Path) -> HolderLock:
+    """The data folder's lock, held while the service lives: two services on one folder would both run its
+    queued batches (each then finds the other's run lock on the batch's folder and fails it)."""
+    lock = HolderLock(data_dir / SERVE_LOCK)
+    try:
+        holder = lock.acquire()
+    except OSError as exc:
+        raise SpecError(f"cannot take the data folder's lock: {exc.strerror or exc}", where=str(data_dir),
+                        hint="pass a --data-dir of the service's user") from None
+    if holder is not None:
+        raise LockedError(f"another qbatch serve is using this data folder ({holder})", where=str(data_dir),
+                          hint="stop it first, or pass another --data-dir")
+    return lock
 
 
 def _private_data_dir(data_dir: Path) -> None:

@@ -109,12 +109,16 @@ class Store:
 
     def update_batch(self, batch_id: str, changes: dict[str, Any], *,
                      new_files: list[dict[str, Any]] = ()) -> dict[str, Any]:
-        """Apply `changes` to a batch's object (and add the files it hands out) in one transaction."""
+        """Apply `changes` to a batch's object (and add the files it hands out) in one transaction; a batch
+        that has ended (TERMINAL) is returned as it is when `changes` would change its status."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 batch = json.loads(self._db.execute("SELECT object FROM batches WHERE id = ?",
                                                     (batch_id,)).fetchone()[0])
+                if batch["status"] in TERMINAL and changes.get("status", batch["status"]) != batch["status"]:
+                    self._db.execute("ROLLBACK")  # an ended batch never changes status (nor hands out files)
+                    return batch
                 batch.update(changes)
                 self._db.execute("UPDATE batches SET status = ?, object = ? WHERE id = ?",
                                  (batch["status"], json.dumps(batch), batch_id))

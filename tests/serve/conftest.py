@@ -111,7 +111,7 @@ def make_service(tmp_path, bundled_model):
         service.worker.stop()
         thread.join(10)
         service.worker.join(30)
-        service.store.close()
+        service.close()
 
 
 @pytest.fixture
