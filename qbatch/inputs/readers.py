@@ -1,6 +1,6 @@
-"""Readers: JSONL (plain, .gz, .zst) and Parquet files, streamed as `Row`s.
+"""Readers: JSONL and JSON arrays of objects (plain, .gz, .zst) and Parquet files, streamed as `Row`s.
 
-Nothing is read whole: JSONL goes line by line, Parquet in record batches.
+Nothing is read whole: JSONL goes line by line, a JSON array element by element, Parquet in record batches.
 A line that cannot be parsed becomes a `Row` with an error (or stops the run
 with `--on-bad-line error`), so every line is accounted for. A row whose text
 is not Unicode keeps its data and fails alone (text.py), whatever --on-bad-line says.
@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 from qbatch._fs import OUTPUT_LOCK
 from qbatch.errors import InputError
 from qbatch.inputs.compressed import compressed_error, open_input
+from qbatch.inputs.json_array import ArrayError, array_elements, starts_array
 from qbatch.inputs.text import SURROGATE_ESCAPE, column_not_utf8, escaped, is_text, lone_surrogate, not_utf8
 from qbatch.log import log
 from qbatch.records import Row
@@ -39,6 +40,7 @@ HUGE_FLOAT = float(2**63)  # orjson reads integers beyond 64 bits as floats; jso
 PARQUET_BATCH_ROWS = 4096
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which Windows tools write at the start of a file
 TAIL_BLOCK_BYTES = 1 << 16
+ARRAY_HINT = "qbatch reads JSONL (one object a line), a JSON array of objects (a .json file) and Parquet"
 
 
 def expand_inputs(inputs: list[str]) -> list[Path]:
@@ -76,10 +78,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
 
 
 def _folder_format(path: Path) -> bool:
-    name = path.name.lower()
-    for suffix in COMPRESSED_SUFFIXES:
-        name = name.removesuffix(suffix)
-    return name.endswith(FOLDER_SUFFIXES)
+    return _name(path).endswith(FOLDER_SUFFIXES)
 
 
 def _not_output(paths: list[Path], item: str) -> list[Path]:
@@ -109,9 +108,7 @@ def detect_format(path: Path, override: str | None, *, strict: bool = True) -> s
     """'jsonl' or 'parquet' from `--format` or the file name."""
     if override:
         return override
-    name = path.name.lower()
-    for suffix in COMPRESSED_SUFFIXES:
-        name = name.removesuffix(suffix)
+    name = _name(path)
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
     if name.endswith(".parquet"):
@@ -142,6 +139,8 @@ def rows_size(path: Path) -> int:
     line without one when it is complete JSON (a final row, as a one-off file may end). A last line
     that is not complete JSON is one a writer is still writing: it is left for a later run (logged),
     which reads it once it ends, as rows appended to the file."""
+    if is_json_array(path):  # an array grows inside its brackets: any change is a changed input
+        return path.stat().st_size
     with open(path, "rb") as handle:
         size = handle.seek(0, os.SEEK_END)
         end = _after_last_newline(handle, size)
@@ -170,21 +169,79 @@ def _after_last_newline(handle: IO[bytes], size: int) -> int:
 
 
 def _read_jsonl(path: Path, source_index: int, on_bad_line: str, size: int | None) -> Iterator[Row]:
-    row_index = 0
+    if is_json_array(path):
+        yield from _read_array(path, source_index, on_bad_line)
+        return
     with open_input(path) as handle:
         try:
-            for line_no, raw in read_lines(handle if size is None else _first_bytes(handle, size)):
-                data, error, bad_text = _parse_line(raw)
-                if error is not None and on_bad_line == "error":
-                    raise InputError(
-                        error,
-                        where=f"{path}:{line_no}",
-                        hint="fix the line, or pass --on-bad-line skip to record it in errors.parquet and go on",
-                    )
-                yield Row(str(path), source_index, row_index, line_no, data, error, bad_text)
-                row_index += 1
+            lines = read_lines(handle if size is None else _first_bytes(handle, size))
+            for row_index, (line_no, raw) in enumerate(lines):
+                if row_index == 0:
+                    _check_first_line(path, raw, line_no)
+                yield _row(path, source_index, row_index, line_no, raw, on_bad_line, "line")
         except (OSError, EOFError) as exc:  # corrupt or cut gzip/zstd stream
             raise compressed_error(path, exc) from None
+
+
+def _row(path: Path, source_index: int, row_index: int, line_no: int, raw: bytes, on_bad_line: str,
+         what: str) -> Row:
+    """The row of a JSONL line or an array element (`what`), or InputError for a bad one with --on-bad-line error."""
+    data, error, bad_text = _parse_line(raw) if raw else (None, "is empty (a comma with no value)", None)
+    if error is not None:
+        error = f"{what} {error.removeprefix('line ')}"
+        if on_bad_line == "error":
+            raise InputError(error, where=f"{path}:{line_no}",
+                             hint=f"fix the {what}, or pass --on-bad-line skip to record it in errors.parquet and go on")
+    return Row(str(path), source_index, row_index, line_no, data, error, bad_text)
+
+
+def is_json_array(path: Path) -> bool:
+    """A `.json` file (compressed or not) whose JSON starts with `[`: its elements are the rows."""
+    if not _name(path).endswith(".json"):
+        return False
+    with open_input(path) as handle:
+        try:
+            return starts_array(handle)
+        except (OSError, EOFError) as exc:
+            raise compressed_error(path, exc) from None
+
+
+def _read_array(path: Path, source_index: int, on_bad_line: str) -> Iterator[Row]:
+    with open_input(path) as handle:
+        try:
+            for row_index, (line_no, raw) in enumerate(array_elements(handle)):
+                yield _row(path, source_index, row_index, line_no, raw, on_bad_line, "array element")
+        except ArrayError as exc:
+            raise InputError(str(exc), where=f"{path}:{exc.line}", hint=ARRAY_HINT) from None
+        except (OSError, EOFError) as exc:
+            raise compressed_error(path, exc) from None
+
+
+def _check_first_line(path: Path, raw: bytes, line_no: int) -> None:
+    """A file that is not JSONL says so at its first line: a JSON array (named .jsonl), or in a .json file,
+    JSON that is no array and not one object a line (a pretty-printed object, a number)."""
+    if raw.lstrip(b" \t").startswith(b"["):
+        raise InputError("the file holds a JSON array ('[' at its start), not JSONL (one object a line)",
+                         where=f"{path}:{line_no}", hint="name it .json to read the array's objects as rows")
+    if not _name(path).endswith(".json") or _parse_line(raw)[0] is not None:
+        return
+    first = raw.strip()
+    if first.startswith(b"{"):
+        what = "a JSON object spread over several lines, not one object a line"
+    else:
+        try:
+            what = f"JSON {type(json.loads(first)).__name__}, not an object or an array of objects"
+        except ValueError:
+            what = "not JSON"
+    raise InputError(f"the file's first line is {what}", where=f"{path}:{line_no}", hint=ARRAY_HINT)
+
+
+def _name(path: Path) -> str:
+    """The file's name in lower case, without a compression suffix."""
+    name = path.name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name
 
 
 def _first_bytes(lines: Iterable[bytes], size: int) -> Iterator[bytes]:
@@ -202,7 +259,7 @@ def read_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
     for line_no, raw in enumerate(lines, start=1):
         if line_no == 1 and raw.startswith(BOM):
             raw = raw[len(BOM):]
-        if raw.strip():
+        if raw and not raw.isspace():  # (not strip(): a copy of each line, which may be hundreds of MB)
             yield line_no, raw
 
 
@@ -241,7 +298,8 @@ def _parse_line(raw: bytes) -> tuple[dict | None, str | None, str | None]:
         if bad_byte is not None:
             return None, f"line is not valid UTF-8 (byte offset {bad_byte})", None
         # json's messages may end in "at" ("Unterminated string starting at"): one "at" before the column
-        return None, f"line is not valid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}", None
+        place = f"column {exc.colno}" if exc.lineno == 1 else f"its line {exc.lineno}, column {exc.colno}"  # an element
+        return None, f"line is not valid JSON: {exc.msg.removesuffix(' at')} at {place}", None
     if not isinstance(data, dict):
         return None, f"line is JSON {type(data).__name__}, expected an object", None
     if bad_byte is not None:

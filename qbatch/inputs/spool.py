@@ -23,7 +23,7 @@ from typing import IO
 
 from qbatch._fs import atomic_write
 from qbatch.errors import InputError
-from qbatch.inputs.readers import detect_format
+from qbatch.inputs.readers import BOM, detect_format
 from qbatch.spec import JobSpec
 
 STDIN = "-"
@@ -110,7 +110,8 @@ def _copy_name(item: str, position: int, fmt: str | None, head: bytes) -> str:
     """`<position>-<name>.<format>[.gz|.zst]`: stdin and `<(...)` have no name of their own that lasts.
 
     The format is --format, else the FIFO's name, else what the first bytes say (Parquet
-    starts with PAR1), else JSONL; compressed JSONL keeps its suffix so that it is read as such.
+    starts with PAR1), else JSONL; compressed JSONL keeps its suffix so that it is read as such, and
+    JSON rows that start with `[` are an array, named .json.
     """
     if item in STDIN_NAMES or item.startswith(FD_PREFIXES):
         stem, named = ("stdin" if item in STDIN_NAMES else "stream"), None
@@ -119,4 +120,6 @@ def _copy_name(item: str, position: int, fmt: str | None, head: bytes) -> str:
         stem, named = name.split(".", 1)[0], detect_format(Path(name), None, strict=False)
     kind = fmt or named or ("parquet" if head.startswith(PARQUET_MAGIC) else "jsonl")
     compression = next((s for magic, s in MAGIC_SUFFIXES if head.startswith(magic)), "") if kind == "jsonl" else ""
+    if kind == "jsonl" and head.removeprefix(BOM).lstrip(b" \t\r\n").startswith(b"["):
+        kind = "json"  # a JSON array of rows, read as such from a .json file (readers.is_json_array)
     return f"{position}-{stem}.{kind}{compression}"

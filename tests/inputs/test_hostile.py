@@ -10,7 +10,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from qbatch.errors import EXIT_INPUT
+from qbatch.errors import EXIT_INPUT, EXIT_MISMATCH
 
 HOSTILE = Path(__file__).parents[1] / "hostile"
 
@@ -41,6 +41,7 @@ ROW_CASES = {
     "missing_prompt.jsonl": {"a": "missing_prompt", "b": "empty_prompt", "c": "empty_prompt"},
     "openai_bad.jsonl": {"bad_url": "unsupported_url", "no_body": "bad_body", "n2": "bad_param", "bad_schema": "bad_constraint"},
     "over_context.jsonl": {"long": "prompt_too_long"},
+    "records.json": {"records.json#1": "bad_line", "records.json#3": "bad_line", "records.json#4": "bad_line"},
 }
 
 
@@ -60,6 +61,8 @@ def test_bad_rows_are_recorded_with_reasons(name, run_null, tmp_path):
 def num_rows(path: Path) -> int:
     if path.suffix == ".parquet":
         return pq.ParquetFile(path).metadata.num_rows
+    if path.suffix == ".json":
+        return 6  # records.json's elements
     return sum(1 for line in path.read_bytes().splitlines() if line.strip())
 
 
@@ -83,16 +86,31 @@ FILE_CASES = [
      "2 ids appear more than once: 'a' (duplicate_ids.jsonl:1, duplicate_ids.jsonl:3), 'b' (duplicate_ids.jsonl:2, "
      "duplicate_ids.jsonl:4)"),
     ("malformed.jsonl", EXIT_INPUT, "line is not valid JSON"),
+    ("records.json", EXIT_INPUT, "Error: array element is JSON int, expected an object (", "records.json:6)"),
+    ("truncated_array.json", EXIT_INPUT, "Error: the JSON array ends before its closing ']': the file is cut short "
+                                         "(it ends inside element 3, which starts at line 10) (", "truncated_array.json:10)"),
+    ("trailing.json", EXIT_INPUT, "Error: the file goes on after the JSON array's closing ']' (", "trailing.json:2)"),
+    ("object.json", EXIT_INPUT, "Error: the file's first line is a JSON object spread over several lines, not one object "
+                                "a line (", "object.json:1)"),
+    ("scalar.json", EXIT_INPUT, "Error: the file's first line is JSON int, not an object or an array of objects (",
+     "scalar.json:1)"),
+    ("array.jsonl", EXIT_INPUT, "Error: the file holds a JSON array ('[' at its start), not JSONL (one object a line) (",
+     "array.jsonl:1)\nHint: name it .json to read the array's objects as rows"),
 ]
+ARRAY_HINT = "Hint: qbatch reads JSONL (one object a line), a JSON array of objects (a .json file) and Parquet"
 
 
-@pytest.mark.parametrize(("name", "code", "message"), FILE_CASES)
-def test_unreadable_files_stop_with_a_message(name, code, message, run_null, tmp_path):
+@pytest.mark.parametrize(("name", "code", "message", "where"), [(*case, None)[:4] for case in FILE_CASES])
+def test_unreadable_files_stop_with_a_message(name, code, message, where, run_null, tmp_path):
     result = run_null(HOSTILE / name, "-o", tmp_path / "out")
     assert result.exit_code == code, result.output
     assert result.stderr.startswith("Error: ") and message in result.stderr
     assert "Hint: " in result.stderr or name != "malformed.jsonl"
     assert "Traceback" not in result.output
+    if where:  # the file and line, then the hint
+        assert where in result.stderr
+    if name.endswith(".json") and "element" not in message:
+        assert ARRAY_HINT in result.stderr
 
 
 @pytest.mark.parametrize("name", ["empty.jsonl", "blank_lines.jsonl"])
@@ -248,3 +266,48 @@ def test_a_truncated_compressed_input_stops_the_run(codec, run_null, tmp_path):
     result = run_null(path, "-o", tmp_path / "whole")
     assert result.exit_code == 0, result.output
     assert pl.read_parquet(tmp_path / "whole" / "results.parquet").height == 5003
+
+
+def test_a_json_array_of_objects_is_read_as_rows(run_null, tmp_path):
+    """What pandas' to_json(orient="records") writes, on one line or pretty-printed, compressed or not, with a
+    byte-order mark or not: each object a row, numbered and located (the line where it starts) as JSONL rows."""
+    import zstandard
+
+    rows = [{"id": f"r{i}", "prompt": f"row {i}, with ] and }} and \\\" in it"} for i in range(5)]
+    pretty = json.dumps(rows, indent=4).encode()
+    files = {"one_line.json": json.dumps(rows).encode(), "pretty.json": pretty, "bom.json": b"\xef\xbb\xbf" + pretty,
+             "pretty.json.gz": _compress("gz", pretty), "pretty.json.zst": zstandard.ZstdCompressor().compress(pretty)}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        out = tmp_path / f"out-{name}"
+        result = run_null(tmp_path / name, "-o", out, "--include-prompt")
+        assert result.exit_code == 0, (name, result.output)
+        results = pl.read_parquet(out / "results.parquet").sort("row_index")
+        assert results["id"].to_list() == [row["id"] for row in rows], name
+        assert results["row_index"].to_list() == list(range(5))
+    out = tmp_path / "bad"
+    result = run_null(HOSTILE / "records.json", "-o", out, "--on-bad-line", "skip")
+    assert result.exit_code == 0, result.output
+    errors = pl.read_parquet(out / "errors.parquet").sort("row_index")
+    assert errors.select("row_index", "line", "message").rows() == [
+        (1, 6, "array element is JSON int, expected an object"),
+        (3, 11, "array element is not valid JSON: Expecting ',' delimiter at column 14"),
+        (4, 12, "array element is JSON list, expected an object")]
+
+
+def test_a_json_array_resumes_and_a_changed_one_is_refused(run_null, tmp_path):
+    """The fingerprint covers the whole array: a rerun resumes; an element added (inside the brackets) is a
+    changed input, not rows appended."""
+    path = tmp_path / "in.json"
+    rows = [{"id": "a", "prompt": "one"}, {"id": "b", "prompt": "two"}]
+    path.write_text(json.dumps(rows))
+    out = tmp_path / "out"
+    assert run_null(path, "-o", out).exit_code == 0
+    result = run_null(path, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(out / "results.parquet")["id"].sort().to_list() == ["a", "b"]
+    path.write_text(json.dumps([*rows, {"id": "c", "prompt": "three"}]))
+    result = run_null(path, "-o", out)
+    assert result.exit_code == EXIT_MISMATCH, result.output
+    assert f"input {path.resolve()} changed (not only appended to)" in result.stderr
+

@@ -65,3 +65,24 @@ def test_the_bytes_of_a_jsonl_file_that_hold_rows_now(tmp_path, content, size):
     path = tmp_path / "in.jsonl"
     path.write_bytes(content)
     assert readers.rows_size(path) == size
+
+
+@pytest.mark.parametrize("read_bytes", [1, 7, 1 << 20])
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_json_array_is_split_into_its_elements_whatever_the_reads(read_bytes, indent, monkeypatch):
+    """Strings holding brackets, commas and escaped quotes, elements across reads: each element whole,
+    with the line where it starts."""
+    import io
+    import json
+
+    from qbatch.inputs import json_array
+
+    monkeypatch.setattr(json_array, "READ_BYTES", read_bytes)
+    rows = [{"id": i, "prompt": 'a "quoted\\" ], } [ {' * i, "n": [1, {"x": "]"}]} for i in range(20)]
+    data = json.dumps(rows, indent=indent).encode()
+    elements = list(json_array.array_elements(io.BytesIO(data)))
+    assert [json.loads(raw) for _, raw in elements] == rows
+    lines = data.split(b"\n")
+    assert all(lines[line - 1].strip().startswith(b"{" if indent else b"[{") for line, _ in elements)
+    assert list(json_array.array_elements(io.BytesIO(b" [ ] "))) == []
+    assert list(json_array.array_elements(io.BytesIO(b"[1,,2,]"))) == [(1, b"1"), (1, b""), (1, b"2"), (1, b"")]

@@ -146,3 +146,14 @@ def test_a_byte_order_mark_on_standard_input(piped, tmp_path):
     result = piped(b"\xef\xbb\xbf" + jsonl(ROWS), "-", "-o", out)
     assert result.exit_code == 0, result.output
     assert ids(out) == [r["id"] for r in ROWS]
+
+
+def test_a_json_array_on_standard_input(piped, tmp_path):
+    """A JSON array piped in is copied as a .json file, whose objects are the rows (--format jsonl or not)."""
+    data = json.dumps(ROWS, indent=2).encode()
+    for flags in ([], ["--format", "jsonl"]):
+        out = tmp_path / f"out{len(flags)}"
+        result = piped(data, "-", "-o", out, *flags)
+        assert result.exit_code == 0, result.output
+        assert ids(out) == [r["id"] for r in ROWS]
+        assert [p.name for p in (out / "inputs").iterdir()] == ["0-stdin.json"]
