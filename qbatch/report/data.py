@@ -20,12 +20,17 @@ from typing import Any, TypeVar
 from qbatch.output.folder import OutputDir
 from qbatch.output.reading import FINAL_HINT, PART_HINT, read_manifest, read_stats, reading
 from qbatch.output.telemetry import read as read_telemetry
+from qbatch.report.answers import summarize as summarize_answers
 from qbatch.report.glance import glance, run_numbers
 from qbatch.report.timeline import COUNTERS, Timeline, increments
 
 T = TypeVar("T")
 NUM_BINS = 40  # per length histogram
 NUM_ERROR_EXAMPLES = 3
+# Engines count a row's tokens when the row finishes, so a rate over one second shows when rows finished
+# (a short job's whole output in its last second: 20x its throughput), not how fast tokens came. A rate is
+# over the last RATE_WINDOW_S seconds, or the run's whole length when it is shorter.
+RATE_WINDOW_S = 10
 
 
 def collect(output_dir: str | Path) -> dict[str, Any]:
@@ -52,6 +57,7 @@ def collect(output_dir: str | Path) -> dict[str, Any]:
         "engines": engines(timeline),
         "lengths": lengths(folder),
         "finish_reasons": finish_reasons(folder),
+        "answers": _query(folder, "results.parquet", "part-", summarize_answers),
         "adapters": adapters(folder),
         "errors": errors(folder),
         "chunks": chunks(stats),
@@ -59,29 +65,44 @@ def collect(output_dir: str | Path) -> dict[str, Any]:
 
 
 def throughput(timeline: Timeline) -> dict[str, Any] | None:
-    """Output tok/s and rows/s over time, from the engines' counters (summed over engines), and the rows
-    saved so far (written to parts, all runs): a rate of rows that finish a few at a time jumps, their
-    count climbs, so a short run reads from it. Rows an interrupted run had finished but not written are
-    not saved: the next run redoes them."""
+    """Output tok/s and rows/s over time, from the engines' counters (summed over engines) over a trailing
+    window (RATE_WINDOW_S, or the run's length), and the rows saved so far (written to parts, all runs): a
+    rate of rows that finish a few at a time jumps, their count climbs, so a short run reads from it. Rows
+    an interrupted run had finished but not written are not saved: the next run redoes them."""
     import polars as pl
 
     if timeline.rows("engine") is None:
         return None
     rows = timeline.frame.filter(pl.col("source").is_in(["engine", "run"]))
-    every = timeline.bucket_s
-    series = timeline.buckets(increments(rows), [
+    series = _windowed(timeline, timeline.buckets(increments(rows), [
         *(pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c) for c in COUNTERS),
-        pl.col("rows_done").max()])
+        pl.col("rows_done").max()]))
     before = (series.group_by("run").agg(pl.col("rows_done").max().fill_null(0)).sort("run")
               .with_columns(pl.col("rows_done").cum_sum().shift(1, fill_value=0).alias("saved_before")))
     series = series.join(before.select("run", "saved_before"), on="run").sort("x").with_columns(
-        (pl.col("generation_tokens") / every).round(1).alias("output_tok_s"),
-        (pl.col("prompt_tokens") / every).round(1).alias("input_tok_s"),
-        (pl.col("finished_requests") / every).round(2).alias("rows_s"),
+        (pl.col("generation_tokens") / pl.col("window_s")).round(1).alias("output_tok_s"),
+        (pl.col("prompt_tokens") / pl.col("window_s")).round(1).alias("input_tok_s"),
+        (pl.col("finished_requests") / pl.col("window_s")).round(2).alias("rows_s"),
         pl.when(pl.col("prompt_tokens") > 0).then((100 * pl.col("cached_tokens") / pl.col("prompt_tokens")).round(1))
         .alias("prefix_cache_hit_pct"),
         (pl.col("saved_before") + pl.col("rows_done").forward_fill().over("run").fill_null(0)).alias("rows_saved"))
     return timeline.series(series, ["output_tok_s", "input_tok_s", "rows_s", "prefix_cache_hit_pct", "rows_saved"])
+
+
+def _windowed(timeline: Timeline, series: Any) -> Any:
+    """Each bucket's counters summed over the trailing window that ends with it (within its run), and the
+    window's seconds (`window_s`): RATE_WINDOW_S, or the run's length when shorter, never below a bucket."""
+    import polars as pl
+
+    seconds = {run["index"]: run["seconds"] or 0.0 for run in timeline.drawn()}
+    parts = []
+    for (run,), part in series.group_by("run"):
+        window = max(float(timeline.bucket_s), min(float(RATE_WINDOW_S), seconds.get(run, 0.0)))
+        size = f"{round(window * 1e6)}us"
+        parts.append(part.sort("time").with_columns(
+            *(pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).fill_null(0).rolling_sum_by("time", size))
+              .alias(c) for c in COUNTERS), pl.lit(window).alias("window_s")))
+    return pl.concat(parts).sort("x") if parts else series.with_columns(pl.lit(1.0).alias("window_s"))
 
 
 def devices(timeline: Timeline) -> dict[str, Any] | None:

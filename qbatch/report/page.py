@@ -1,12 +1,13 @@
 """`qbatch report`: one self-contained HTML page about a run (Plotly's script and the data inline).
 
-The page works offline: plotly.min.js (from the `plotly` package) and every chart's data are
-written into it; nothing loads from a CDN. It opens with what a deployment is judged by (GPU or
+The page works offline: Plotly's basic bundle (scatter and bar traces, all the charts use; MIT,
+vendored in report/vendor/, 1.2 MB against the full bundle's 4.8 MB) and every chart's data are
+written into it once; nothing loads from a CDN. It opens with what a deployment is judged by (GPU or
 CPU utilization while generating, tok/s and tok/s per GPU, power, memory, where the time went:
-glance.py), then the runs of the folder, then the charts: Plotly figure dicts (charts.py) built from
-the aggregates of data.py, so the page's size does not grow with the rows (a million-row run is a few hundred
-numbers per chart, plus the ~4.8 MB script). A section whose data the folder does not hold says
-"not recorded" and why.
+glance.py), then the runs of the folder, then the flagged answers with examples, then the charts:
+Plotly figure dicts (charts.py) built from the aggregates of data.py, so the page's size does not grow
+with the rows (a million-row run is a few hundred numbers per chart, and a few example rows). A
+section whose data the folder does not hold says "not recorded" and why.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from qbatch._fs import atomic_write, normal_path
-from qbatch.errors import MissingDependency, OutputError
+from qbatch.errors import OutputError
 from qbatch.report import charts, data as report_data
+from qbatch.report.answers import answers_section
 from qbatch.report.charts import NO_ENGINE, NO_TELEMETRY
 from qbatch.spec import applies_to
 
@@ -41,13 +43,12 @@ def write_report(output_dir: str | Path, path: str | Path | None = None) -> Path
     return target
 
 
+PLOTLY_JS = Path(__file__).with_name("vendor") / "plotly-basic.min.js"  # plotly.js-basic-dist-min 4.1.1 (npm)
+
+
 def plotly_js() -> str:
-    try:
-        from plotly.offline import get_plotlyjs
-    except ImportError:
-        raise MissingDependency("qbatch report needs plotly (its script is embedded in the page)",
-                                hint="pip install 'qbatch[report]'") from None
-    return get_plotlyjs()
+    """Plotly's basic bundle: the scatter and bar traces the charts draw, and the layout they use."""
+    return PLOTLY_JS.read_text(encoding="utf-8")
 
 
 def render(info: dict[str, Any]) -> str:
@@ -76,7 +77,8 @@ def render(info: dict[str, Any]) -> str:
     title = f"qbatch report: {info['output_dir']}"
     return TEMPLATE.format(
         title=html.escape(title), heading=html.escape(title), glance=_glance(info),
-        runs=_runs_section(info["runs"], glance), sections="\n".join(sections), plotly=plotly_js(),
+        runs=_runs_section(info["runs"], glance), answers=answers_section(info.get("answers")),
+        sections="\n".join(sections), plotly=plotly_js(),
         figures=json.dumps(figures, separators=(",", ":")).replace("</", "<\\/"),
     )
 
@@ -252,10 +254,14 @@ table.kv th, table.runs th {{ background: #f6f6f6; font-weight: 600; }} .two {{ 
 .phases .keys {{ font-size: 12px; display: flex; gap: 14px; flex-wrap: wrap; }}
 .phases .key i {{ display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: -1px; }}
 #js-errors {{ color: #b00; }}
+ul.flags {{ margin: 6px 0; padding-left: 20px; }} li.flag-line.unusable {{ color: #b00; font-weight: 600; }}
+table.examples td.answer {{ max-width: 760px; white-space: pre-wrap; word-break: break-word; font-size: 12px; }}
+.reasoning {{ color: #666; font-style: italic; margin-bottom: 4px; }} .parse-error {{ color: #b00; }}
 </style></head><body>
 <h1>{heading}</h1>
 {glance}
 {runs}
+{answers}
 {sections}
 <pre id="js-errors"></pre>
 <script>window.onerror = function (m) {{ document.getElementById("js-errors").textContent += "error: " + m + "\\n"; }};</script>

@@ -114,7 +114,7 @@ def test_report_builds_in_seconds_for_a_million_rows(tmp_path):
                   "prompt_tokens": pl.int_range(n, eager=True) % 900 + 20,
                   "completion_tokens": pl.int_range(n, eager=True) * 7 % 2048 + 1}).write_parquet(out / "results.parquet")
     (out / "manifest.json").write_text(json.dumps({"status": "completed", "spec": {"model": "m"}}))
-    (out / "stats.json").write_text(json.dumps({"wall_s": 3600.0, "generate_s": 3500.0, "setup_s": 60.0,
+    (out / "stats.json").write_text(json.dumps({"wall_s": 3600.0, "generate_s": 3500.0, "setup_s": 60.0, "rows_ok": n, "completion_tokens": 0,
                                                 "chunks": [{"index": i, "rows": 2000, "finished_s": 7.0 * i}
                                                            for i in range(500)]}))
     _telemetry(out, seconds=3600)
@@ -147,7 +147,7 @@ def test_the_header_takes_the_runs_printed_throughput_and_splits_its_wall_time(t
     _telemetry(tmp_path, seconds=61)
     _manifest(tmp_path, [{"started_at": _stamp(START - timedelta(seconds=40)), "finished_at": _stamp(START)}])
     stats = {"wall_s": 100.0, "setup_s": 10.0, "engine_start_s": 45.0, "generate_s": 50.0, "assemble_s": 2.0,
-             "completion_tokens": 1_000_000, "prompt_tokens": 5}
+             "completion_tokens": 1_000_000, "prompt_tokens": 5, "rows_ok": 100}
     (tmp_path / "stats.json").write_text(json.dumps(stats))
     g = collect(tmp_path)["glance"]
     assert (g["tok_s"], g["tok_s_source"], g["generate_s"]) == (20_000.0, "stats.json", 50.0)
@@ -158,7 +158,8 @@ def test_the_header_takes_the_runs_printed_throughput_and_splits_its_wall_time(t
         {"name": "other", "seconds": 7.0, "share": 0.7}, {"name": "wall", "seconds": 10.0, "share": 1.0}]
     # a rerun that found every row done writes a stats.json of its own: the throughput and split are then
     # the run that generated (from its telemetry), and the header says why the split is missing
-    (tmp_path / "stats.json").write_text(json.dumps({"wall_s": 17.0, "setup_s": 0.1, "generate_s": 0.0}))
+    (tmp_path / "stats.json").write_text(json.dumps({"wall_s": 17.0, "setup_s": 0.1, "generate_s": 0.0, "rows_ok": 0,
+                                                      "completion_tokens": 0}))
     info = collect(tmp_path)
     assert (info["glance"]["tok_s"], info["glance"]["tok_s_source"], info["glance"]["phases"]) == (
         20_000.0, "telemetry", None)
@@ -322,7 +323,7 @@ def gpu_folder(folder: Path) -> Path:
               spec={"model": "Qwen/Qwen3-0.6B", "task": "generate", "data_parallel_size": 2, "max_tokens": 2048},
               versions={"qbatch": "synthetic telemetry", "vllm": "-"})
     (folder / "stats.json").write_text(json.dumps({"wall_s": 58.0, "setup_s": 5.0, "engine_start_s": 28.0,
-                                                   "generate_s": 24.0, "assemble_s": 1.0, "completion_tokens": 700_000,
+                                                   "rows_ok": 1792, "generate_s": 24.0, "assemble_s": 1.0, "completion_tokens": 700_000,
                                                    "chunks": [{"index": i, "rows": 224, "finished_s": 3.0 * i + 3}
                                                               for i in range(8)]}))
     pl.DataFrame({"id": [str(i) for i in range(4096)], "finish_reason": ["stop"] * 3500 + ["length"] * 596,
