@@ -1,6 +1,8 @@
 """The quick start's "what to expect" table says only what the benchmark notebook measured: every figure of
 a cell appears in the notebook's section that the cell cites, that section carries the cell's date, a
-"rows a minute" figure is its rows over its seconds, and a cell without a citation says "not measured"."""
+"rows a minute" figure is its rows over its seconds, and a cell without a citation says "not measured".
+The performance page's headline table likewise: each row dated, each figure in the notebook.
+"""
 
 from __future__ import annotations
 
@@ -74,3 +76,17 @@ def test_each_figure_is_in_the_section_it_cites(row, cell):
 def test_the_check_catches_a_figure_the_notebook_lacks():
     section = sections()["session-50"]
     assert "35.3" in numbers(section) and "34.2" not in numbers(section)
+
+
+def test_the_performance_headline_says_only_what_the_notebook_measured():
+    """Each row of docs/performance.md's headline table has its date, and each of its figures is in the notebook."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    part = text[text.index("## The headline"):text.index("## Where the rest is")]
+    rows = [line for line in part.splitlines() if line.startswith("|")][2:]
+    notebook = numbers(NOTEBOOK.read_text())
+    assert len(rows) >= 10
+    for line in rows:
+        assert re.search(r"\d{4}-\d{2}-\d{2}", line), f"a headline row without its date: {line[:80]}"
+        cited = re.sub(r"\(benchmarks\.md#[\w-]+\)|\d{4}-\d{2}-\d{2}|issue #\d+|session \d+", "", line)
+        missing = numbers(cited) - notebook
+        assert not missing, f"{sorted(missing)} not in docs/benchmarks.md: {line[:80]}"
