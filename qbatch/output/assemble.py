@@ -67,13 +67,13 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     }
     if num_samples != num_ids:
         counts["samples_ok"] = num_samples
-    counts["flags"] = _flag_counts(out.path / "results.parquet")
+    counts["flags"] = flag_counts(out.path / "results.parquet")
     if openai_jsonl:
         write_openai_jsonl(out.path, model)
     return counts
 
 
-def _flag_counts(path: Path) -> dict[str, int]:
+def flag_counts(path: Path) -> dict[str, int]:
     """results.parquet's rows by flag (flags.py), in the flags' order; none for results without the column."""
     frame = pl.scan_parquet(path)
     if "flag" not in frame.collect_schema().names():

@@ -27,8 +27,9 @@ from qbatch.errors import QbatchError, Stopped, first_line
 from qbatch.inputs.validate import EMBEDDINGS_URL
 from qbatch.jobs.events import StopRequest
 from qbatch.log import log
-from qbatch.output.assemble import assemble, json_line, write_openai_jsonl
+from qbatch.output.assemble import assemble, flag_counts, json_line, write_openai_jsonl
 from qbatch.output.folder import OutputDir
+from qbatch.output.flags import flag_lines
 from qbatch.serve.config import ServeSettings
 from qbatch.serve.objects import TERMINAL, client_text, new_file_id, now, usage
 from qbatch.serve.requests import custom_ids
@@ -252,6 +253,9 @@ class BatchWorker(threading.Thread):
                        **{f"{status}_at": now()})
         batch = self.store.update_batch(batch_id, changes, new_files=files)
         log.info(f"serve: batch {batch_id} {status} ({counts['completed']} completed, {counts['failed']} failed)")
+        # the lines stay OpenAI's (finish_reason "length"); the log says what a user must not miss (flags.py)
+        for line in flag_lines(flag_counts(out / "results.parquet"), counts["completed"]):
+            log.warning(f"serve: batch {batch_id}: {line}")
         return batch
 
     def _for_clients(self, batch: dict[str, Any], status: str, out: Path, errors_path: Path) -> None:
