@@ -19,6 +19,7 @@ from typing import Any
 from qbatch.errors import ModelError, RowError, SpecError, first_line
 from qbatch.records import EMBED_SAMPLING, THINK_CLOSE, THINK_OPEN, Failure, Request, Row
 from qbatch.inputs.adapters import ADAPTER_COLUMN_SET, AdapterChoice
+from qbatch.inputs.length import encode_within
 from qbatch.inputs.shapes import BATCH_URLS, fallback_id, is_openai, own_id, positional_id, row_shape
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.inputs.text import escaped
@@ -366,6 +367,12 @@ class Preparer:
         return requests, failures
 
     def _encode(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded | RowError]:
+        """Encodings of texts; a text too long by its length alone is refused untokenized (inputs/length.py)."""
+        encode = functools.partial(self._encode_all, add_special_tokens=add_special_tokens)
+        limit = None if self.embeds and self.spec.embed.truncate else self.max_model_len  # --truncate: no limit
+        return encode_within(texts, encode, self.tokenizer, limit, embeds=self.embeds)
+
+    def _encode_all(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded | RowError]:
         try:
             return self._encode_batch(texts, add_special_tokens=add_special_tokens)
         except Exception:  # one text the tokenizer refuses fails the whole call: encode one by one

@@ -4,6 +4,7 @@ reason, every unreadable file stops with a message and exit code, and nothing is
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -311,3 +312,20 @@ def test_a_json_array_resumes_and_a_changed_one_is_refused(run_null, tmp_path):
     assert result.exit_code == EXIT_MISMATCH, result.output
     assert f"input {path.resolve()} changed (not only appended to)" in result.stderr
 
+
+
+def test_a_prompt_too_long_by_its_length_alone_is_not_tokenized(run_null, write_jsonl, tmp_path):
+    """Tokenizing costs ~225 bytes of memory a byte of text: a line of 200 MB must be refused from its
+    length (a token is at most the vocabulary's longest, 81 characters for SmolLM2), as the tokenized
+    check words it; a shorter one is counted."""
+    path = write_jsonl([{"id": "huge", "prompt": "ab " * 60_000}, {"id": "long", "prompt": "ab " * 3_000},
+                        {"id": "ok", "prompt": "hi"}])
+    out = tmp_path / "out"
+    result = run_null(path, "-o", out)
+    assert result.exit_code == 0, result.output
+    errors = dict(pl.read_parquet(out / "errors.parquet").select("id", "message").rows())
+    assert re.fullmatch(r"prompt has at least 22\d\d tokens \(180\d\d\d characters, not tokenized\) but max_model_len "
+                        "is 2048, leaving no room for output; raise --max-model-len or shorten the prompt",
+                        errors["huge"]), errors["huge"]  # the prompt: the row's text in the chat template
+    assert errors["long"].startswith("prompt has 30") and "max_model_len is 2048" in errors["long"]
+    assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["ok"]
