@@ -25,7 +25,7 @@ from qbatch.jobs.summary import Summary
 from qbatch.log import log
 from qbatch.output.folder import OutputDir
 from qbatch.serve.config import is_loopback
-from qbatch.serve.wire import FOLDER_SETTINGS, RUN_ROUTE, ErrorInfo, RunRequest
+from qbatch.serve.wire import FOLDER_SETTINGS, RUN_ROUTE, ErrorInfo, RunRequest, canonical
 from qbatch.spec import SETTING_FILE_SUFFIXES
 from qbatch.versions import __version__
 
@@ -96,7 +96,9 @@ def draws_bar(progress: str) -> bool:
 def absolute_paths(values: dict[str, Any], cwd: Path) -> dict[str, Any]:
     """The settings with their paths absolute against `cwd` (the service runs elsewhere); standard input and
     pipes refused. Globs stay globs (made absolute too), for the service to expand as a local run would."""
-    out = dict(values)
+    out = canonical(values)
+    if isinstance(out.get("inputs"), str):  # a job file's `inputs = "data.jsonl"`: one path, as JobSpec reads it
+        out["inputs"] = [out["inputs"]]
 
     def here(path: str) -> str:
         return path if os.path.isabs(path) else os.path.normpath(cwd / path)

@@ -39,10 +39,10 @@ from qbatch.jobs.summary import exit_code
 from qbatch.log import current_job, log
 from qbatch.serve.config import ServeSettings, is_loopback
 from qbatch.serve.objects import ApiError
-from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunRequest, line
+from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunRequest, canonical, line
 from qbatch.serve.worker import BatchWorker
 from qbatch.session.session import ENGINE_SETTINGS
-from qbatch.spec import JobSpec
+from qbatch.spec import JOB_OWN_ENGINE_SETTINGS, LORA_SETTINGS, JobSpec
 from qbatch.versions import __version__
 
 BAR_EVERY_S = 0.25  # the bar's state goes to the client at most this often (and when it closes)
@@ -138,12 +138,17 @@ def accept(body: Any, settings: ServeSettings, worker: BatchWorker) -> tuple[Job
 
 def spec_for(values: dict[str, Any], settings: ServeSettings) -> JobSpec:
     """The client's settings on the service's engine: an engine setting the job gives must be the service's
-    (then the service's spelling is kept: the same engine, warm). The service's job defaults do not apply."""
+    (then the service's spelling is kept: the same engine, warm). The job's own engine settings (its seed, its
+    adapters: JOB_OWN_ENGINE_SETTINGS) are the job's, given or not; the service's job defaults do not apply."""
     source = "--server job"
+    values = canonical(values)
+    engine = {name: value for name, value in settings.engine.items() if name not in JOB_OWN_ENGINE_SETTINGS}
     service = JobSpec.from_flat(settings.engine, source="qbatch serve").engine
-    asked = JobSpec.from_flat({**settings.engine, **values}, source=source).engine
+    asked = JobSpec.from_flat({**engine, **values}, source=source).engine
     job = dict(values)
-    for name in ENGINE_SETTINGS & set(values):
+    if _same("lora", service.lora, asked.lora):  # the service's adapters, spelled its way: its warm engine
+        job.update({name: value for name, value in settings.engine.items() if name in LORA_SETTINGS})
+    for name in (ENGINE_SETTINGS - JOB_OWN_ENGINE_SETTINGS) & set(values):
         if name == "task":  # an embedding job gets an engine of its own, as /v1/embeddings batches do
             continue
         have, want = getattr(service, name), getattr(asked, name)
@@ -151,7 +156,7 @@ def spec_for(values: dict[str, Any], settings: ServeSettings) -> JobSpec:
             raise SpecError(f"the service runs {name} {have!r}; this job asks for {want!r}", where=source,
                             hint=SERVER_HINT)
         job.pop(name)
-    return JobSpec.from_flat({**settings.engine, **job}, source=source)
+    return JobSpec.from_flat({**engine, **job}, source=source)
 
 
 def _same(name: str, have: Any, want: Any) -> bool:

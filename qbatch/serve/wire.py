@@ -70,5 +70,11 @@ class ErrorInfo:
         return asdict(self)
 
 
+def canonical(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings by their one name (a job file may spell `output-dir` or `output_dir`, as JobSpec reads
+    both): the paths among them are found, and the engine's compared, by that name."""
+    return {name.replace("-", "_"): value for name, value in values.items()}
+
+
 def line(item: dict[str, Any]) -> bytes:
     return (json.dumps(item, default=str) + "\n").encode()

@@ -34,7 +34,7 @@ from qbatch.jobs.summary import Summary
 from qbatch.log import setup as setup_log
 from qbatch.session.data import input_paths
 from qbatch.session.progress import notebook_bar, shows_notebook_bar
-from qbatch.spec import DEFAULT_MODEL, EngineSpec, JobSpec
+from qbatch.spec import DEFAULT_MODEL, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec
 
 if TYPE_CHECKING:
     import polars as pl
@@ -127,11 +127,13 @@ class Session:
     def run_spec(self, spec: JobSpec, events: RunEvents | None = None) -> Summary:
         """Run a complete spec, its inputs and output folder its own (`qbatch run`); its engine
         settings must be this session's, but for its task (an embedding job gets an engine of its own,
-        as embed() does). `events`: the caller's progress, bar and stop (`qbatch serve` running a job
-        handed to it); a stopped run raises Stopped."""
+        as embed() does) and the job's own seed and adapters (JOB_OWN_ENGINE_SETTINGS). `events`: the
+        caller's progress, bar and stop (`qbatch serve` running a job handed to it); a stopped run raises
+        Stopped."""
         self._check_open()
         engine = dataclasses.asdict(spec.engine)
-        engine.pop("task")
+        for name in ("task", *JOB_OWN_ENGINE_SETTINGS):
+            engine.pop(name)
         self._check_engine(engine)
         return self._run_spec(spec, events=events)
 

@@ -290,3 +290,63 @@ def test_lines_the_run_logs_from_its_reading_threads_reach_the_client(make_servi
     assert done.returncode == 0, done.stderr
     assert "rows share long prompt prefixes (a document asked several questions)" in done.stderr
     assert "serve:" not in done.stderr
+
+
+def test_a_job_runs_with_its_own_adapters_not_the_services(make_service, cli, run_null, bundled_model, work, tmp_path):
+    """A service started with --lora: a job without --lora keeps its `adapter` column as plain data, as a local
+    run does, and either resumes the other's folder; a job with --lora runs with its own adapters."""
+    from qbatch.bench.adapters import write_random_adapter
+
+    one = write_random_adapter(tmp_path / "one", bundled_model, rank=8, seed=1)
+    two = write_random_adapter(tmp_path / "two", bundled_model, rank=8, seed=2)
+    base_url, _ = make_service({"model": bundled_model, "backend": "null", "lora": {"one": str(one)}})
+    rows = [{"id": f"a{i}", "prompt": f"say {i}", "adapter": ["two", "wizard", "one"][i % 3]} for i in range(6)]
+    (work / "tagged.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    server = ("--server", _server(base_url), "--progress", "none", "--max-tokens", "5")
+
+    plain = cli("run", "tagged.jsonl", "-o", "out/plain", *server)
+    assert plain.exit_code == 0, plain.stderr
+    assert re.search(r"rows ok \(this run\) +6\n", plain.stdout)
+    assert pl.read_parquet(work / "out/plain/errors.parquet").height == 0
+    assert sorted(pl.read_parquet(work / "out/plain/results.parquet")["adapter"]) == sorted(r["adapter"] for r in rows)
+    local = run_null("tagged.jsonl", "-o", "out/plain", "--max-tokens", "5")  # the same job: it resumes
+    assert local.exit_code == 0 and re.search(r"rows already done +6\n", local.stdout), local.stderr
+
+    own = cli("run", "tagged.jsonl", "-o", "out/own", "--lora", f"two={two}", *server)
+    assert own.exit_code == 0, own.stderr
+    errors = pl.read_parquet(work / "out/own/errors.parquet")
+    assert sorted(errors["id"]) == ["a1", "a2", "a4", "a5"]  # wizard and one: not this job's adapters
+    assert set(errors["error"]) == {"unknown_adapter"}
+    same = cli("run", "tagged.jsonl", "-o", "out/same", "--lora", f"one={one}", *server)  # the service's own
+    assert same.exit_code == 0, same.stderr
+    assert sorted(pl.read_parquet(work / "out/same/errors.parquet")["id"]) == ["a0", "a1", "a3", "a4"]
+
+
+def test_a_seed_travels_to_the_service_and_seeds_each_row_as_here(make_service, cli, run_null, work):
+    base_url, _ = make_service()
+    remote = cli("run", "prompts.jsonl", "-o", "out/seeded", "--seed", "7", "--max-tokens", "5", "--progress", "none",
+                 "--server", _server(base_url))
+    assert remote.exit_code == 0, remote.stderr
+    assert json.loads((work / "out/seeded/manifest.json").read_text())["fingerprint"]["settings"]["seed"] \
+        == "row seeds from 7"
+    local = run_null("prompts.jsonl", "-o", "out/seeded", "--seed", "7", "--max-tokens", "5")
+    assert local.exit_code == 0 and re.search(rf"rows already done +{ROWS}\n", local.stdout), local.stderr
+    other = run_null("prompts.jsonl", "-o", "out/seeded", "--seed", "8", "--max-tokens", "5")
+    assert other.exit_code == 5  # the seed is the job's: another one is another job
+
+
+def test_a_job_files_single_string_inputs_is_one_path(make_service, cli, work):
+    base_url, _ = make_service()
+    (work / "job.toml").write_text('inputs = "prompts.jsonl"\noutput_dir = "out/job"\nmax_tokens = 5\n')
+    result = cli("run", "--job", "job.toml", "--progress", "none", "--server", _server(base_url))
+    assert result.exit_code == 0, result.stderr
+    assert pl.read_parquet(work / "out/job/results.parquet").height == ROWS
+
+    # a key spelled with dashes, as a job file may: the same setting, a path made absolute, an engine's compared
+    (work / "dashed.toml").write_text('inputs = ["prompts.jsonl"]\noutput-dir = "out/dashed"\n')
+    dashed = cli("run", "--job", "dashed.toml", "--progress", "none", "--server", _server(base_url))
+    assert dashed.exit_code == 0, dashed.stderr
+    assert pl.read_parquet(work / "out/dashed/results.parquet").height == ROWS
+    (work / "engine.toml").write_text('inputs = "prompts.jsonl"\noutput_dir = "out/engine"\nmax-model-len = 64\n')
+    engine = cli("run", "--job", "engine.toml", "--progress", "none", "--server", _server(base_url))
+    assert engine.exit_code == 2 and "the service runs max_model_len None; this job asks for 64" in engine.stderr
