@@ -422,7 +422,8 @@ class JobSpec:
 
 
 def load_job_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML job file into flat key/value pairs; paths in it are relative to the file."""
+    """Read a TOML job file into flat key/value pairs; paths in it (inputs, output_dir, a json_schema or
+    grammar file, a model or tokenizer folder starting with `.`, [lora] folders) are relative to the file."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -430,16 +431,27 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         raise SpecError("job file not found", where=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"job file is not valid TOML: {exc}", where=str(path)) from None
-    for key in ("inputs", "output_dir", "output-dir"):
-        if key in data:
-            data[key] = _relative_to(path.parent, data[key])
+    base = path.parent
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name in ("inputs", "output_dir"):
+            data[key] = _relative_to(base, value)
+        elif name in ("json_schema", "grammar") and isinstance(value, str) and _names_file(base, value):
+            data[key] = _relative_to(base, value)  # a file, not the schema or grammar itself
+        elif name in ("model", "tokenizer") and isinstance(value, str) and value.startswith("."):
+            data[key] = str((base / value).resolve())  # a folder; other names may be hub names
     lora = data.get("lora")
     if isinstance(lora, dict):  # [lora] NAME = "PATH": folders relative to the job file
-        data["lora"] = {name: _relative_to(path.parent, folder) for name, folder in lora.items()}
-    model = data.get("model")
-    if isinstance(model, str) and model.startswith("."):
-        data["model"] = str((path.parent / model).resolve())
+        data["lora"] = {name: _relative_to(base, folder) for name, folder in lora.items()}
     return data
+
+
+def _names_file(base: Path, value: str) -> bool:
+    """Whether a json_schema or grammar value of a job file names a file (as `_file_or_text` reads it):
+    one that exists next to the job file, or one line named like one."""
+    if len(value) >= 4096 or "\n" in value or value.lstrip().startswith(("{", "[")):
+        return False
+    return (base / value).is_file() or Path(value).suffix.lower() in SETTING_FILE_SUFFIXES
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -189,3 +189,28 @@ def test_bad_job_sampling_value_stops_a_dry_run(tmp_path, cli, write_jsonl):
     result = cli("run", path, "-o", tmp_path / "out", "--model", "smollm2-135m", "--dry-run", "--temperature", "-1")
     assert result.exit_code == 2
     assert "Error: temperature must be in [0, 2], got -1.0\nHint: set --temperature (job file: temperature)" in result.output
+
+
+def test_every_path_of_a_job_file_is_relative_to_the_file(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "schema.json").write_text('{"type": "object"}')
+    job = tmp_path / "jobs" / "a.toml"
+    job.write_text('json-schema = "schema.json"\ngrammar = "../g.gbnf"\ntokenizer = "./tok"\nmodel = "./m"\n')
+    values = load_job_file(job)
+    assert values["json-schema"] == str(tmp_path / "jobs" / "schema.json")
+    assert values["grammar"] == str(tmp_path / "g.gbnf")  # missing: the error names where it was looked for
+    assert values["tokenizer"] == str(tmp_path / "jobs" / "tok") and values["model"] == str(tmp_path / "jobs" / "m")
+    job.write_text('json_schema = \'{"type": "object"}\'\nmodel = "Qwen/Qwen3-0.6B"\n')  # text, a hub name: as given
+    assert load_job_file(job) == {"json_schema": '{"type": "object"}', "model": "Qwen/Qwen3-0.6B"}
+
+
+def test_a_job_file_run_from_another_folder_finds_its_schema(cli, bundled_model, tmp_path, monkeypatch):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "schema.json").write_text('{"type": "object", "properties": {"a": {"type": "string"}}}')
+    (tmp_path / "jobs" / "in.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
+    (tmp_path / "jobs" / "a.toml").write_text('inputs = ["in.jsonl"]\njson_schema = "schema.json"\n')
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = cli("run", "--job", tmp_path / "jobs" / "a.toml", "--dry-run", "--model", bundled_model,
+                 "--backend", "null", "--max-model-len", "2048")
+    assert result.exit_code == 0, result.output
