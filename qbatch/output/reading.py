@@ -9,31 +9,65 @@ fields readers use and their types; other fields are not checked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qbatch._fs import read_error, read_json
 from qbatch.errors import OutputError, first_line
+from qbatch.output.columns import decode_schema
 
-# A shape: a type, a tuple of alternatives (None: null), {field: shape} for an object, [shape] for a list.
+
+@dataclass(frozen=True)
+class Needed:
+    """A field that must be there, in `shape` (readers index it without a default)."""
+
+    shape: Any
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Text that `decode` turns into what readers use (it raises ValueError when it cannot): `what` names it."""
+
+    what: str
+    decode: Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class Values:
+    """An object whose every value is in `shape` (its keys are data: flags, kinds of failure)."""
+
+    shape: Any
+
+
+# A shape: a type, a tuple of alternatives (None: null), {field: shape} for an object, [shape] for a list,
+# Needed(shape) for a field that must be there, Decoded for text that must decode, Values(shape) for a mapping.
 Shape = Any
+ARROW_SCHEMA = Decoded("an Arrow schema as qbatch records it", decode_schema)
 MANIFEST_SHAPE: Shape = {
     "status": str, "updated_at": str, "created_at": str, "qbatch_version": str, "model_path": str,
-    "spec": {"model": str}, "versions": dict, "columns": dict, "column_schema": str, "result_schema": str,
-    "fingerprint": {"settings": {"shard": (str, None)}, "inputs": [dict]},
+    "spec": {"model": str}, "versions": dict, "columns": dict, "column_schema": ARROW_SCHEMA,
+    "result_schema": ARROW_SCHEMA,
+    "fingerprint": {"settings": {"shard": (str, None)}, "model": dict,
+                    "inputs": [{"path": Needed(str), "format": str, "size": int, "sha256": (str, None),
+                                "ends_with_newline": bool}]},
     "counts": {"rows_ok": int, "rows_failed": int, "samples_ok": int},
     "rows_total": int, "limit": (int, None), "covered_inputs": bool, "engine_choice": (str, None),
-    "input_rows": [{"path": str, "rows": int}], "runs": [dict], "merged_from": [str],
+    "input_rows": [{"path": Needed(str), "rows": Needed(int)}],
+    "runs": [dict.fromkeys(("started_at", "finished_at", "interrupted_at", "interrupted_by"), str)],
+    "merged_from": [str],
 }
 STATS_SHAPE: Shape = {
-    "status": str, "task": str, "failures_by_kind": dict,
-    **dict.fromkeys(("rows_ok", "samples_ok", "rows_failed", "rows_skipped", "prompt_tokens", "completion_tokens",
-                     "cached_tokens", "num_chunks", "total_ok", "total_samples", "total_failed"), int),
+    "status": str, "task": str, "failures_by_kind": dict, "flags": Values(int),
+    **dict.fromkeys(("samples_ok", "rows_failed", "rows_skipped", "prompt_tokens", "cached_tokens", "num_chunks",
+                     "total_ok", "total_samples", "total_failed"), int),
+    **dict.fromkeys(("rows_ok", "completion_tokens"), Needed(int)),  # `qbatch status` prints them
     **dict.fromkeys(("wall_s", "setup_s", "engine_start_s", "generate_s", "assemble_s", "output_tok_s",
                      "total_tok_s", "rows_per_s"), float),
-    "chunks": [{"index": int, "rows": int, "prompt_tokens": int, "completion_tokens": int, "finished_s": float}],
+    "chunks": [{"index": Needed(int), "rows": Needed(int), "prompt_tokens": int, "completion_tokens": int,
+                "finished_s": (float, None)}],
 }
 MANIFEST_HINT = ("restore it, or rerun the job with --restart to start this output over "
                  "(its finished parts are then redone)")
@@ -72,11 +106,21 @@ def shape_problem(value: Any, shape: Shape, field: str) -> str | None:
         return _mismatch(value, shape[0], field)
     if shape is None:
         return None if value is None else _mismatch(value, None, field)
+    if isinstance(shape, Decoded):
+        if not isinstance(value, str):
+            return _mismatch(value, str, field)
+        try:
+            shape.decode(value)
+        except ValueError as exc:
+            return f"'{field}' is not {shape.what} ({first_line(exc, 200)})"
+        return None
+    if isinstance(shape, Values):
+        shape = dict.fromkeys(value, shape.shape) if isinstance(value, dict) else dict
     if isinstance(shape, dict):
         if not isinstance(value, dict):
             return _mismatch(value, dict, field)
         for key, inner in shape.items():
-            problem = None if key not in value else shape_problem(value[key], inner, f"{field}.{key}".lstrip("."))
+            problem = _field_problem(value, key, inner, f"{field}.{key}".lstrip("."))
             if problem is not None:
                 return problem
         return None
@@ -92,6 +136,14 @@ def shape_problem(value: Any, shape: Shape, field: str) -> str | None:
     else:
         fits = isinstance(value, shape)
     return None if fits else _mismatch(value, shape, field)
+
+
+def _field_problem(value: dict[str, Any], key: str, shape: Shape, field: str) -> str | None:
+    if isinstance(shape, Needed):
+        if key not in value:
+            return f"'{field}' is missing"
+        shape = shape.shape
+    return None if key not in value else shape_problem(value[key], shape, field)
 
 
 def _mismatch(value: Any, expected: Any, field: str) -> str:

@@ -3,12 +3,17 @@ an error naming the file and how to recover (exit 1), never a traceback, never "
 
 from __future__ import annotations
 
+import copy
+import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from qbatch.errors import EXIT_FATAL
+from qbatch.output.reading import MANIFEST_HINT
 
 
 def _half(path: Path) -> None:
@@ -123,3 +128,96 @@ def test_merge_names_a_damaged_part_of_a_shard(cli, bundled_model, write_jsonl, 
     assert result.exit_code == EXIT_FATAL
     assert f"Error: cannot read {part.name}: " in result.stderr and f"({part})" in result.stderr
     assert "Hint: delete that part (its rows will be redone) and rerun" in result.stderr
+
+
+@pytest.mark.parametrize("schema", [["score"], {"score": "int64"}, "int64", "", 7, "c2NvcmU6IGludDY0"],
+                         ids=["a list", "an object", "a type name", "empty", "a number", "base64 of no schema"])
+@pytest.mark.parametrize("field", ["column_schema", "result_schema"])
+def test_a_damaged_recorded_schema_names_the_field(cli, completed, bundled_model, tmp_path, field, schema):
+    out = tmp_path / "out"
+    shutil.copytree(completed[0], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, field: schema}))
+    result = cli("run", completed[1], "-o", out, "--model", bundled_model, "--backend", "null", "--progress", "none",
+                 "--max-tokens", "4")
+    assert result.exit_code == EXIT_FATAL, result.output
+    error, hint = result.stderr.strip().splitlines()[-2:]
+    assert error.startswith(f"Error: manifest.json is damaged: '{field}' is ") and f"({out / 'manifest.json'})" in error
+    assert hint == f"Hint: {MANIFEST_HINT}"
+
+
+# Objects whose fields qbatch records but reads only as a whole (compared, or shown): only the fields named here are read
+OPAQUE = {("spec",): {"model"}, ("versions",): set(), ("fingerprint", "settings"): {"shard"}}
+
+
+def _fields(value: Any, path: tuple = ()) -> Iterator[tuple]:
+    """The path of every field in a JSON value that qbatch reads (of a list, its first item's)."""
+    items = value.items() if isinstance(value, dict) else enumerate(value[:1]) if isinstance(value, list) else ()
+    for key, inner in items:
+        if path in OPAQUE and key not in OPAQUE[path]:
+            continue
+        yield (*path, key)
+        yield from _fields(inner, (*path, key))
+
+
+def _wrong(value: Any) -> list[Any]:
+    """Values of other kinds than `value`'s (a number for text, text for a number, a list for an object...)."""
+    if isinstance(value, bool):
+        return ["yes", 1]
+    if isinstance(value, (int, float)):
+        return ["12", [value]]
+    if isinstance(value, str):
+        return [7, [value]]
+    if isinstance(value, dict):
+        return [[value], "x"]
+    if isinstance(value, list):
+        return [{"0": value}, "x"]
+    return [{}, "x"]
+
+
+def _damaged(data: Any, path: tuple, wrong: Any) -> Any:
+    """A copy of `data` with the field at `path` set to `wrong`, or removed (wrong is MISSING)."""
+    data = copy.deepcopy(data)
+    holder = data
+    for key in path[:-1]:
+        holder = holder[key]
+    if wrong is MISSING:
+        del holder[path[-1]]
+    else:
+        holder[path[-1]] = wrong
+    return data
+
+
+MISSING = object()
+
+
+@pytest.mark.parametrize("damage", ["a wrong type", "missing"])
+@pytest.mark.parametrize("name", ["manifest.json", "stats.json"])
+def test_no_damaged_field_of_a_state_file_gives_a_traceback(cli, completed, bundled_model, tmp_path, name, damage):
+    """Every field of the file (a list's first item's), in turn of another kind or removed: status, report
+    and a resumed run either work or name the file (exit 1), never raise."""
+    out = tmp_path / "out"
+    shutil.copytree(completed[0], out)
+    data = json.loads((out / name).read_text())
+    commands = {"status": ["status", out], "report": ["report", out, "-o", tmp_path / "r.html"],
+                "run": ["run", completed[1], "-o", out, "--model", bundled_model, "--backend", "null",
+                        "--progress", "none", "--max-tokens", "4"]}
+    raised, unnamed = [], []
+    for path in _fields(data):
+        for wrong in [MISSING] if damage == "missing" else _wrong(_at(data, path)):
+            for command, args in commands.items():
+                (out / name).write_text(json.dumps(_damaged(data, path, wrong)))
+                try:
+                    result = cli(*args)
+                except Exception as exc:  # a traceback
+                    raised.append((path, wrong, command, repr(exc)[:200]))
+                    continue
+                if result.exit_code == EXIT_FATAL and f"({out / name})" not in result.stderr:
+                    unnamed.append((path, wrong, command, result.stderr[-300:]))
+    assert not raised and not unnamed, (raised, unnamed)
+
+
+def _at(data: Any, path: tuple) -> Any:
+    for key in path:
+        data = data[key]
+    return data
