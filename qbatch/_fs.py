@@ -29,10 +29,25 @@ OUTPUT_LOCK = ".qbatch.lock"  # held by the live run of an output folder; there,
 def normal_path(path: str | os.PathLike[str]) -> str:
     """A path as qbatch keeps and prints it: `out/quickstart`, not `jobs/../out/quickstart` or `./out/`.
 
-    Lexical, as a shell's `cd` is: `a/..` goes, symbolic links are not followed. `-` (standard input) stays.
+    Lexical (`a/..` goes) where that means what the OS means; where a `..` follows a symbolic link to a
+    folder, it is the parent of the link's target, so the path up to the last `..` is resolved as the
+    OS resolves it. `-` (standard input) stays.
     """
     text = os.fspath(path)
-    return text if text == "-" else os.path.normpath(text)
+    if text == "-":
+        return text
+    parts = text.split(os.sep)
+    if ".." in parts:
+        last = len(parts) - parts[::-1].index("..")  # just after the last `..`
+        if _has_link(parts[:last - 1]):
+            text = os.path.join(os.path.realpath(os.sep.join(parts[:last]) or os.sep), *parts[last:])
+    return os.path.normpath(text)
+
+
+def _has_link(parts: list[str]) -> bool:
+    """Whether a folder of the path `parts` (joined) is a symbolic link."""
+    return any(os.path.islink(os.sep.join(parts[:end])) for end in range(1, len(parts) + 1)
+               if parts[end - 1] not in ("", ".", ".."))
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

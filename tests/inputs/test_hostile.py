@@ -329,3 +329,24 @@ def test_a_prompt_too_long_by_its_length_alone_is_not_tokenized(run_null, write_
                         errors["huge"]), errors["huge"]  # the prompt: the row's text in the chat template
     assert errors["long"].startswith("prompt has 30") and "max_model_len is 2048" in errors["long"]
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["ok"]
+
+
+def test_a_dot_dot_after_a_symbolic_link_means_what_the_os_means(run_null, tmp_path, monkeypatch):
+    """`link/../x` is x beside the link's target (as open() reads it), not x beside the link: for inputs,
+    the output folder and a job file's paths."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    (tmp_path / "real" / "in.jsonl").write_text(json.dumps({"id": "target's", "prompt": "one"}) + "\n")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "link's", "prompt": "one"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    result = run_null("link/../in.jsonl", "-o", "link/../out")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "real" / "out" / "results.parquet")["id"].to_list() == ["target's"]
+    (tmp_path / "real" / "sub" / "job.toml").write_text('inputs = ["../in.jsonl"]\noutput_dir = "../job-out"\n')
+    result = run_null("--job", "link/job.toml")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "real" / "job-out" / "results.parquet")["id"].to_list() == ["target's"]
+    from qbatch.serve.client import absolute_paths
+
+    sent = absolute_paths({"inputs": ["link/../in.jsonl"], "output_dir": "link/../out"}, tmp_path)  # to the service
+    assert (sent["inputs"], sent["output_dir"]) == ([str(tmp_path / "real" / "in.jsonl")], str(tmp_path / "real" / "out"))
