@@ -1,7 +1,10 @@
 """In-memory data -> an input file, so a Session's job reads rows exactly as `qbatch run` does.
 
-DataFrames become Parquet (column types kept); lists of dicts and of strings become JSONL
-(each row as given, so a bad row becomes an error row, as in a file). The file is written
+DataFrames (polars, pandas) and pyarrow Tables become Parquet (column types kept); lists of dicts
+and of strings become JSONL (each row as given, so a bad row becomes an error row, as in a file). A
+missing value (pandas' None, NaN, NaT or NA; polars' null) is a null of its row alone: a pandas
+column that no one type holds goes as JSONL rows, each value its own, and a pandas column of whole
+numbers that pandas made floats to hold a NaN is whole numbers again where qbatch reads integers. The file is written
 only when its bytes change: a rerun with the same data on the same output folder leaves it
 as it was, and the run's fingerprint (the input's size and hashes) lets it resume.
 """
@@ -18,7 +21,7 @@ from typing import Any
 from qbatch.errors import InputError, OutputError
 
 INPUT_STEM = "input"
-DATA_HINT = ("pass a path or glob, a polars or pandas DataFrame, a list of dicts (one per row) "
+DATA_HINT = ("pass a path or glob, a polars or pandas DataFrame, a pyarrow Table, a list of dicts (one per row) "
              "or a list of prompt strings")
 
 
@@ -30,7 +33,7 @@ def input_paths(data: Any, folder: Path) -> list[str]:
     if isinstance(data, (str, os.PathLike)):
         return [os.fspath(data)]
     if _is_frame(data):
-        return [_write(folder / f"{INPUT_STEM}.parquet", _parquet_bytes(data))]
+        return [_frame_input(data, folder)]
     if isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray)):
         return _sequence_inputs(list(data), folder)
     raise InputError(f"cannot read data of type {type(data).__name__}", hint=DATA_HINT)
@@ -60,32 +63,62 @@ def _sequence_inputs(items: list[Any], folder: Path) -> list[str]:
 
 
 def _is_frame(data: Any) -> bool:
-    """A polars or pandas DataFrame or a polars LazyFrame (checked by module: importing pandas costs ~0.5 s)."""
-    module = type(data).__module__.split(".")[0]
-    return module in ("polars", "pandas") and type(data).__name__ in ("DataFrame", "LazyFrame")
+    """A polars or pandas DataFrame, a polars LazyFrame or a pyarrow Table (checked by module: importing
+    pandas costs ~0.5 s)."""
+    module, name = type(data).__module__.split(".")[0], type(data).__name__
+    return (module in ("polars", "pandas") and name in ("DataFrame", "LazyFrame")) or (module, name) == ("pyarrow", "Table")
 
 
-def _parquet_bytes(data: Any) -> bytes:
+def _frame_input(data: Any, folder: Path) -> str:
+    """A frame as the input file: Parquet, or JSONL rows for a pandas frame no Parquet types hold."""
     import polars as pl
 
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
+    elif type(data).__module__.startswith("pyarrow"):
+        data = pl.from_arrow(data)
     elif not isinstance(data, pl.DataFrame):  # pandas
         data = _from_pandas(data)
+        if isinstance(data, list):
+            return _write(folder / f"{INPUT_STEM}.jsonl", _jsonl_bytes(data))
     buffer = io.BytesIO()
     data.write_parquet(buffer, compression="zstd", statistics=False)
-    return buffer.getvalue()
+    return _write(folder / f"{INPUT_STEM}.parquet", buffer.getvalue())
 
 
 def _from_pandas(frame: Any) -> Any:
+    """A polars DataFrame of a pandas one (missing values as nulls), or its rows as dicts when a column holds
+    values of several types (a prompt column of text and a number: the number is that row's error)."""
     import polars as pl
 
-    frame = _index_as_columns(frame)
+    frame = _whole_numbers(_index_as_columns(frame))
     _check_column_names(list(frame.columns))
     try:
         return pl.from_pandas(frame)
-    except Exception:  # object columns polars cannot type (mixed values): go through Python objects
-        return pl.DataFrame(frame.to_dict(orient="records"), infer_schema_length=None)
+    except Exception:  # object columns polars cannot type (mixed values): each row as it is, as JSONL lines
+        return [{key: None if _missing(value) else value for key, value in row.items()}
+                for row in frame.to_dict(orient="records")]
+
+
+def _whole_numbers(frame: Any) -> Any:
+    """Columns qbatch reads as integers (max_tokens, seed, n, ...) that pandas turned into floats to hold a
+    missing value, as whole numbers again: a NaN in one row must not make every other row's 5 a 5.0."""
+    from qbatch.sampling import INT_PARAMS
+
+    for name in INT_PARAMS:
+        column = frame.get(name) if isinstance(name, str) else None
+        if column is not None and column.dtype.kind == "f" and column.isna().any():
+            values = column.dropna()
+            if (values == values.round()).all():
+                frame = frame.assign(**{name: column.astype("Int64")})
+    return frame
+
+
+def _missing(value: Any) -> bool:
+    """pandas' missing values (None, NaN, NaT, NA), for one cell; a list or dict is a value."""
+    import pandas as pd
+
+    return value is None or (not isinstance(value, (list, dict, tuple)) and bool(pd.isna(value)) is True)
 
 
 def _index_as_columns(frame: Any) -> Any:

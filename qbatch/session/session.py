@@ -33,12 +33,12 @@ from qbatch.jobs.events import RunEvents
 from qbatch.jobs.summary import Summary
 from qbatch.log import setup as setup_log
 from qbatch.session.data import input_paths
+from qbatch.session.keywords import keyword_errors
 from qbatch.session.progress import notebook_bar, shows_notebook_bar
+from qbatch.session.result import Frames, RunResult, as_frames, frames_of, read_result
 from qbatch.spec import DEFAULT_MODEL, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec
 
 if TYPE_CHECKING:
-    import polars as pl
-
     from qbatch.plan import Plan
 
 ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
@@ -48,22 +48,6 @@ SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to e
 _CALLS = threading.Lock()
 ENGINE_LOG = "engine.log"  # in a run's output folder (`qbatch run`), or serve's data folder
 _SESSION_LOG: list[Path] = []  # this process's session log, once named
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What `Session.run` returns: the CLI's results.parquet and errors.parquet, read into memory.
-
-    `results` has one row per generated row, in input order: id, source, row_index, the input's
-    other columns, text, reasoning, finish_reason, prompt_tokens, completion_tokens, cached_tokens.
-    `errors` has one row per row that could not be generated: id, source, row_index, line, error
-    (a kind such as prompt_too_long), message. `output_dir` is None for a temporary folder.
-    """
-
-    results: pl.DataFrame
-    errors: pl.DataFrame
-    summary: Summary
-    output_dir: str | None
 
 
 @dataclass(frozen=True)
@@ -106,7 +90,8 @@ class Session:
             raise SpecError(f"'{job_keys[0]}' is not an engine setting", where="Session(...)", hint=SESSION_HINT)
         model = model or os.environ.get("QBATCH_MODEL") or DEFAULT_MODEL
         self.engine_settings: dict[str, Any] = {"model": model, **engine_settings}
-        JobSpec.from_flat(self.engine_settings, source="Session(...)")  # bad values fail now, not at the first run
+        with keyword_errors():  # bad values fail now, not at the first run
+            JobSpec.from_flat(self.engine_settings, source="Session(...)")
         self.engine_log = Path(engine_log) if engine_log is not None else _default_engine_log()
         self.closed = False
         self.pool = pool if pool is not None else EnginePool(kept=True)
@@ -139,7 +124,7 @@ class Session:
 
     def run(self, data: Any, *, output_dir: str | os.PathLike | None = None,
             on_progress: Callable[[int, int], None] | None = None, stop_request: threading.Event | None = None,
-            **job_settings: Any) -> RunResult:
+            frames: Frames | None = None, **job_settings: Any) -> RunResult:
         """Generate for every row of `data`, as `qbatch run` does; see RunResult.
 
         `data`: a path or glob (str or Path), a list of Paths, a polars or pandas DataFrame, a list
@@ -150,35 +135,44 @@ class Session:
         `qbatch.jobs.events.StopRequest` also says why): the run stops within about a second, the rows
         finished by then written, and run() raises `qbatch.errors.Stopped`; the run is `interrupted`,
         its parts kept for a resume, the engines warm.
+        `frames`: "polars", "pandas" or "arrow", the kind of the results and errors tables; by default
+        the data's own (a pandas DataFrame: pandas, a pyarrow Table: arrow; paths, lists and polars:
+        polars). Errors name settings as keyword arguments (`max_tokens=`), not as the CLI's flags.
         """
-        self._check_open()
-        values = self._job_values(job_settings)
-        with _output_folder(output_dir) as folder:
-            values.update(inputs=input_paths(data, folder), output_dir=str(folder))
-            spec = JobSpec.from_flat(values, source="session.run(...)")
-            summary = self._run_spec(spec, on_progress, stop_request)
-            return _read_result(summary, None if output_dir is None else str(folder))
+        with keyword_errors():
+            self._check_open()
+            kind = frames_of(data, frames)
+            values = self._job_values(job_settings)
+            with _output_folder(output_dir) as folder:
+                values.update(inputs=input_paths(data, folder), output_dir=str(folder))
+                spec = JobSpec.from_flat(values, source="session.run(...)")
+                summary = self._run_spec(spec, on_progress, stop_request)
+                return read_result(summary, None if output_dir is None else str(folder), kind)
 
     def plan(self, data: Any, **job_settings: Any) -> Plan:
         """The plan a `run(data, **job_settings)` would follow, nothing run and no engine started: each
         engine's LLM(...) arguments and why, engines per GPU, memory share, compile mode, chunk size
         (`print(plan)` shows them)."""
-        self._check_open()
-        values = self._job_values(job_settings)
-        with _output_folder(None) as folder:
-            values.update(inputs=input_paths(data, folder), output_dir=str(folder))
-            return runner.plan(JobSpec.from_flat(values, source="session.plan(...)"), self.pool)
+        with keyword_errors():
+            self._check_open()
+            values = self._job_values(job_settings)
+            with _output_folder(None) as folder:
+                values.update(inputs=input_paths(data, folder), output_dir=str(folder))
+                return runner.plan(JobSpec.from_flat(values, source="session.plan(...)"), self.pool)
 
-    def embed(self, data: Any, *, output_dir: str | os.PathLike | None = None, **job_settings: Any) -> pl.DataFrame:
+    def embed(self, data: Any, *, output_dir: str | os.PathLike | None = None, frames: Frames | None = None,
+              **job_settings: Any) -> Any:
         """Embedding vectors of every row of `data`, as `qbatch embed` makes them: id, the input's other
         columns, embedding (an Array of floats) and prompt_tokens, in input order.
 
         `data` is what run() takes (a list of strings: texts with ids "0", "1", ...); settings are
         `qbatch embed`'s (dimensions, normalize, instruction, truncate, embedding_dtype, template, ...).
         A row that cannot be embedded raises (embed_result() returns the errors instead). The model is
-        the session's: Session(model="Qwen/Qwen3-Embedding-0.6B").embed(texts).
+        the session's: Session(model="Qwen/Qwen3-Embedding-0.6B").embed(texts). A table of the data's kind,
+        or `frames`' (as run()).
         """
-        result = self.embed_result(data, output_dir=output_dir, **job_settings)
+        kind = frames_of(data, frames)
+        result = self.embed_result(data, output_dir=output_dir, frames="polars", **job_settings)
         if result.errors.height:
             from qbatch.errors import InputError
 
@@ -187,19 +181,22 @@ class Session:
                              f"{first['message']}", where=f"id {first['id']}",
                              hint="truncate=True embeds the start of over-long texts; session.embed_result(...) "
                                   "returns the rows that worked and an errors frame")
-        return result.results
+        return as_frames(result.results, kind)
 
     def embed_result(self, data: Any, *, output_dir: str | os.PathLike | None = None,
                      on_progress: Callable[[int, int], None] | None = None,
-                     stop_request: threading.Event | None = None, **job_settings: Any) -> RunResult:
+                     stop_request: threading.Event | None = None, frames: Frames | None = None,
+                     **job_settings: Any) -> RunResult:
         """embed() with its errors: a RunResult, as run() returns (the same job path, task "embed")."""
-        self._check_open()
-        values = {**self._job_values(job_settings), "task": "embed"}  # an engine of its own, closed with the session
-        with _output_folder(output_dir) as folder:
-            values.update(inputs=input_paths(data, folder), output_dir=str(folder))
-            spec = JobSpec.from_flat(values, source="session.embed(...)")
-            summary = self._run_spec(spec, on_progress, stop_request)
-            return _read_result(summary, None if output_dir is None else str(folder))
+        with keyword_errors():
+            self._check_open()
+            kind = frames_of(data, frames)
+            values = {**self._job_values(job_settings), "task": "embed"}  # an engine of its own, closed with the session
+            with _output_folder(output_dir) as folder:
+                values.update(inputs=input_paths(data, folder), output_dir=str(folder))
+                spec = JobSpec.from_flat(values, source="session.embed(...)")
+                summary = self._run_spec(spec, on_progress, stop_request)
+                return read_result(summary, None if output_dir is None else str(folder), kind)
 
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
         """Completions of prompt strings, in order (each sent as a user turn through the chat template).
@@ -218,6 +215,10 @@ class Session:
         a row (n > 1), are refused; run() takes them. `adapter`: the LoRA adapter every row goes through
         (a name the session's `lora` gives; None: the base model), as run()'s rows name theirs in an
         `adapter` column."""
+        with keyword_errors():
+            return self._replies(column, values, settings)
+
+    def _replies(self, column: str, values: Sequence[Any], settings: dict[str, Any]) -> list[Reply]:
         if column not in ("prompt", "messages"):
             raise SpecError(f"column must be 'prompt' or 'messages', got {column!r}")
         adapter = settings.pop("adapter", None)
@@ -230,7 +231,7 @@ class Session:
             return []
         rows = [{"id": str(i), column: value, **({"adapter": adapter} if adapter else {})}
                 for i, value in enumerate(values)]
-        result = self.run(rows, **settings)
+        result = self.run(rows, frames="polars", **settings)
         replies = {row["id"]: Reply(row["text"], row["reasoning"], row["finish_reason"], row["prompt_tokens"],
                                     row["completion_tokens"])
                    for row in result.results.select(*_REPLY_COLUMNS).iter_rows(named=True)}
@@ -313,14 +314,14 @@ def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | 
         **settings: Any) -> RunResult:
     """One job, as `qbatch run` does it (for scripts and Airflow tasks): a Session for one call.
 
-    Takes the CLI's settings by name (engine and job settings together); the engines are shut
-    down when it returns.
+    Takes the CLI's settings by name (engine and job settings together) and `frames=` as Session.run
+    does; the engines are shut down when it returns.
     """
     engine = {k: v for k, v in settings.items() if k.replace("-", "_") in ENGINE_SETTINGS}
     job = {k: v for k, v in settings.items() if k not in engine}
     pool = EnginePool()  # one job's engines, as `qbatch run` starts them (not kept for later runs)
     try:
-        with Session(model, pool=pool, **engine) as session:
+        with keyword_errors(), Session(model, pool=pool, **engine) as session:
             return session.run(data, output_dir=output_dir, **job)
     finally:
         pool.close_all()
@@ -328,7 +329,7 @@ def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | 
 
 # Settings that choose the input's rows or columns: the quick paths' rows are their own.
 QUICK_PATH_REFUSED = ("format", "shape", "prompt_column", "messages_column", "id_column", "template", "limit", "shard",
-                      "dry_run")
+                      "dry_run", "frames")
 QUICK_PATH_HINT = "session.run(rows, ...) takes it and returns the results frame"
 
 
@@ -382,18 +383,6 @@ def _output_folder(output_dir: str | os.PathLike | None) -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _read_result(summary: Summary, output_dir: str | None) -> RunResult:
-    import polars as pl
-
-    from qbatch.output.tables import ERROR_SCHEMA
-
-    if summary.output_dir is None:  # dry_run: nothing generated
-        return RunResult(pl.DataFrame(), pl.from_arrow(ERROR_SCHEMA.empty_table()), summary, None)
-    folder = Path(summary.output_dir)
-    return RunResult(pl.read_parquet(folder / "results.parquet"), pl.read_parquet(folder / "errors.parquet"),
-                     summary, output_dir)
 
 
 def _default_engine_log() -> Path:
