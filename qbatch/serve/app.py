@@ -84,13 +84,19 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Any:
-        """Authentication (Bearer, constant-time compare) and the upload size, before any body is read."""
+        """Authentication before any body is read: the API key (Bearer, constant-time compare), or without one
+        the client's Unix user (runs.check_client); then the upload size."""
         if settings.api_key and request.url.path != "/health":
             given = request.headers.get("authorization", "")
             scheme, _, token = given.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
                 return error_response(401, "missing or wrong API key; send Authorization: Bearer KEY",
                                       code="invalid_api_key")
+        elif request.url.path != "/health":
+            try:
+                _check_user(request)
+            except ApiError as exc:
+                return api_error_response(exc)
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes + FORM_BYTES:
             return api_error_response(too_large(settings.max_upload_bytes))
@@ -116,10 +122,7 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
     # -- jobs handed over by `qbatch run --server` (runs.py) -------------------------
     @app.post(RUN_ROUTE)
     async def client_run(request: Request) -> StreamingResponse:
-        server = request.scope.get("server") or (None, None)
-        check_client(request.client.host if request.client else None,  # before the body: it names paths
-                     port=request.client.port if request.client else None, server_port=server[1],
-                     keyed=bool(settings.api_key))
+        _check_user(request, keyed=bool(settings.api_key))  # before the body: it names paths
         try:
             body = await request.json()
         except Exception:
@@ -259,6 +262,13 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         return _lookup(batch_id, objects.BATCH_ID, "batch_id", store.batch, "batch")
 
     return app
+
+
+def _check_user(request: Request, *, keyed: bool = False) -> None:
+    """runs.check_client on the request's socket: its peer (never a header) and the service's port."""
+    server = request.scope.get("server") or (None, None)
+    check_client(request.client.host if request.client else None,
+                 port=request.client.port if request.client else None, server_port=server[1], keyed=keyed)
 
 
 def routes(app: FastAPI) -> list[str]:

@@ -70,10 +70,11 @@ def refused(status: int, message: str, *, where: str | None = None, hint: str | 
 # -- checks, before anything runs ------------------------------------------------------------------
 def check_client(host: str | None, *, port: int | None = None, server_port: int | None = None,
                  keyed: bool = False) -> None:
-    """Loopback clients only: the request names files on this machine, and what they hold goes back. Without
-    an API key, clients of the service's own user only: another user's job would read and write files with
-    the service's rights. The client's user is the owner of its socket, where the system says (Linux); where
-    it does not, the job is refused (fail closed): an address is no proof of a user, a header less still."""
+    """Loopback clients only: a job names files on this machine, and what they hold goes back. Without an API
+    key, clients of the service's own user only, on every route but /health (app.py): another user's job would
+    read and write files with the service's rights, and the batches hold what the service's user uploaded.
+    The client's user is the owner of its socket, where the system says (Linux); where it does not, the
+    request is refused (fail closed): an address is no proof of a user, a header less still."""
     if not is_loopback(host or ""):
         raise refused(403, f"jobs are taken from this machine only (127.0.0.1, ::1); the request came from {host}",
                       hint="run the command on the service's host, or without --server", code="not_loopback")
@@ -81,12 +82,12 @@ def check_client(host: str | None, *, port: int | None = None, server_port: int 
         return
     uid = socket_owner(port, server_port) if port and server_port else None
     if uid is None:
-        raise refused(403, "the service cannot tell which user the job comes from (the system does not name the "
-                      "owner of the client's socket); a service without an API key takes jobs from its own user only",
+        raise refused(403, "the service cannot tell which user the request comes from (the system does not name "
+                      "the owner of the client's socket); a service without an API key serves its own user only",
                       hint=f"start `qbatch serve` with {KEY_HINT}", code="unknown_user")
     if uid != os.getuid():
-        raise refused(403, f"the job comes from another user (uid {uid}) than the service's ({_user()}); a service "
-                      "without an API key takes jobs from its own user only",
+        raise refused(403, f"the request comes from another user (uid {uid}) than the service's ({_user()}); a "
+                      "service without an API key serves its own user only",
                       hint=f"start `qbatch serve` with {KEY_HINT}, or run without --server", code="other_user")
 
 

@@ -64,8 +64,8 @@ def test_a_client_whose_socket_has_no_owner_is_refused(tmp_path, monkeypatch):
         runs.check_client("127.0.0.1", port=5001, server_port=8000)
     assert refused.value.status == 403
     assert refused.value.body()["error"] == {
-        "message": "the service cannot tell which user the job comes from (the system does not name the owner of "
-                   "the client's socket); a service without an API key takes jobs from its own user only",
+        "message": "the service cannot tell which user the request comes from (the system does not name the "
+                   "owner of the client's socket); a service without an API key serves its own user only",
         "type": "invalid_request_error", "param": None, "code": "unknown_user", "exit_code": 2, "where": None,
         "hint": "start `qbatch serve` with --api-key KEY (or QBATCH_API_KEY) and pass the same key"}
     with pytest.raises(runs.RunRefused, match="cannot tell which user"):
@@ -108,7 +108,7 @@ def test_another_users_job_is_refused_even_with_a_forged_header(make_service, tm
             status, first = (done.stdout.splitlines() + ["", ""])[:2]  # a job taken: its first NDJSON line
             error = json.loads(first or "{}").get("error", {})
             assert status == "403" and error["code"] == "other_user", done.stdout + done.stderr
-            assert error["type"] == "invalid_request_error" and "another user" in error["message"]
+            assert error["type"] == "invalid_request_error" and "from another user" in error["message"]
             assert not os.path.exists(out)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -127,3 +127,31 @@ def test_what_the_service_writes_is_private_to_its_user(make_service, cli, tmp_p
         result = cli("run", "rows.jsonl", "-o", out, "--progress", "none", "--server", base_url.removesuffix("/v1"))
         assert result.exit_code == 0, result.stderr
         assert stat.S_IMODE((tmp_path / out).stat().st_mode) == 0o700, out
+
+
+GET = """
+import http.client, sys
+connection = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=30)
+connection.request("GET", sys.argv[2])
+response = connection.getresponse()
+print(response.status)
+print(response.read(65536).decode())
+"""
+
+
+def test_without_a_key_another_user_cannot_read_the_batches_either(make_service):
+    """The Batch API holds what the service's user uploaded and its outputs: without an API key, another
+    Unix user gets a 403 on every route but /health (the same rule as for jobs)."""
+    from tests.serve.conftest import client_for, requests_jsonl, run_to_end
+
+    as_other = _other_user_python()
+    base_url, _ = make_service()
+    batch = run_to_end(client_for(base_url), requests_jsonl(2))  # the service's own user: served
+    for path, status in ((f"/v1/files/{batch.output_file_id}/content", "403"), ("/v1/files", "403"),
+                         ("/v1/batches", "403"), ("/health", "200")):
+        done = subprocess.run([*as_other, "-c", GET, str(_port(base_url)), path], capture_output=True, text=True,
+                              timeout=60, cwd="/")
+        answer, text = done.stdout.split("\n", 1)
+        assert answer == status, (path, done.stdout, done.stderr)
+        if status == "403":
+            assert json.loads(text)["error"]["code"] == "other_user"
