@@ -213,7 +213,8 @@ SERVER_OPTIONS = [
     click.option("--server", envvar="QBATCH_SERVER", metavar="URL",
                  help="Hand the job to the `qbatch serve` at URL on this machine (e.g. http://127.0.0.1:8000): its "
                       "warm engines run it, into the same OUT_DIR, with the same summary and exit code. The "
-                      "service's engine settings apply; one the job gives must match.  [env QBATCH_SERVER]"),
+                      "service's engine settings apply; one the job gives must match (its --seed and --lora are its "
+                      "own).  [env QBATCH_SERVER]"),
     click.option("--api-key", envvar="QBATCH_API_KEY", metavar="KEY",
                  help="With --server: the service's API key.  [env QBATCH_API_KEY]"),
 ]
