@@ -106,7 +106,7 @@ def _whole_numbers(frame: Any) -> Any:
     from qbatch.sampling import INT_PARAMS
 
     for name in INT_PARAMS:
-        column = frame.get(name) if isinstance(name, str) else None
+        column = frame.get(name)
         if column is not None and column.dtype.kind == "f" and column.isna().any():
             values = column.dropna()
             if (values == values.round()).all():
