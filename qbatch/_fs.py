@@ -181,7 +181,7 @@ class HolderLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            holder = _first_line(fd)
             os.close(fd)
             return holder or "pid unknown"
         try:
@@ -207,9 +207,14 @@ class HolderLock:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             return None
         except BlockingIOError:
-            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+            return _first_line(fd) or "unknown process"
         finally:
             os.close(fd)
+
+
+def _first_line(fd: int) -> str:
+    """The holder's words: a lock file's first line (what follows is the holder's own, as a run's phase)."""
+    return os.pread(fd, 200, 0).decode(errors="replace").partition("\n")[0].strip()
 
 
 class LockWriteError(OSError):
