@@ -36,9 +36,12 @@ from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
 from qbatch.jobs.summary import Summary, stats_dict
 from qbatch.jobs.telemetry import Telemetry
+from qbatch.jobs.yardstick import estimate, measure
+from qbatch.log import log
 from qbatch.output.assemble import assemble
 from qbatch.output.folder import OutputDir
 from qbatch.plan import Plan
+from qbatch.plan.roofline import Work
 from qbatch.records import Failure
 from qbatch.spec import JobSpec
 
@@ -61,8 +64,24 @@ def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Sum
         job = job or Job.setup(spool_streams(spec, out.path))
         with rare_collections():
             return _Run(job, out, pool, events, started).execute()
+    except BaseException:
+        _undo_open(out)
+        raise
     finally:
         out.close()
+
+
+def _undo_open(out: OutputDir) -> None:
+    """A run that failed before its first row leaves OUT_DIR as it found it (issue #53.7), but for what
+    says why (engine.log), named here. A folder that cannot be listed or changed is left as it is: the
+    run's own error, which is about that folder, is the one to show first."""
+    try:
+        kept = out.undo_open()
+    except Exception as exc:
+        log.debug(f"what the run added to {out.path} stays: {exc}")
+        return
+    if kept:
+        log.warning(f"the run wrote no row: {out.path} keeps only {', '.join(kept)}")
 
 
 @dataclass
@@ -198,6 +217,7 @@ class _Run:
         summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
         summary.total_samples = counts.get("samples_ok", counts["rows_ok"])
         summary.flags = counts["flags"]
+        measure(self.job, summary)
         summary.status = "completed"
         summary.wall_s = time.monotonic() - self.started
         self.out.write_stats(stats_dict(summary))
@@ -269,6 +289,7 @@ class _Run:
         summary.completion_tokens += completion_tokens
         summary.cached_tokens += sum(c.num_cached_tokens for c in ok)
         summary.count_adapters(ok)
+        summary.count_work(ok)
         self.opened.progress.update(len(ok), tokens=prompt_tokens if parts.embed is not None else completion_tokens)
         tally = self._tallies[chunk.index]
         tally.rows += len(ok)
@@ -343,6 +364,7 @@ def dry_run(job: Job, started: float) -> Summary:
     """Read, template, tokenize and validate everything; plan the chunks; load no engine. The summary
     carries the plan in words."""
     summary = Summary(None, "dry-run", plan=str(job.plan))
+    work = Work()
     check_not_empty(job, job.scan(set()))
     for item in job.work(set()):
         if item and isinstance(item[0], Failure):
@@ -354,5 +376,8 @@ def dry_run(job: Job, started: float) -> Summary:
                                "prompt_tokens": sum(r.num_prompt_tokens for r in item),
                                "max_completion_tokens": sum(r.sampling["max_tokens"] for r in item)})
         summary.num_chunks += 1
+        work = work.plus(Work.of_rows([(r.num_prompt_tokens, r.sampling["max_tokens"] * r.sampling.get("n", 1))
+                                       for r in item]))
+    summary.estimate = estimate(job, work).as_dict()
     summary.wall_s = time.monotonic() - started
     return summary

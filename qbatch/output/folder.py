@@ -38,6 +38,9 @@ from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
 LOCK_NAME = OUTPUT_LOCK
 RESULT_PREFIX, ERROR_PREFIX = "part-", "errors-"
 DUPLICATE_ID = "duplicate_id"  # the error of a row that --dedupe dropped
+# What a run that failed before its first row leaves in a folder it found without it (undo_open): vLLM's
+# output, which says why an engine did not start (session.py's ENGINE_LOG).
+KEPT_ON_FAILURE = ("engine.log",)
 
 
 class OutputDir:
@@ -48,6 +51,7 @@ class OutputDir:
         self.parts = self.path / "parts"
         self._lock_fd: int | None = None
         self._holder = ""  # "pid N since ...": the lock file's first line while this object holds it
+        self._found: set[str] | None = None  # what the folder held when opened (None: open() made it)
         self._last_number: dict[str, int] = {}  # per part prefix, once the folder was listed
 
     @property
@@ -61,6 +65,7 @@ class OutputDir:
             raise OutputError("output path exists and is not a folder", where=str(self.path),
                               hint="pass a folder with -o/--output-dir")
         with output_os_errors("create the output folder", self.path):
+            self._found = set(os.listdir(self.path)) if self.path.is_dir() else None
             self.parts.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
@@ -75,6 +80,29 @@ class OutputDir:
             with output_os_errors("remove temp files of a killed run", folder):
                 for leftover in folder.glob(f"*{TMP_MARK}*"):
                     leftover.unlink(missing_ok=True)
+
+    def undo_open(self) -> list[str]:
+        """After a run that failed before writing any part: remove what it added to the folder (parts/,
+        the lock, its manifest, a spooled stdin; the folder itself if it made it) so that the folder is
+        as the run found it. Keeps KEPT_ON_FAILURE and returns the names of those it added (nothing is
+        removed, [] returned, once a part exists: those rows are a resume's)."""
+        if self._found is None and not self.path.is_dir() or self.part_files(RESULT_PREFIX) \
+                or self.part_files(ERROR_PREFIX):
+            return []
+        found = self._found or set()
+        kept = []
+        with output_os_errors("remove what the failed run added", self.path):
+            for entry in sorted(set(os.listdir(self.path)) - found):
+                path = self.path / entry
+                if entry in KEPT_ON_FAILURE:
+                    kept.append(entry)
+                elif path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            if self._found is None and not kept:
+                self.path.rmdir()
+        return kept
 
     def close(self) -> None:
         if self._lock_fd is not None:
