@@ -19,6 +19,7 @@ def print_summary(summary: Summary) -> None:
             ("prompt tokens", f"{summary.prompt_tokens:,}"),
             ("chunks planned", f"{summary.num_chunks:,}" + _chunk_range(summary.chunks)),
             ("time", f"{summary.wall_s:.1f}s"),
+            *_estimate_rows(summary.estimate),
         ])
         if summary.plan:
             click.echo("plan (what the engines would get, and why)")
@@ -39,9 +40,34 @@ def print_summary(summary: Summary) -> None:
         ("errors", f"{Path(summary.output_dir or '.') / 'errors.parquet'} ({summary.total_failed:,} rows)"),
         *_adapter_lines(summary.adapters),
         *_flag_rows(summary),
+        *_yardstick_rows(summary),
     ])
     for line in flag_lines(summary.flags, summary.total_samples or summary.total_ok):
         click.echo(f"  {line}")
+
+
+def _yardstick_rows(summary: Summary) -> list[tuple[str, str]]:
+    """How close the run came to its GPU's roofline (jobs/yardstick.py), and its cost at the price given."""
+    rows = []
+    line = summary.roofline
+    if line:
+        rows.append(("of the GPU's roofline", f"{line['share']:.0%} ({line['gpus']}x {line['gpu']}, {line['bound']}-bound: "
+                                              f"{line['seconds']:.1f}s at best for this work)"))
+    if summary.cost is not None:
+        rows.append(("cost", f"{summary.cost:,.4f} (wall time at --price-per-gpu-hour)"))
+    return rows
+
+
+def _estimate_rows(estimate: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A dry run's estimate of the generation's time here, what it rests on, and its cost."""
+    if not estimate:
+        return []
+    seconds = estimate["seconds"]
+    rows = [("estimated generate time", "unknown" if seconds is None else _duration(seconds)),
+            ("estimate based on", estimate["basis"])]
+    if estimate.get("cost") is not None:
+        rows.append(("estimated cost", f"{estimate['cost']:,.4f} (at --price-per-gpu-hour)"))
+    return rows
 
 
 def _flag_rows(summary: Summary) -> list[tuple[str, str]]:

@@ -208,6 +208,7 @@ class OutputSpec:
     fail_on_row_errors: bool = False
     # exit EXIT_UNUSABLE when more than this share of result rows have no usable answer (output/flags.py)
     max_unusable: float | None = None
+    price_per_gpu_hour: float | None = None  # a run's cost in its summary, a dry run's estimated cost
     fail_on_empty: bool = False  # inputs with no rows at all stop the run (exit 3) instead of a warning
     restart: bool = False
     retry_errors: bool = False
@@ -321,6 +322,9 @@ class JobSpec:
         if share is not None and not 0 <= share <= 1:
             raise SpecError(f"max_unusable must be a share of the rows in [0, 1], got {share}",
                             hint="e.g. --max-unusable 0.05 fails the run when more than 5% of rows have no answer")
+        price = self.output.price_per_gpu_hour
+        if price is not None and price < 0:
+            raise SpecError(f"price_per_gpu_hour must be >= 0, got {price}")
         util = self.engine.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")

@@ -48,6 +48,20 @@ class Summary:
     adapters: dict[str, dict[str, int]] | None = None
     # rows of results.parquet by flag (output/flags.py: no answer, cut, not parsed, empty), once assembled
     flags: dict[str, int] = field(default_factory=dict)
+    # what the roofline counts (plan/roofline.py Work): each output token's context, each prompt's own
+    decode_context: int = 0
+    prefill_context: int = 0
+    roofline: dict[str, Any] | None = None  # on a GPU qbatch has figures for: its least time, the run's share (yardstick.py)
+    cost: float | None = None  # the run's wall time on its GPUs at --price-per-gpu-hour
+    estimate: dict[str, Any] | None = None  # a dry run's: the generation's time here, on what it rests, its cost
+
+    def count_work(self, completions: list[Any]) -> None:
+        """The contexts the roofline counts, of every sample of rows that finished."""
+        for c in completions:
+            p = c.request.num_prompt_tokens
+            self.prefill_context += p * (p - 1) // 2
+            for o in (c.num_completion_tokens, *(s.num_completion_tokens for s in c.more_samples)):
+                self.decode_context += p * o + o * (o - 1) // 2
 
     def count_adapters(self, completions: list[Any]) -> None:
         """Rows that finished, counted by their adapter (jobs with adapters only)."""
