@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -51,7 +52,8 @@ def _has_link(parts: list[str]) -> bool:
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through `write(tmp_path)`, fsync, rename into place, fsync the folder."""
+    """Write through `write(tmp_path)`, fsync, rename into place, fsync the folder. Whatever stops it, the
+    temporary file goes; an OS error (a full disk, a read-only folder) is an OutputError naming `path`."""
     tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
     try:
         write(tmp)
@@ -59,15 +61,23 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except OSError as exc:
+    except BaseException as exc:
         with suppress(OSError):  # on a read-only folder even removing the temp file fails
             tmp.unlink(missing_ok=True)
-        if exc.errno == errno.ENOSPC:
-            raise OutputError(
-                "disk full while writing output", where=str(path),
-                hint="finished parts are intact: free space and rerun the same command to resume",
-            ) from None
-        raise output_error("write output", path, exc) from None
+        error = exc if isinstance(exc, OSError) else rust_os_error(exc)
+        if error is None:
+            raise
+        raise output_error(f"write {path.name}", path, error) from None
+
+
+def rust_os_error(exc: BaseException) -> OSError | None:
+    """The OS error behind a failure of a Rust library (polars), which says it only in its message:
+    "... underlying IO error: No space left on device (os error 28)"; None when it names none."""
+    found = re.search(r"\(os error (\d+)\)", str(exc)) if isinstance(exc, Exception) else None
+    if found is None:
+        return None
+    number = int(found.group(1))
+    return OSError(number, os.strerror(number))
 
 
 @contextmanager
@@ -81,6 +91,9 @@ def output_os_errors(what: str, path: Path) -> Iterator[None]:
 
 def output_error(what: str, path: Path, exc: OSError) -> OutputError:
     """'cannot WHAT: <reason> (path)' with the fix for that reason."""
+    if exc.errno == errno.ENOSPC:
+        return OutputError(f"cannot {what}: the disk is full", where=str(path),
+                           hint="finished parts are intact: free space and rerun the same command to resume")
     if exc.errno == errno.EROFS:
         hint = "the output folder is on a read-only file system: pass another -o/--output-dir"
     elif exc.errno in (errno.EACCES, errno.EPERM):

@@ -32,7 +32,7 @@ def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path):
         tmp.write_text("half")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(OutputError, match="disk full"):
+    with pytest.raises(OutputError, match="cannot write a.json: the disk is full"):
         atomic_write(tmp_path / "a.json", write)
     assert list(tmp_path.iterdir()) == []
 
@@ -54,3 +54,13 @@ def test_exclusive_lock_makes_the_second_builder_wait(tmp_path):
     for thread in threads:
         thread.join()
     assert len(built) == 1
+
+
+def test_atomic_write_removes_its_temp_file_whatever_stops_it(tmp_path):
+    def write(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise ValueError("a bug, not the disk")
+
+    with pytest.raises(ValueError, match="a bug"):
+        atomic_write(tmp_path / "a.json", write)
+    assert list(tmp_path.iterdir()) == []

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from qbatch.errors import OutputError
+from qbatch.log import log
 from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.folder import OutputDir
 from qbatch.spec import JobSpec
@@ -44,16 +46,28 @@ def covered_inputs(limit: int | None, rows_read: list[int]) -> bool:
 @contextmanager
 def recording_stop(out: OutputDir, manifest: dict[str, Any]) -> Iterator[None]:
     """A run stopped by a signal (KeyboardInterrupt, errors.Interrupted) or a failure says so in the
-    manifest, for `qbatch status` and schedulers; its finished parts stay, and a rerun resumes."""
+    manifest, for `qbatch status` and schedulers; its finished parts stay, and a rerun resumes.
+    A failure to say so (the disk that filled up and stopped the run) is a warning: the error shown is
+    the one that stopped the run, not the manifest's."""
     try:
         yield
     except KeyboardInterrupt as exc:
-        record_interrupted(out, manifest, getattr(exc, "signal_name", "SIGINT"))
+        with _saying_stop():
+            record_interrupted(out, manifest, getattr(exc, "signal_name", "SIGINT"))
         raise
     except BaseException:
-        manifest.update(status="failed", updated_at=now())
-        out.write_manifest(manifest)
+        with _saying_stop():
+            manifest.update(status="failed", updated_at=now())
+            out.write_manifest(manifest)
         raise
+
+
+@contextmanager
+def _saying_stop() -> Iterator[None]:
+    try:
+        yield
+    except OutputError as exc:
+        log.warning(f"the manifest could not record how the run stopped: {exc}")
 
 
 def record_interrupted(out: OutputDir, manifest: dict[str, Any], by: str) -> None:

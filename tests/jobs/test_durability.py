@@ -142,7 +142,7 @@ def test_full_disk_stops_cleanly_and_resumes(cli, small_job, monkeypatch, tmp_pa
     monkeypatch.setattr(checkpoint.pq, "write_table", write_then_fill_disk)
     result = cli(*small_job)
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: disk full while writing output")
+    assert result.stderr.startswith("Error: cannot write part-") and ": the disk is full (" in result.stderr
     assert "Hint: finished parts are intact: free space and rerun the same command to resume" in result.stderr
     assert len(part_ids(out)) > 0 and not list(out.rglob("*.tmp-*"))
     monkeypatch.undo()
