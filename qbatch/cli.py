@@ -26,7 +26,61 @@ from qbatch.versions import __version__
 from qbatch.bench.workloads import WORKLOADS as BENCH_WORKLOADS
 
 
+# The panel of each option in every command's --help, in the order they show (after the summary and the
+# examples): decided here alone; tests/test_cli_help.py fails on an option that has none. Names are the
+# options' parameter names, one panel whatever the command.
+HELP_PANELS: dict[str, tuple[str, ...]] = {
+    "Input": ("job", "format", "shape", "prompt_column", "messages_column", "id_column", "keep_columns",
+              "drop_columns", "on_bad_line", "dedupe", "limit", "shard"),
+    "Prompt and template": ("template", "system_prompt", "raw", "thinking", "thinking_token_budget", "instruction"),
+    "Sampling": ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty", "stop", "ignore_eos", "n", "logprobs", "top_logprobs", "seed"),
+    "Structured output": ("json_schema", "choice", "regex", "grammar", "reasoning_parser",
+                          "structured_outputs_backend", "disable_any_whitespace"),
+    "Embeddings": ("dimensions", "normalize", "truncate", "embedding_dtype"),
+    "Model and engine": ("model", "tokenizer", "revision", "quantize", "lora", "max_loras", "max_lora_rank",
+                         "max_cpu_loras", "backend", "max_model_len", "gpu_memory_utilization",
+                         "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "dtype", "quantization",
+                         "enforce_eager", "compilation_mode", "load_format", "performance_mode", "disable_log_stats"),
+    "GPUs and scaling": ("data_parallel_size", "gpus", "engines_per_gpu", "mps", "tensor_parallel_size",
+                         "ray_address"),
+    "Chunks and order": ("sort_window", "order", "chunk_tokens"),
+    "Output": ("output_dir", "path", "output_format", "include_prompt", "as_json", "json_path", "progress",
+               "telemetry", "report", "price_per_gpu_hour", "verbose"),
+    "Exit codes and resume": ("fail_on_row_errors", "max_unusable", "fail_on_empty", "restart", "retry_errors",
+                              "dry_run"),
+    "Service": ("server", "api_key", "data_dir", "host", "port", "max_upload_bytes", "max_requests",
+                "completion_window_s"),
+    "Benchmark": ("modes", "rows", "hf_rows", "repeats", "length_scale", "workload_seed", "legacy_seed", "settings",
+                  "variant", "vllm_defaults", "null_engine", "prompts", "work_dir", "inputs_only"),
+    "Quantization": ("w_bit", "group_size", "zero_point", "awq_version", "legacy_version", "calib", "calib_samples",
+                     "calib_seq_len"),
+    "Other": ("help", "version"),
+}
+_PANEL_OF = {name: panel for panel, names in HELP_PANELS.items() for name in names}
+
+
+class PanelCommand(click.Command):
+    """A command whose --help lists its options in HELP_PANELS' panels, plain text (no colour, no boxes:
+    the same in a terminal, a pipe and the docs)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        panels: dict[str, list[tuple[str, str]]] = {panel: [] for panel in HELP_PANELS}
+        help_option = self.get_help_option(ctx)
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and isinstance(param, click.Option):  # arguments show in the usage line
+                name = "help" if param is help_option else param.name or ""
+                panels.setdefault(_PANEL_OF.get(name, "Options"), []).append(record)
+        for panel, records in panels.items():
+            if records:
+                with formatter.section(panel):
+                    formatter.write_dl(records)
+
+
 class QbatchGroup(click.Group):
+    command_class = PanelCommand
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -184,7 +238,6 @@ RUN_OPTIONS = [
     click.option("--progress", type=click.Choice(PROGRESS), help="Progress: bar on a terminal, log lines otherwise.  [default: auto]"),
     click.option("--fail-on-row-errors", is_flag=True, default=None, help=f"Exit {EXIT_ROW_ERRORS} if any row failed."),
     click.option("--max-unusable", type=click.FloatRange(0, 1), metavar="SHARE", help=f"Exit {EXIT_UNUSABLE} if more than this share of rows have no usable answer (ended inside their reasoning, empty, or not parsed under their constraint): the `flag` column."),
-    click.option("--price-per-gpu-hour", type=click.FloatRange(0), metavar="PRICE", help="What a GPU-hour costs: the summary shows the run's cost, --dry-run the estimated cost."),
     click.option("--fail-on-empty", is_flag=True, default=None, help=f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning)."),
     click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),

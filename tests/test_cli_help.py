@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import click
 import pytest
 
 from qbatch.cli import cli as qbatch_cli
@@ -70,3 +71,28 @@ def test_the_defaults_run_and_serve_print_are_the_specs_own():
             assert stated.group(1).strip() == str(value), (command, param.name, stated.group(1), value)
             checked += 1
     assert checked >= 15  # prompt_column, max_tokens, sort_window, model, dtype, ... in each command that has them
+
+
+@pytest.mark.parametrize("name", sorted(qbatch_cli.commands))
+def test_every_option_sits_in_a_help_panel(name):
+    """`--help` groups the options in panels decided in one place (cli.HELP_PANELS): an option added without
+    a panel fails here, not in a catch-all section at the end of the help."""
+    from qbatch.cli import HELP_PANELS
+
+    command = qbatch_cli.commands[name]
+    ctx = click.Context(command)
+    in_panels = {option for names in HELP_PANELS.values() for option in names}
+    options = ["help" if param is command.get_help_option(ctx) else param.name
+               for param in command.get_params(ctx) if isinstance(param, click.Option)]
+    assert [option for option in options if option not in in_panels] == []
+
+
+def test_run_help_shows_the_examples_then_the_panels_in_plain_text(cli):
+    result = cli("run", "--help")
+    out = result.stdout
+    headings = re.findall(r"^(\S[^\n]*):$", out, re.M)
+    assert headings[:4] == ["Input", "Prompt and template", "Sampling", "Structured output"]
+    assert out.index("Examples:") < out.index("\nInput:")  # the examples first
+    assert "Options" not in headings and "\x1b[" not in out  # no catch-all section, no colour codes
+    assert re.search(r"^Sampling:\n  --max-tokens INTEGER", out, re.M)
+    assert re.search(r"^GPUs and scaling:\n(  .*\n)*  --engines-per-gpu", out, re.M)
