@@ -238,6 +238,7 @@ RUN_OPTIONS = [
     click.option("--progress", type=click.Choice(PROGRESS), help="Progress: bar on a terminal, log lines otherwise.  [default: auto]"),
     click.option("--fail-on-row-errors", is_flag=True, default=None, help=f"Exit {EXIT_ROW_ERRORS} if any row failed."),
     click.option("--max-unusable", type=click.FloatRange(0, 1), metavar="SHARE", help=f"Exit {EXIT_UNUSABLE} if more than this share of rows have no usable answer (ended inside their reasoning, empty, or not parsed under their constraint): the `flag` column."),
+    click.option("--price-per-gpu-hour", type=click.FloatRange(0), metavar="PRICE", help="What a GPU-hour costs: the summary shows the run's cost, --dry-run the estimated cost."),
     click.option("--fail-on-empty", is_flag=True, default=None, help=f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning)."),
     click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
     click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
