@@ -215,6 +215,12 @@ def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> d
             "response": {"status_code": 200, "request_id": row["id"], "body": body}, "error": None}
 
 
+def openai_body(rows: list[dict[str, Any]], model: str | None, created: int) -> dict[str, Any]:
+    """The response body of one id's result rows (its samples, in order), as a batch's output line holds
+    it: the online routes (serve/online.py) answer with the same object."""
+    return _openai_ok(rows, model, created)["response"]["body"]
+
+
 def _openai_error(row: dict[str, Any]) -> dict[str, Any]:
     # A request without a readable custom_id has only the stand-in id qbatch gave its error row: report none.
     custom_id = None if row["error"] in STAND_IN_ID_ERRORS else row["id"]

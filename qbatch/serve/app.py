@@ -2,9 +2,9 @@
 
 Every error is `{"error": {"message", "type", "param", "code"}}` with a 4xx status (a 500 for a
 bug, logged with its traceback here and answered in the same shape, never with the traceback).
-A route the service does not have (`POST /v1/chat/completions`) answers a 404 that says this is
-a batch service and lists its routes. `POST /v1/qbatch/runs` is qbatch's own: the job of a `qbatch run
---server` (runs.py).
+A route the service does not have (`POST /v1/responses`) answers a 404 that lists its routes. The
+online routes (`POST /v1/chat/completions`, `/v1/completions`) are online.py's. `POST /v1/qbatch/runs`
+is qbatch's own: the job of a `qbatch run --server` (runs.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from qbatch._fs import TMP_MARK, fsync_dir
 from qbatch.errors import InputError
 from qbatch.log import log
-from qbatch.serve import objects
+from qbatch.serve import objects, online
 from qbatch.serve.config import COMPLETION_WINDOW, ServeSettings
 from qbatch.serve.objects import ApiError
 from qbatch.serve.requests import ENDPOINTS, check_batch_lines, lines_not_for
@@ -73,9 +73,9 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         if exc.status_code not in (404, 405):
             return error_response(exc.status_code, str(exc.detail))
         problem = "no route" if exc.status_code == 404 else "method not allowed:"
-        return error_response(exc.status_code, f"{problem} {request.method} {request.url.path}: this is a batch "
-                                               "service (OpenAI's Batch API); send requests as the lines of a batch "
-                                               f"input file. Its routes: {', '.join(routes(app))}")
+        return error_response(exc.status_code, f"{problem} {request.method} {request.url.path}: this service has "
+                                               "OpenAI's Batch API and its chat and text completions; its routes: "
+                                               f"{', '.join(routes(app))}")
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
@@ -261,6 +261,7 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
     def _batch(batch_id: str) -> dict[str, Any]:
         return _lookup(batch_id, objects.BATCH_ID, "batch_id", store.batch, "batch")
 
+    online.install(app, settings, worker)  # /v1/chat/completions, /v1/completions on the batches' engines
     return app
 
 

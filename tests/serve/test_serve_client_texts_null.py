@@ -1,5 +1,5 @@
 """What `qbatch serve` tells API clients (null engine): no error names a server path or a CLI flag (the client
-sees neither), whatever went wrong; a route the service does not have says it is a batch service."""
+sees neither), whatever went wrong; a route the service does not have lists its routes."""
 
 from __future__ import annotations
 
@@ -80,16 +80,16 @@ def test_a_service_whose_engines_failed_says_so_without_their_paths(make_service
     assert health.json()["error"] == "the engines did not start; the service's log says why"
 
 
-def test_a_route_the_service_does_not_have_says_it_is_a_batch_service(make_service):
+def test_a_route_the_service_does_not_have_lists_its_routes(make_service):
     base_url, _ = make_service()
-    client = client_for(base_url)
-    with pytest.raises(openai.NotFoundError) as raised:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    message = raised.value.body["message"]
-    assert message.startswith("no route POST /v1/chat/completions: this is a batch service (OpenAI's Batch API)")
+    response = httpx.post(base_url + "/responses", json={"model": "m", "input": "hi"}, timeout=10)
+    message = response.json()["error"]["message"]
+    assert response.status_code == 404 and message.startswith(
+        "no route POST /v1/responses: this service has OpenAI's Batch API and its chat and text completions")
     for route in ("POST /v1/files", "GET /v1/files/{file_id}/content", "POST /v1/batches",
-                  "POST /v1/batches/{batch_id}/cancel", "GET /v1/models", "GET /health"):
+                  "POST /v1/batches/{batch_id}/cancel", "GET /v1/models", "GET /health", "POST /v1/chat/completions",
+                  "POST /v1/completions"):
         assert route in message
     for method, path, status in (("POST", "/embeddings", 404), ("GET", "/responses", 404), ("DELETE", "/batches", 405)):
         response = httpx.request(method, base_url + path, timeout=10)
-        assert response.status_code == status and "this is a batch service" in response.json()["error"]["message"]
+        assert response.status_code == status and "its routes: " in response.json()["error"]["message"]
