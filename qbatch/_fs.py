@@ -189,7 +189,7 @@ class HolderLock:
 
     def acquire(self) -> str | None:
         """Take it: None, or the holder's words when another process holds it. OSError: the file cannot be
-        opened; LockWriteError: it was taken but cannot be written (then it is not held)."""
+        opened or written (then it is not held)."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -200,9 +200,9 @@ class HolderLock:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
-        except OSError as exc:
+        except OSError:
             os.close(fd)
-            raise LockWriteError(exc.errno, exc.strerror, str(self.path)) from None
+            raise
         self._fd = fd
         return None
 
@@ -228,7 +228,3 @@ class HolderLock:
 def _first_line(fd: int) -> str:
     """The holder's words: a lock file's first line (what follows is the holder's own, as a run's phase)."""
     return os.pread(fd, 200, 0).decode(errors="replace").partition("\n")[0].strip()
-
-
-class LockWriteError(OSError):
-    """The lock was taken but its holder's words could not be written (it is released)."""
