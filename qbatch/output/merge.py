@@ -64,6 +64,7 @@ def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False)
             error_parts=[p for s in folders for p in s.part_files(ERROR_PREFIX)],
             model=shards[0].manifest.get("spec", {}).get("model"), manifest=shards[0].manifest,
         )
+        counts.pop("flags")  # the manifest counts rows; results.parquet's flag column holds the flags
         first = shards[0].manifest
         schema = result_schema_of(first)
         fingerprint = shards[0].fingerprint.without_shard()
