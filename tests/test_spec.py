@@ -56,7 +56,9 @@ def test_parse_shard():
 def _resolved(values: dict, engines_per_gpu: int = 1) -> JobSpec:
     from qbatch.plan import Machine, ModelFacts, resolve
 
-    machine = Machine(ModelFacts("/m", weights_bytes=1 << 28, max_model_len=4096))
+    # a GPU machine: without a GPU, --engines-per-gpu runs one engine (plan/placement.py)
+    machine = Machine(ModelFacts("/m", weights_bytes=1 << 28, max_model_len=4096), platform="cuda",
+                      gpu_name="NVIDIA H200", gpu_capability=9, gpu_memory_bytes=141 << 30, gpu_count=4)
     return resolve(JobSpec.from_flat({**values, "engines_per_gpu": engines_per_gpu}), machine).spec
 
 
