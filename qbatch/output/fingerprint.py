@@ -18,6 +18,7 @@ from typing import Any
 from qbatch.spec import COMPRESSED_SUFFIXES
 
 HASH_BLOCK_BYTES = 1 << 20
+MAX_NAMED = 5  # inputs a mismatch names (a folder may hold thousands): then how many more
 
 
 @dataclass(frozen=True)
@@ -108,13 +109,36 @@ class Fingerprint:
             changes.append(f"model was {self.model or None}, now {new.model or None}")
         old_paths, new_paths = [i.path for i in self.inputs], [i.path for i in new.inputs]
         if old_paths != new_paths:
-            changes.append(f"inputs were {old_paths}, now {new_paths}")
+            changes.append(paths_change(old_paths, new_paths))
         else:
-            for before, after in zip(self.inputs, new.inputs, strict=True):
-                reason = input_change(before, after)
-                if reason:
-                    changes.append(f"input {after.path} changed (not only appended to): {reason}")
+            changed = [f"input {after.path} changed (not only appended to): {reason}"
+                       for before, after in zip(self.inputs, new.inputs, strict=True)
+                       if (reason := input_change(before, after))]
+            changes += changed[:MAX_NAMED]
+            if len(changed) > MAX_NAMED:
+                changes.append(f"and {len(changed) - MAX_NAMED:,} more inputs changed")
         return changes
+
+
+def paths_change(old: list[str], new: list[str]) -> str:
+    """How a run's list of inputs differs from an earlier one's, in a line whatever their number (a folder
+    of 10,000 files): how many were added and removed, the first MAX_NAMED of each named."""
+    old_set, new_set = set(old), set(new)
+    added, removed = [p for p in new if p not in old_set], [p for p in old if p not in new_set]
+    said = [f"{_count(len(paths), 'input')} {what} ({_first(paths)})"
+            for paths, what in ((added, "added"), (removed, "removed")) if paths]
+    if not said:
+        return f"the same {_count(len(new), 'input')} in another order"
+    return f"inputs were {_count(len(old), 'file')}, now {len(new):,}: " + ", ".join(said)
+
+
+def _first(paths: list[str]) -> str:
+    shown = ", ".join(paths[:MAX_NAMED])
+    return shown if len(paths) <= MAX_NAMED else f"{shown} and {len(paths) - MAX_NAMED:,} more"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def input_identity(path: Path, fmt: str, *, seen_size: int | None = None, size: int | None = None) -> InputIdentity:

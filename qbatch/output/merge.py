@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.output.assemble import assemble
-from qbatch.output.fingerprint import Fingerprint, InputIdentity, input_change, input_identity
+from qbatch.output.fingerprint import Fingerprint, InputIdentity, input_change, input_identity, paths_change
 from qbatch.output.folder import ERROR_PREFIX, RESULT_PREFIX, OutputDir
 from qbatch.output.reading import read_manifest
 from qbatch.output.schema import from_manifest as result_schema_of
@@ -147,7 +147,7 @@ def _check_same_job(shards: list[Shard]) -> None:
         changes = first.fingerprint.as_job().changes(shard.fingerprint.as_job())
         paths, first_paths = _input_paths(shard), _input_paths(first)
         if paths != first_paths:
-            changes.append(f"inputs were {first_paths}, now {paths}")
+            changes.append(paths_change(first_paths, paths))
         if changes:
             raise CheckpointMismatch(f"shards ran different jobs: {'; '.join(changes)}", where=shard.folder,
                                      hint="merge only the outputs of one job's --shard I/N runs")

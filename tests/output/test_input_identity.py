@@ -214,3 +214,36 @@ def test_a_last_line_without_newline_is_a_row_and_its_newline_then_counts_as_an_
     assert result.exit_code == 0, result.output
     assert "rows ok (this run)              1" in result.stdout
     assert pl.read_parquet(out / "results.parquet")["id"].to_list() == ["a", "b", "c"]
+
+
+def test_a_file_added_to_a_folder_of_10000_is_said_in_a_line(run_null_short, tmp_path):
+    """The refusal counts the inputs added and removed and names the first few: it listed every file (680 kB)."""
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    for i in range(10_000):
+        (folder / f"f{i:05d}.jsonl").write_text(f'{{"id": "r{i}", "prompt": "p"}}\n')
+    assert run_null_short(folder, "-o", out, "--limit", 1).exit_code == 0
+    (folder / "g.jsonl").write_text('{"id": "new", "prompt": "p"}\n')
+    result = run_null_short(folder, "-o", out)
+    assert result.exit_code == EXIT_MISMATCH, result.output
+    assert len(result.stderr) < 1000
+    assert f"inputs were 10,000 files, now 10,001: 1 input added ({folder / 'g.jsonl'}) ({out})" in result.stderr
+    assert "Hint: rerun with --restart to start this output over, or use a different -o/--output-dir" in result.stderr
+
+
+def test_a_mismatch_names_the_first_few_inputs_and_counts_the_rest():
+    from qbatch.output.fingerprint import Fingerprint, InputIdentity
+
+    def inputs(names, sha="a"):
+        return tuple(InputIdentity(f"/in/{name}", "jsonl", 10, sha) for name in names)
+
+    old = Fingerprint(inputs=inputs(range(10_000)))
+    assert old.changes(Fingerprint(inputs=inputs(range(7, 10_000)))) == [
+        "inputs were 10,000 files, now 9,993: 7 inputs removed (/in/0, /in/1, /in/2, /in/3, /in/4 and 2 more)"]
+    assert old.changes(Fingerprint(inputs=inputs([*range(1, 10_000), "x"]))) == [
+        "inputs were 10,000 files, now 10,000: 1 input added (/in/x), 1 input removed (/in/0)"]
+    assert old.changes(Fingerprint(inputs=inputs(reversed(range(10_000))))) == [
+        "the same 10,000 inputs in another order"]
+    changed = old.changes(Fingerprint(inputs=inputs(range(10_000), sha="b")))
+    assert len(changed) == 6 and changed[-1] == "and 9,995 more inputs changed"
+    assert changed[0] == "input /in/0 changed (not only appended to): same size (10 bytes), different content"
