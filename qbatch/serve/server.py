@@ -21,6 +21,7 @@ from qbatch.log import log
 from qbatch.serve.config import SERVE_EXTRA_HINT, ServeSettings
 from qbatch.serve.store import Store
 
+STORE_NAME = "qbatch-serve.sqlite3"  # the queue and the file records (store.py)
 SERVE_LOCK = ".qbatch-serve.lock"  # in the data folder: held by the live service (fcntl, as a run's OUT_DIR lock)
 SHUTDOWN_WAIT_S = 600.0  # the longest the worker is waited for to finish its chunk (a second signal ends it)
 
@@ -48,7 +49,7 @@ class Service:
         self.settings = settings
         _private_data_dir(settings.data_dir)
         self._lock = _lock_data_dir(settings.data_dir)
-        self.store = Store(settings.data_dir / "qbatch-serve.sqlite3")
+        self.store = Store(settings.data_dir / STORE_NAME)
         self.pool = pool if pool is not None else EnginePool(kept=True)
         self._owns_pool = pool is None or close_pool
         self.worker = BatchWorker(self.store, settings, self.pool)
@@ -120,7 +121,14 @@ def _lock_data_dir(data_dir: Path) -> HolderLock:
 
 
 def _private_data_dir(data_dir: Path) -> None:
-    """The data folder holds every client's batches: only the service's user may enter it (0700)."""
+    """The data folder holds every client's batches: only the service's user may enter it (0700). One open to
+    others is made so when it is the service's (empty, or holding its store); another, someone's own folder,
+    is refused rather than changed."""
+    mode = data_dir.stat().st_mode & 0o777 if data_dir.is_dir() else 0
+    if mode & 0o077 and not (data_dir / STORE_NAME).exists() and any(data_dir.iterdir()):
+        raise SpecError(f"the data folder holds other files and is open to other users (mode {mode:04o}): it would "
+                        "hold every client's batches", where=str(data_dir),
+                        hint="pass a new --data-dir (the service makes it), or chmod 700 this one")
     try:
         private_folder(data_dir)
     except OSError as exc:

@@ -56,3 +56,30 @@ def test_a_batch_that_ended_never_changes_again(make_service):
     assert again.status == "failed" and again.completed_at is None and again.errors.data[0].code == "run_failed"
     assert (again.output_file_id or again.error_file_id) == handed_out
     assert client.files.content(handed_out).text == content
+
+
+def test_the_data_folder_is_made_private_only_when_it_is_the_services(tmp_path, bundled_model):
+    """A new data folder, or one the service made before, is made 0700; a folder open to others that holds
+    something else (a home, a project) is refused, never changed."""
+    import stat
+
+    from qbatch.errors import SpecError
+    from qbatch.serve.config import ServeSettings
+    from qbatch.serve.server import Service
+
+    engine = {"model": bundled_model, "backend": "null"}
+    earlier = tmp_path / "earlier"
+    Service(ServeSettings(earlier, engine, port=free_port())).close()
+    earlier.chmod(0o755)
+    Service(ServeSettings(earlier, engine, port=free_port())).close()
+    assert stat.S_IMODE(earlier.stat().st_mode) == 0o700
+
+    project = tmp_path / "project"
+    project.mkdir(mode=0o755)
+    (project / "notes.txt").write_text("mine")
+    with pytest.raises(SpecError) as refused:
+        Service(ServeSettings(project, engine, port=free_port()))
+    assert str(refused.value) == (f"the data folder holds other files and is open to other users (mode 0755): it "
+                                  f"would hold every client's batches ({project})")
+    assert refused.value.hint == "pass a new --data-dir (the service makes it), or chmod 700 this one"
+    assert stat.S_IMODE(project.stat().st_mode) == 0o755 and sorted(p.name for p in project.iterdir()) == ["notes.txt"]
