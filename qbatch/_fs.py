@@ -165,17 +165,30 @@ def exclusive_lock(path: Path) -> Iterator[None]:
         yield
 
 
-def private_folder(path: Path) -> bool:
+def private_folder(path: Path, *, marker: str) -> bool:
     """Make `path` a folder only its owner may enter (0700), creating it and its parents (those as mkdir -p
-    makes them); whether it was created. PermissionError: it is another user's (it stays as it was)."""
+    makes them); whether it was created. An existing folder open to others is made private when it is empty
+    or holds `marker` (a folder of the caller's kind); OpenFolder: another (someone's own folder), left as it
+    is. PermissionError: it is another user's."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:
-        if path.stat().st_mode & 0o077:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            if not (path / marker).exists() and any(path.iterdir()):
+                raise OpenFolder(mode) from None
             os.chmod(path, 0o700)
         return False
     return True
+
+
+class OpenFolder(Exception):
+    """A folder open to other users (`mode`) that holds other files than the caller's."""
+
+    def __init__(self, mode: int):
+        super().__init__(f"open to other users (mode {mode:04o})")
+        self.mode = mode
 
 
 class HolderLock:

@@ -32,7 +32,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from qbatch._fs import output_error, private_folder
+from qbatch._fs import OUTPUT_LOCK, OpenFolder, output_error, private_folder
 from qbatch.errors import EXIT_ENGINE, EXIT_USAGE, QbatchError, SpecError, Stopped
 from qbatch.jobs.events import RunEvents, StopRequest
 from qbatch.jobs.summary import exit_code
@@ -319,7 +319,11 @@ def _private_output(output_dir: str | None) -> bool:
     if not output_dir or os.path.exists(output_dir) and not os.path.isdir(output_dir):
         return False  # the run names what is wrong with a path that is no folder
     try:
-        return private_folder(Path(output_dir))
+        return private_folder(Path(output_dir), marker=OUTPUT_LOCK)
+    except OpenFolder as exc:
+        raise PathRefused(f"the output folder holds other files and is open to other users (mode {exc.mode:04o}); "
+                          "the service makes a job's output folder private to its user", where=output_dir,
+                          hint="pass a new -o/--output-dir, or run without --server") from None
     except OSError as exc:
         raise output_error("make the output folder private to the service's user", Path(output_dir), exc) from None
 

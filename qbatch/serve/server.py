@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from qbatch._fs import HolderLock, private_folder
+from qbatch._fs import HolderLock, OpenFolder, private_folder
 from qbatch.engines.pool import EnginePool
 from qbatch.errors import LockedError, MissingDependency, SpecError
 from qbatch.log import log
@@ -124,13 +124,12 @@ def _private_data_dir(data_dir: Path) -> None:
     """The data folder holds every client's batches: only the service's user may enter it (0700). One open to
     others is made so when it is the service's (empty, or holding its store); another, someone's own folder,
     is refused rather than changed."""
-    mode = data_dir.stat().st_mode & 0o777 if data_dir.is_dir() else 0
-    if mode & 0o077 and not (data_dir / STORE_NAME).exists() and any(data_dir.iterdir()):
-        raise SpecError(f"the data folder holds other files and is open to other users (mode {mode:04o}): it would "
-                        "hold every client's batches", where=str(data_dir),
-                        hint="pass a new --data-dir (the service makes it), or chmod 700 this one")
     try:
-        private_folder(data_dir)
+        private_folder(data_dir, marker=STORE_NAME)
+    except OpenFolder as exc:
+        raise SpecError(f"the data folder holds other files and is open to other users (mode {exc.mode:04o}): it "
+                        "would hold every client's batches", where=str(data_dir),
+                        hint="pass a new --data-dir (the service makes it), or chmod 700 this one") from None
     except OSError as exc:
         raise SpecError(f"cannot make the data folder private to the service's user: {exc.strerror or exc}",
                         where=str(data_dir), hint="pass a --data-dir of the service's user") from None

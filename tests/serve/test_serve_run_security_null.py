@@ -123,10 +123,23 @@ def test_what_the_service_writes_is_private_to_its_user(make_service, cli, tmp_p
     (tmp_path / "rows.jsonl").write_text(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
     (tmp_path / "shared").mkdir(mode=0o755)
     (tmp_path / "shared" / "out").mkdir(mode=0o755)  # one the client made: made private too
+    server = ("--progress", "none", "--server", base_url.removesuffix("/v1"))
     for out in ("out/new", "shared/out"):
-        result = cli("run", "rows.jsonl", "-o", out, "--progress", "none", "--server", base_url.removesuffix("/v1"))
+        result = cli("run", "rows.jsonl", "-o", out, *server)
         assert result.exit_code == 0, result.stderr
         assert stat.S_IMODE((tmp_path / out).stat().st_mode) == 0o700, out
+    (tmp_path / "out/new").chmod(0o755)  # a qbatch output folder (a local run's): made private as it resumes
+    assert cli("run", "rows.jsonl", "-o", "out/new", *server).exit_code == 0
+    assert stat.S_IMODE((tmp_path / "out/new").stat().st_mode) == 0o700
+
+    (tmp_path / "shared" / "notes.txt").write_text("someone's")  # someone's folder: refused, left as it is
+    refused = cli("run", "rows.jsonl", "-o", "shared", *server)
+    assert refused.exit_code == 2 and "Traceback" not in refused.stderr
+    assert (f"Error: the output folder holds other files and is open to other users (mode 0755); the service "
+            f"makes a job's output folder private to its user ({tmp_path / 'shared'})") in refused.stderr
+    assert "Hint: pass a new -o/--output-dir, or run without --server" in refused.stderr
+    assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o755
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["notes.txt", "out"]
 
 
 GET = """
