@@ -24,8 +24,9 @@ from qbatch.log import log
 from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_manifest
 from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.folder import OutputDir
-from qbatch.output.schema import result_schema
+from qbatch.output.schema import own_names, result_schema
 from qbatch.output.schema import to_manifest as schema_to_manifest
+from qbatch.output.widening import widen_parts
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ def open_manifest(job: Job, out: OutputDir, found: Found, scan: InputScan, engin
     spec = job.spec
     recorded = from_manifest(found.previous)
     column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
+    if recorded is not None:  # rows appended to the input may widen a column: the parts written so far follow
+        widen_parts(out, recorded, column_types, own=own_names(spec))
     manifest = new_manifest(spec, job.model_path, found.previous, found.fingerprint, status="running")
     manifest.update(engine_choice=engine_choice)
     manifest.update(rows_total=scan.num_todo + len(found.done), input_rows=input_rows(job.files, scan.rows_read),

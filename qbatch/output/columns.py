@@ -8,17 +8,16 @@ passing row gives a value); otherwise every
 value of the column is written as JSON text (`json.dumps`). The decision is made
 in the pre-scan, before any part is written, so a column's type and values never
 depend on how rows were chunked, ordered, sharded or resumed; the manifest
-records it, and a resumed run keeps it.
+records it, and a resumed run keeps it, widened when rows appended to the input need it.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import pyarrow as pa
-
-from qbatch.errors import InputError
 
 JSON_TEXT = None  # the decision "write this column as JSON text"
 SCAN_BATCH_ROWS = 4096  # values inferred per call: Arrow's inference is fast per batch, slow per value
@@ -128,23 +127,34 @@ def writable(kind: pa.DataType) -> bool:
 
 
 def keep_recorded(recorded: ColumnTypes, scanned: ColumnTypes) -> ColumnTypes:
-    """The types of a resumed run: those its earlier parts were written with, plus new columns.
-
-    A column that was all null so far may take a type; any other change would make the
-    parts disagree, so it stops the run before anything is written.
-    """
+    """The types of a resumed run: those its earlier parts were written with, widened to hold the rows
+    read now (rows appended to the input: an int column that now holds a float becomes double; kinds
+    that do not mix, JSON text), plus new columns. The scan reads every row, old ones too, so the
+    widened type is the one a first run on today's input decides; the parts written before are
+    rewritten in it (widening.py) before any new one is written."""
     types = dict(recorded)
     for name, new in scanned.items():
-        old = types.get(name, pa.null())
-        if old is JSON_TEXT or new == old or new == pa.null():
-            types.setdefault(name, new)
-        elif old == pa.null():
-            types[name] = new
-        else:
-            raise InputError(
-                f"column '{name}' now holds {describe(new)}, but the results written so far hold {describe(old)}",
-                where=name, hint="rerun with --restart so that every row is written with one type")
+        types[name] = widen(types.get(name, pa.null()), new)
     return types
+
+
+def widen(old: pa.DataType | None, new: pa.DataType | None) -> pa.DataType | None:
+    """The type that holds the values of both (JSON_TEXT: one of them, or no Arrow type, is JSON text)."""
+    if old is JSON_TEXT or new is JSON_TEXT:
+        return JSON_TEXT
+    merged = unify(old, new)
+    return merged if merged is not None and writable(merged) else JSON_TEXT
+
+
+def same_type(old: pa.DataType | None, new: pa.DataType | None) -> bool:
+    return old is new if JSON_TEXT in (old, new) else old == new
+
+
+def json_text(values: list[Any]) -> pa.Array:
+    """A carried column's values as JSON text: every value (strings too) through json.dumps, so that every
+    value parses as JSON."""
+    return pa.array([None if v is None else json.dumps(v, default=str, ensure_ascii=False) for v in values],
+                    type=pa.string())
 
 
 def describe(kind: pa.DataType | None) -> str:

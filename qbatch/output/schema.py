@@ -33,7 +33,7 @@ def result_schema(spec: JobSpec, column_types: ColumnTypes, vector_size: int | N
     """The columns and types of a job's results.parquet (`vector_size`: the embedding engine's
     vectors before --dimensions; None when unknown, then the vectors are a list of any size)."""
     embed = spec.engine.task == "embed"
-    own = own_columns(EMBEDDING_COLUMNS if embed else RESULT_COLUMNS, spec.output.include_prompt)
+    own = own_names(spec)
     fields = [*HEAD, *((carried_name(name, own), pa.string() if kind is JSON_TEXT else kind)
                        for name, kind in column_types.items() if name != ID_COLUMN)]
     if spec.output.include_prompt:
@@ -48,6 +48,11 @@ def result_schema(spec: JobSpec, column_types: ColumnTypes, vector_size: int | N
             fields.append((ADAPTER_COLUMN, pa.string()))
         fields += [*RESULT_TAIL, *((name, COLUMN_TYPES[name]) for name in _asked_columns(spec))]
     return pa.schema(fields)
+
+
+def own_names(spec: JobSpec) -> set[str]:
+    """The names a job's results use for columns of their own (a carried column of one is `input_<name>`)."""
+    return own_columns(EMBEDDING_COLUMNS if spec.engine.task == "embed" else RESULT_COLUMNS, spec.output.include_prompt)
 
 
 def _asked_columns(spec: JobSpec) -> list[str]:

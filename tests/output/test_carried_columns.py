@@ -137,3 +137,46 @@ def test_embeddings_carry_their_text(cli, bundled_model, write_jsonl, tmp_path):
     assert result.exit_code == 0, result.output
     df = _results(out)
     assert df["prompt"].to_list() == ["a document", None] and df["input"].to_list() == [None, "an OpenAI line"]
+
+
+@pytest.mark.parametrize(("appended", "kind", "scores"), [
+    ([2.5, None], pl.Float64, [1.0, 2.0, 2.5, None]),
+    (["high", None], pl.String, ["1", "2", '"high"', None]),
+], ids=["a float", "text"])
+def test_the_cron_rerun_widens_an_int_column_that_appended_rows_changed(run_null_short, write_jsonl, tmp_path,
+                                                                        appended, kind, scores):
+    """Rows appended to the input whose `score` is a float (or text) where it was an int: the rerun resumes,
+    the parts written before take the widened type, and the results hold every row once."""
+    rows = [{"id": "a", "prompt": "one", "score": 1}, {"id": "b", "prompt": "two", "score": 2}]
+    path, out = write_jsonl(rows), tmp_path / "out"
+    assert run_null_short(path, "-o", out).exit_code == 0
+    with open(path, "a") as handle:
+        for i, score in enumerate(appended):
+            handle.write(json.dumps({"id": f"n{i}", "prompt": "new", "score": score}) + "\n")
+    result = run_null_short(path, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "rows ok (this run)              2" in result.stdout
+    results = pl.read_parquet(out / "results.parquet")
+    assert results["id"].to_list() == ["a", "b", "n0", "n1"]
+    assert results.schema["score"] == kind and results["score"].to_list() == scores
+    assert {pl.read_parquet(part).schema["score"] for part in (out / "parts").glob("part-*.parquet")} == {kind}
+    assert run_null_short(path, "-o", out).exit_code == 0  # the next rerun: nothing to widen again
+    assert pl.read_parquet(out / "results.parquet")["score"].to_list() == scores
+
+
+def test_a_part_widened_to_json_text_before_a_kill_is_not_encoded_again(tmp_path):
+    """A run killed while it widened leaves some parts widened under the old record: its rerun widens the rest only."""
+    import pyarrow as pa
+
+    from qbatch.output.columns import JSON_TEXT
+    from qbatch.output.folder import RESULT_PREFIX, OutputDir
+    from qbatch.output.widening import widen_parts
+
+    out = OutputDir(tmp_path / "out").open()
+    try:
+        out.write_part(RESULT_PREFIX, pa.table({"id": ["a"], "score": ["x"]}))
+        for _ in range(2):  # the killed run, then its rerun
+            widen_parts(out, {"score": pa.string()}, {"score": JSON_TEXT}, own=set())
+        assert pl.read_parquet(out.part_files(RESULT_PREFIX)[0])["score"].to_list() == ['"x"']
+    finally:
+        out.close()
