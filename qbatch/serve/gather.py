@@ -34,6 +34,7 @@ from qbatch.records import Completion, Request
 
 GATHER_S = 0.005  # how long the idle driver waits for more requests once one arrived: a few ms of latency
 SLICE_ROWS = 64  # a run's chunk goes to the engine in slices of this many rows, online rows between them
+STATS_LOG_S = 60.0  # the online counts go to the service's log at most this often
 SLICE_INDEX = 1 << 40  # slices' own chunk indexes start here: above any run's, apart from online ones (< 0)
 
 
@@ -85,6 +86,7 @@ class Feeder:
         self._out: dict[int, dict[str, Ticket]] = {}  # online chunk index -> its rows' request ids -> ticket
         self._next_index = -1
         self._driver: threading.Thread | None = None
+        self._logged_at = time.monotonic()
 
     # -- the routes' side ------------------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -172,7 +174,18 @@ class Feeder:
             self._out[index] = {r.id: t for t in tickets for r in t.missing()}
             self.stats.gathers += 1
             self.stats.largest = max(self.stats.largest, len(tickets))
+            self._log_stats()
             return Chunk(index, requests)
+
+    def _log_stats(self) -> None:
+        """At most every STATS_LOG_S, as online chunks go in: what the online side has done."""
+        now = time.monotonic()
+        if now - self._logged_at < STATS_LOG_S:
+            return
+        self._logged_at = now
+        stats = self.stats
+        log.info(f"serve: online: {stats.requests:,} requests answered, {stats.gathers:,} chunks (largest "
+                 f"{stats.largest}), {stats.in_runs:,} of them beside a batch or job")
 
     def _rows_out(self) -> bool:
         with self._lock:

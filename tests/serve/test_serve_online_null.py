@@ -211,3 +211,19 @@ def test_online_routes_take_the_api_key_as_the_batch_routes(echo_service):
     reply = client_for(base_url, "sesame").chat.completions.create(model=model, seed=1,
                                                                    messages=[{"role": "user", "content": "x"}])
     assert reply.choices[0].message.content == "answer 1"
+
+
+def test_a_remote_session_and_qbatch_chat_run_on_the_service(echo_service):
+    from qbatch.session.langchain import QbatchChat
+    from qbatch.session.remote import RemoteSession
+
+    base_url, _, model = echo_service()
+    remote = RemoteSession(base_url)
+    assert remote.engine_settings["model"] == model
+    assert remote.generate(["a", "b"], seed=3, thinking=False) == ["answer 3", "answer 3"]
+    [reply] = remote.replies("messages", [[{"role": "user", "content": "why"}]], seed=4)
+    assert (reply.text, reply.reasoning, reply.finish_reason, reply.completion_tokens) == ("answer 4", "thought 4",
+                                                                                           "stop", 3)
+    [failed] = remote.replies("prompt", [""])
+    assert failed.error == "empty_prompt" and failed.text is None
+    assert QbatchChat(session=remote).invoke("hello", seed=5).content == "answer 5"
