@@ -108,7 +108,8 @@ def test_a_malformed_form_is_a_400(make_service, content, headers, message):
 
 def test_uploads_a_stopped_service_was_receiving_are_removed_when_it_starts(make_service, tmp_path):
     files = tmp_path / "data-0" / "files"  # make_service's first data folder
-    files.mkdir(parents=True)
+    files.parent.mkdir(mode=0o700)  # as a service leaves it
+    files.mkdir()
     (files / f"file-{'0' * 24}.jsonl.tmp-999999999").write_bytes(b'{"custom_id": "half')  # no such process
     make_service()
     assert not any(files.iterdir())
