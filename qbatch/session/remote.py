@@ -1,6 +1,6 @@
 """A Session's quick paths on a running `qbatch serve`: many notebooks, one warm engine.
 
-`RemoteSession(server=URL)` answers `generate`, `chat` and `replies` as a Session does (the same
+`Session(server=URL)` (a RemoteSession) answers `generate`, `chat` and `replies` as a Session does (the same
 Reply records, failed rows included), by sending each row to the service's online route
 `/v1/chat/completions` at once, from a pool of threads: the service gathers them onto its engine
 (serve/gather.py). `QbatchChat(session=RemoteSession(URL))` is the LangChain model on it. The
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from qbatch.errors import EngineError, InputError, SpecError
-from qbatch.session.session import QUICK_PATH_HINT, Reply
+from qbatch.session.reply import Reply
 
 MAX_CONCURRENT = 64  # rows in flight to the service at once: what it gathers into one engine chunk
 TIMEOUT_S = 600.0
@@ -35,12 +35,20 @@ class RemoteSession:
     """The quick paths of a Session, on the engines of the `qbatch serve` at `server` (its URL, with or
     without /v1). `api_key`: the service's `--api-key` (default: QBATCH_API_KEY)."""
 
-    def __init__(self, server: str, *, api_key: str | None = None, timeout_s: float = TIMEOUT_S):
+    def __init__(self, server: str, *, api_key: str | None = None, timeout_s: float = TIMEOUT_S, **settings: Any):
+        """`settings`: a Session's engine settings are the service's: only its `model` may be given, and must match."""
         self.base_url = server.rstrip("/").removesuffix("/v1") + "/v1"
         self.api_key = api_key if api_key is not None else os.environ.get("QBATCH_API_KEY")
         self.timeout_s = timeout_s
         self.closed = False
         self.engine_settings = {"model": self._model()}
+        unknown = sorted(set(settings) - {"model"})
+        if unknown:
+            raise SpecError(f"{unknown[0]} is an engine setting; a Session on a server runs the service's engines",
+                            where="Session(server=...)", hint="give the service its settings: qbatch serve --help")
+        if settings.get("model") not in (None, self.engine_settings["model"]):
+            raise SpecError(f"the service runs {self.engine_settings['model']!r}, not {settings['model']!r}",
+                            where="Session(server=...)", hint="leave model out, or start a service of that model")
 
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
         """Completions of prompt strings, in order (each sent as a user turn through the chat template)."""
@@ -63,7 +71,7 @@ class RemoteSession:
 
     def run(self, data: Any, **settings: Any) -> Any:
         raise SpecError("run() takes a whole job, which a RemoteSession does not send", where="RemoteSession.run",
-                        hint="qbatch run --server URL hands a job to the service; " + QUICK_PATH_HINT)
+                        hint="qbatch run --server URL hands a job to the service; a batch (POST /v1/batches) too")
 
     def close(self) -> None:
         self.closed = True  # the engines are the service's

@@ -35,6 +35,7 @@ from qbatch.log import setup as setup_log
 from qbatch.session.data import input_paths
 from qbatch.session.keywords import keyword_errors
 from qbatch.session.progress import notebook_bar, shows_notebook_bar
+from qbatch.session.reply import Reply
 from qbatch.session.result import Frames, RunResult, as_frames, frames_of, read_result
 from qbatch.spec import DEFAULT_MODEL, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec
 
@@ -48,19 +49,6 @@ SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to e
 _CALLS = threading.Lock()
 ENGINE_LOG = "engine.log"  # in a run's output folder (`qbatch run`), or serve's data folder
 _SESSION_LOG: list[Path] = []  # this process's session log, once named
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One prompt's answer on the quick paths (`generate`, `chat`, the LangChain model)."""
-
-    text: str | None
-    reasoning: str | None = None
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None  # the error kind when the row failed; `message` says why
-    message: str | None = None
 
 
 class Session:
@@ -78,8 +66,16 @@ class Session:
     # threads, must show while a run goes on), and calls leave it as they find it.
     sets_log_level = True
 
+    def __new__(cls, *args: Any, server: str | None = None, **settings: Any) -> Any:
+        """`server=URL`: no engines here; the quick paths on a running `qbatch serve` (a RemoteSession)."""
+        if server is None:
+            return super().__new__(cls)
+        from qbatch.session.remote import RemoteSession
+
+        return RemoteSession(server, **({"model": args[0]} if args and args[0] is not None else {}), **settings)
+
     def __init__(self, model: str | None = None, *, engine_log: str | os.PathLike | None = None,
-                 pool: EnginePool | None = None, **engine_settings: Any) -> None:
+                 pool: EnginePool | None = None, server: None = None, **engine_settings: Any) -> None:
         """`engine_log`: the file vLLM's own output goes to (its log lines, its processes' prints);
         by default this process's session log under qbatch's cache (`session.engine_log` says which).
         `pool`: the engines to run on, its owner's to close (default: a pool of this session's own,

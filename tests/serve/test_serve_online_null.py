@@ -214,12 +214,16 @@ def test_online_routes_take_the_api_key_as_the_batch_routes(echo_service):
 
 
 def test_a_remote_session_and_qbatch_chat_run_on_the_service(echo_service):
+    from qbatch import Session
+    from qbatch.errors import SpecError
     from qbatch.session.langchain import QbatchChat
     from qbatch.session.remote import RemoteSession
 
     base_url, _, model = echo_service()
-    remote = RemoteSession(base_url)
-    assert remote.engine_settings["model"] == model
+    remote = Session(server=base_url)
+    assert isinstance(remote, RemoteSession) and remote.engine_settings["model"] == model
+    with pytest.raises(SpecError, match="the service runs"):
+        Session("another-model", server=base_url)
     assert remote.generate(["a", "b"], seed=3, thinking=False) == ["answer 3", "answer 3"]
     [reply] = remote.replies("messages", [[{"role": "user", "content": "why"}]], seed=4)
     assert (reply.text, reply.reasoning, reply.finish_reason, reply.completion_tokens) == ("answer 4", "thought 4",
