@@ -1,5 +1,5 @@
-"""`qbatch serve` in a subprocess on the real engine (the tiny random Qwen3): the SDK end to end, a `qbatch run
---server` job, cancel mid-run, and kill -9 mid-batch then a restart: every custom_id exactly once in the output or
+"""`qbatch serve` in a subprocess on the real engine (the tiny random Qwen3): the SDK end to end, the online
+route answering as the batch line did (and beside a running batch), a `qbatch run --server` job, cancel mid-run, and kill -9 mid-batch then a restart: every custom_id exactly once in the output or
 error file."""
 
 from __future__ import annotations
@@ -70,6 +70,16 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_q
     assert all(isinstance(body["choices"][0]["message"]["content"], str) for body in output.values())
     assert output["biased"]["choices"][0]["message"]["content"] == "yes" * 4
     assert done.usage.output_tokens == sum(body["usage"]["completion_tokens"] for body in output.values())
+    # the online route on the same warm engine: the same request answers as its batch line did
+    body = dict(biased["body"])
+    extra = {key: body.pop(key) for key in ("ignore_eos", "chat_template_kwargs")}  # vLLM's: not the SDK's keys
+    online = client.chat.completions.create(model=done.model, **body, extra_body=extra).model_dump()
+    assert online["choices"][0]["message"]["content"] == output["biased"]["choices"][0]["message"]["content"]
+    assert online["usage"]["completion_tokens"] == output["biased"]["usage"]["completion_tokens"]
+    thinks = {"model": done.model, "messages": [{"role": "user", "content": "say 0"}], "max_completion_tokens": 8,
+              "temperature": 0}
+    again = [client.chat.completions.create(**thinks).choices[0].message for _ in range(2)]
+    assert again[0].content == again[1].content and again[0].reasoning_content == again[1].reasoning_content
     # vLLM's own output goes to the data folder's engine log, the service's own lines to its stderr
     assert "(EngineCore" in (data_dir / "engine.log").read_text()
     assert "(EngineCore" not in (tmp_path / "serve-0.log").read_text()
@@ -91,6 +101,8 @@ def test_end_to_end_cancel_and_kill_9_restart_exactly_once(serve_process, tiny_q
     file = client.files.create(file=("cancel.jsonl", requests_jsonl(120, prefix="c", max_tokens=24)), purpose="batch")
     batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
     wait_until(lambda: _mid_batch(client, batch.id), 300, 0.05)
+    beside = client.chat.completions.create(**thinks)  # an online request fed in between the batch's slices
+    assert beside.choices[0].finish_reason in ("stop", "length") and beside.usage.completion_tokens <= 8
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     cancelled = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status == "cancelled" and b, 300, 0.5)
     kept = lines_of(client, cancelled.output_file_id)
