@@ -231,3 +231,27 @@ def test_a_remote_session_and_qbatch_chat_run_on_the_service(echo_service):
     [failed] = remote.replies("prompt", [""])
     assert failed.error == "empty_prompt" and failed.text is None
     assert QbatchChat(session=remote).invoke("hello", seed=5).content == "answer 5"
+
+
+def test_online_requests_in_a_cancelled_batch_run_are_answered_after_it(echo_service):
+    base_url, service, model = echo_service(delay_s=0.01)
+    client = client_for(base_url)
+    file = client.files.create(file=("big.jsonl", requests_jsonl(2000, prefix="c")), purpose="batch")
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed > 0, 60, every_s=0.01)
+    answers: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        reply = client_for(base_url).chat.completions.create(model=model, seed=i, n=3,
+                                                             messages=[{"role": "user", "content": f"q{i}"}])
+        answers[i] = reply.choices[2].message.content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: service.app.state.online.feeder.stats.in_runs > 0, 30, every_s=0.005)
+    client.batches.cancel(batch.id)  # the run stops with online rows in its stream: they go on without it
+    for thread in threads:
+        thread.join(60)
+    assert answers == {i: f"answer {i} #2" for i in range(16)}
+    assert wait_until(lambda: client.batches.retrieve(batch.id).status == "cancelled" or None, 60)
