@@ -290,21 +290,23 @@ def _sliced(chunks: Iterable[Chunk], parents: dict[int, Chunk]) -> Iterator[Chun
 
 
 class SharedPool:
-    """The service's pool as its runs see it: a generation engine comes wrapped (SharedEngine), and the
-    pool's upkeep between runs (drop_dead aborts what an engine holds) waits for the online rows out."""
+    """The service's pool as its runs see it: an engine comes wrapped (SharedEngine) with the feeder of its
+    task (generation, embedding: engines of their own), and the pool's upkeep between runs (drop_dead aborts
+    what an engine holds) waits for the online rows out."""
 
-    def __init__(self, pool: EnginePool, feeder: Feeder):
-        self.pool, self.feeder = pool, feeder
+    def __init__(self, pool: EnginePool, feeders: dict[str, Feeder]):
+        self.pool, self.feeders = pool, feeders  # by the engine's task: "generate", "embed"
 
     def get(self, config: EngineConfig) -> Any:
         engine = self.pool.get(config)
-        if config.task == "embed":
-            return engine
-        self.feeder.config = config
-        return SharedEngine(engine, self.feeder)
+        feeder = self.feeders[config.task]
+        feeder.config = config
+        return SharedEngine(engine, feeder)
 
     def drop_dead(self) -> None:
-        with self.feeder.turn():
+        with contextlib.ExitStack() as stack:
+            for feeder in self.feeders.values():
+                stack.enter_context(feeder.turn())
             self.pool.drop_dead()
 
     def __getattr__(self, name: str) -> Any:

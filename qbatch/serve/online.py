@@ -1,4 +1,4 @@
-"""OpenAI's online routes on the warm engines: `POST /v1/chat/completions` and `POST /v1/completions`.
+"""OpenAI's online routes on the warm engines: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
 
 A request's body becomes the batch line `{"custom_id", "url", "body"}` and is prepared by the same
 Preparer as a batch's lines (inputs/prepare.py): the same keys, checks, chat template, thinking rule
@@ -6,9 +6,10 @@ Preparer as a batch's lines (inputs/prepare.py): the same keys, checks, chat tem
 a /v1/completions prompt is sent as is and never split) and sampling. Its Request is gathered with
 the others (gather.py) onto the engines batches run on, and its answer is the body a batch's output
 line holds for that request (output/assemble.py), with the reasoning also under vLLM's
-`reasoning_content`. Streaming is OpenAI's server-sent events; the engine reports a row once it has
-finished, so a stream sends the role at once, then the whole answer as one delta, then the finish,
-the usage chunk (`stream_options.include_usage`) and `[DONE]`.
+`reasoning_content`. An embeddings request's inputs are rows of the `/v1/embeddings` batches' job, on
+their engine (with a feeder of its own). Streaming is OpenAI's server-sent events; the engine reports
+a row once it has finished, so a stream sends the role at once, then the whole answer as one delta,
+then the finish, the usage chunk (`stream_options.include_usage`) and `[DONE]`.
 
 Authentication is the app's (its middleware: `--api-key`, loopback by default); errors are OpenAI's
 error objects (app.py's handlers).
@@ -30,13 +31,15 @@ from starlette.concurrency import run_in_threadpool
 
 from qbatch.errors import EngineError, QbatchError
 from qbatch.inputs.prepare import Preparer
+from qbatch.inputs.validate import EMBEDDINGS_URL
+from qbatch.jobs.job import Job
 from qbatch.records import Completion, Row
 from qbatch.serve.config import ServeSettings
 from qbatch.serve.gather import Feeder, SharedPool, Ticket
 from qbatch.serve.objects import ApiError, client_text
 from qbatch.serve.openai_models import (
-    ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChunkChoice, CompletionRequest, TextChoice,
-    TextCompletion, TextCompletionChunk, Usage,
+    ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChunkChoice, CompletionRequest, EmbeddingItem,
+    EmbeddingList, EmbeddingRequest, EmbeddingUsage, TextChoice, TextCompletion, TextCompletionChunk, Usage,
 )
 from qbatch.serve.worker import BATCH_INPUT, BatchWorker
 
@@ -47,9 +50,10 @@ STREAM_ONLY = ("stream", "stream_options")  # how the answer is sent, not what i
 
 def install(app: FastAPI, settings: ServeSettings, worker: BatchWorker) -> None:
     """The online routes on `app`, their requests fed to `worker`'s engines beside its batches."""
-    feeder = Feeder(worker.session.pool, ready=worker.ready, failed=lambda: worker.failed)
-    worker.session.pool = SharedPool(worker.session.pool, feeder)  # runs on the service's engines feed online rows
-    online = Online(settings, worker, feeder)
+    feeders = {task: Feeder(worker.session.pool, ready=worker.ready, failed=lambda: worker.failed)
+               for task in ("generate", "embed")}
+    worker.session.pool = SharedPool(worker.session.pool, feeders)  # runs on the service's engines feed online rows
+    online = Online(settings, worker, feeders)
     app.state.online = online
 
     @app.post(CHAT_URL, dependencies=[Depends(within_limit)])
@@ -59,6 +63,10 @@ def install(app: FastAPI, settings: ServeSettings, worker: BatchWorker) -> None:
     @app.post(COMPLETIONS_URL, dependencies=[Depends(within_limit)])
     async def completions(body: CompletionRequest, request: Request) -> Any:
         return await online.answer(COMPLETIONS_URL, body.model_dump(exclude_unset=True), request)
+
+    @app.post(EMBEDDINGS_URL, dependencies=[Depends(within_limit)])
+    async def embeddings(body: EmbeddingRequest) -> EmbeddingList:
+        return await online.embed(body.model_dump(exclude_unset=True))
 
 
 def within_limit(request: Request) -> None:
@@ -72,21 +80,16 @@ def within_limit(request: Request) -> None:
 class Online:
     """Requests in (prepared as batch lines), answers out (a batch output line's body)."""
 
-    def __init__(self, settings: ServeSettings, worker: BatchWorker, feeder: Feeder):
-        self.settings, self.worker, self.feeder = settings, worker, feeder
-        self._preparer: Preparer | None = None
+    def __init__(self, settings: ServeSettings, worker: BatchWorker, feeders: dict[str, Feeder]):
+        self.settings, self.worker, self.feeders = settings, worker, feeders
+        self.feeder = feeders["generate"]
+        self._jobs: dict[str, Job] = {}  # by task: the batches' job settings on the service's engine
         self._prepare_lock = threading.Lock()  # one tokenizer, shared: one request prepared at a time
         lora = settings.engine.get("lora") or {}
         self.models = {settings.model, str(settings.engine["model"]), *lora}
 
     async def answer(self, url: str, body: dict[str, Any], request: Request) -> Any:
-        if body.get("model") not in self.models:
-            raise ApiError(404, f"the model {body.get('model')!r} does not exist; this service runs "
-                                f"{self.settings.model!r} (GET /v1/models lists it and its adapters)",
-                           param="model", code="model_not_found")
-        if self.worker.failed:
-            raise ApiError(503, f"the service's engines did not start ({self.worker.failed})", kind="server_error",
-                           code="engines_failed")
+        self._check(body)
         stream = bool(body.get("stream"))
         usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))
         line_body = {key: value for key, value in body.items() if key not in STREAM_ONLY}
@@ -100,37 +103,73 @@ class Online:
         return StreamingResponse(self._stream(events, ticket, url, rid, created, usage_chunk),
                                  media_type="text/event-stream")
 
+    async def embed(self, body: dict[str, Any]) -> EmbeddingList:
+        """OpenAI's embeddings: each input a row of the service's embedding job (`/v1/embeddings` batches'),
+        on the embedding engine those batches use (started by the first of them or of these)."""
+        self._check(body)
+        as_base64 = body.pop("encoding_format", None) == "base64"  # the openai SDK's default: decoded by it
+        given = body["input"]
+        inputs = [given] if isinstance(given, str) or (given and all(type(t) is int for t in given)) else given
+        if not inputs:
+            raise ApiError(400, "input is empty", param="input", code="empty_prompt")
+        rid = secrets.token_hex(12)
+        bodies = [{**body, "input": item} for item in inputs]
+        ticket = Ticket(await run_in_threadpool(self._prepare_all, EMBEDDINGS_URL, bodies, rid))
+        self.feeders["embed"].submit(ticket)
+        return embedding_list(await self._wait(ticket), self._jobs["embed"].spec.embed, self.settings.model,
+                              as_base64=as_base64)
+
+    def _check(self, body: dict[str, Any]) -> None:
+        if body.get("model") not in self.models:
+            raise ApiError(404, f"the model {body.get('model')!r} does not exist; this service runs "
+                                f"{self.settings.model!r} (GET /v1/models lists it and its adapters)",
+                           param="model", code="model_not_found")
+        if self.worker.failed:
+            raise ApiError(503, f"the service's engines did not start ({self.worker.failed})", kind="server_error",
+                           code="engines_failed")
+
     # -- preparing -----------------------------------------------------------------
     def _prepare(self, url: str, body: dict[str, Any], rid: str) -> Any:
-        line = {"custom_id": rid, "method": "POST", "url": url, "body": body}
-        with self._prepare_lock:
-            requests, failures = self._preparer_now().prepare([(Row("online", 0, 0, None, line), rid)])
-        if failures:
-            failure = failures[0]
-            raise ApiError(400, client_text(failure.message), code=failure.error)
-        request = requests[0]
-        request.extra = {"url": url}  # what the answer's shape needs; the prompt is the client's own
-        return request
+        return self._prepare_all(url, [body], rid)[0]
 
-    def _preparer_now(self) -> Preparer:
-        """The batches' Preparer (their job settings, the service's engine), loaded by the first request."""
-        if self._preparer is None:
-            from qbatch.jobs.job import Job
+    def _prepare_all(self, url: str, bodies: list[dict[str, Any]], rid: str) -> list[Any]:
+        """The Requests of a request's bodies (an embeddings request's inputs, else one), in order; the first
+        that cannot run is a 400 (with its input's index where there are several)."""
+        ids = [rid] if len(bodies) == 1 else [f"{rid}-{i}" for i in range(len(bodies))]
+        rows = [(Row("online", 0, i, None, {"custom_id": ids[i], "method": "POST", "url": url, "body": body}), ids[i])
+                for i, body in enumerate(bodies)]
+        with self._prepare_lock:
+            requests, failures = self._preparer_now(url).prepare(rows)
+        if failures:
+            failure = min(failures, key=lambda f: f.row_index)
+            where = f"input[{failure.row_index}]: " if len(bodies) > 1 else ""
+            raise ApiError(400, where + client_text(failure.message), code=failure.error)
+        for request in requests:
+            request.extra = {"url": url}  # what the answer's shape needs; the prompt is the client's own
+        return sorted(requests, key=lambda r: r.row_index)
+
+    def _preparer_now(self, url: str) -> Preparer:
+        """The batches' Preparer for `url` (their job settings, the service's engine), loaded by the first
+        request; its engine's configuration is what the feeder runs online rows on until a run names one."""
+        task = "embed" if url == EMBEDDINGS_URL else "generate"
+        if task not in self._jobs:
             from qbatch.spec import JobSpec
 
             folder = self.settings.data_dir / "online"
             folder.mkdir(exist_ok=True)
-            stand_in = folder / "requests.jsonl"  # a job needs an input: the preparer never reads it
-            stand_in.write_text(json.dumps({"custom_id": "0", "url": CHAT_URL,
-                                            "body": {"messages": [{"role": "user", "content": "-"}]}}) + "\n")
+            stand_in = folder / f"{task}.jsonl"  # a job needs an input: the preparer never reads it
+            body = {"input": "-"} if task == "embed" else {"messages": [{"role": "user", "content": "-"}]}
+            stand_in.write_text(json.dumps({"custom_id": "0", "url": url, "body": body}) + "\n")
             values = {**self.settings.engine, **self.settings.job, **BATCH_INPUT, "inputs": [str(stand_in)],
-                      "output_dir": str(folder / "out")}
+                      "output_dir": str(folder / "out"), **({"task": "embed"} if task == "embed" else {})}
             try:
-                self._preparer = Job.setup(JobSpec.from_flat(values, source="qbatch serve")).preparer
+                job = Job.setup(JobSpec.from_flat(values, source="qbatch serve"))
             except QbatchError as exc:
                 raise ApiError(503, f"the service cannot prepare requests: {client_text(exc.message)}",
                                kind="server_error") from None
-        return self._preparer
+            self.feeders[task].config = self.feeders[task].config or job.plan.engine
+            self._jobs[task] = job
+        return self._jobs[task].preparer
 
     # -- answering -------------------------------------------------------------------
     async def _wait(self, ticket: Ticket) -> list[Completion]:
@@ -189,6 +228,26 @@ def answer_body(completions: list[Completion], model: str, created: int) -> dict
         if message is not None and message.get("reasoning") is not None:
             message["reasoning_content"] = message["reasoning"]
     return body
+
+
+def embedding_list(embeddings: list[Any], settings: Any, model: str, *, as_base64: bool) -> EmbeddingList:
+    """OpenAI's embeddings response: the vectors as a `/v1/embeddings` batch's output lines hold them
+    (output/embeddings.py: --dimensions, --normalize), one item an input, in order."""
+    from qbatch.output.embeddings import embeddings_table
+
+    rows = embeddings_table(embeddings, ["online"], settings, include_prompt=False).to_pylist()
+    items = [EmbeddingItem(index=i, embedding=_base64(row["embedding"]) if as_base64 else row["embedding"])
+             for i, row in enumerate(rows)]
+    tokens = sum(row["prompt_tokens"] for row in rows)
+    return EmbeddingList(data=items, model=model, usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
+
+
+def _base64(vector: list[float]) -> str:
+    import base64
+
+    import numpy as np
+
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
 
 
 def _chat_events(head: dict[str, Any], body: dict[str, Any]) -> list[ChatCompletionChunk]:

@@ -62,6 +62,13 @@ class CompletionRequest(_Generation):
     logprobs: bool | int | None = None
 
 
+class EmbeddingRequest(_Open):
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    dimensions: int | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+
+
 # -- responses -----------------------------------------------------------------------------------
 class Usage(BaseModel):
     prompt_tokens: int
@@ -135,3 +142,21 @@ class TextCompletionChunk(BaseModel):
     model: str
     choices: list[TextChoice]
     usage: Usage | None = None
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32 (encoding_format "base64")
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingUsage

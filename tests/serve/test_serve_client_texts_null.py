@@ -88,8 +88,8 @@ def test_a_route_the_service_does_not_have_lists_its_routes(make_service):
         "no route POST /v1/responses: this service has OpenAI's Batch API and its chat and text completions")
     for route in ("POST /v1/files", "GET /v1/files/{file_id}/content", "POST /v1/batches",
                   "POST /v1/batches/{batch_id}/cancel", "GET /v1/models", "GET /health", "POST /v1/chat/completions",
-                  "POST /v1/completions"):
+                  "POST /v1/completions", "POST /v1/embeddings"):
         assert route in message
-    for method, path, status in (("POST", "/embeddings", 404), ("GET", "/responses", 404), ("DELETE", "/batches", 405)):
+    for method, path, status in (("POST", "/moderations", 404), ("GET", "/responses", 404), ("DELETE", "/batches", 405)):
         response = httpx.request(method, base_url + path, timeout=10)
         assert response.status_code == status and "its routes: " in response.json()["error"]["message"]

@@ -255,3 +255,21 @@ def test_online_requests_in_a_cancelled_batch_run_are_answered_after_it(echo_ser
         thread.join(60)
     assert answers == {i: f"answer {i} #2" for i in range(16)}
     assert wait_until(lambda: client.batches.retrieve(batch.id).status == "cancelled" or None, 60)
+
+
+def test_embeddings_online_as_a_batch_line_gives_them(make_service, tiny_qwen3):
+    base_url, _ = make_service(engine={"model": tiny_qwen3, "backend": "null"})
+    client = client_for(base_url)
+    model = client.models.list().data[0].id
+    line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a text"}}
+    batch = run_to_end(client, (json.dumps(line) + "\n").encode(), endpoint="/v1/embeddings")
+    [out] = lines_of(client, batch.output_file_id)
+    online = client.embeddings.create(model=model, input=["a text", "another"])  # base64, as the SDK asks
+    assert [item.index for item in online.data] == [0, 1] and online.object == "list"
+    assert online.data[0].embedding == pytest.approx(out["response"]["body"]["data"][0]["embedding"], rel=1e-6)
+    another = client.embeddings.create(model=model, input="another", encoding_format="float").usage.prompt_tokens
+    assert online.usage.prompt_tokens == out["response"]["body"]["usage"]["prompt_tokens"] + another
+    floats = httpx.post(f"{base_url}/embeddings", json={"model": model, "input": "a text"}, timeout=30).json()
+    assert floats["data"][0]["embedding"] == out["response"]["body"]["data"][0]["embedding"]
+    empty = httpx.post(f"{base_url}/embeddings", json={"model": model, "input": ["ok", ""]}, timeout=30)
+    assert empty.status_code == 400 and empty.json()["error"]["message"].startswith("input[1]: ")
