@@ -74,8 +74,8 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
             return error_response(exc.status_code, str(exc.detail))
         problem = "no route" if exc.status_code == 404 else "method not allowed:"
         return error_response(exc.status_code, f"{problem} {request.method} {request.url.path}: this service has "
-                                               "OpenAI's Batch API and its chat and text completions; its routes: "
-                                               f"{', '.join(routes(app))}")
+                                               "OpenAI's Batch API and its online routes (chat, completions, "
+                                               f"embeddings); its routes: {', '.join(routes(app))}")
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:

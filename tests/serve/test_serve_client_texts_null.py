@@ -85,7 +85,8 @@ def test_a_route_the_service_does_not_have_lists_its_routes(make_service):
     response = httpx.post(base_url + "/responses", json={"model": "m", "input": "hi"}, timeout=10)
     message = response.json()["error"]["message"]
     assert response.status_code == 404 and message.startswith(
-        "no route POST /v1/responses: this service has OpenAI's Batch API and its chat and text completions")
+        "no route POST /v1/responses: this service has OpenAI's Batch API and its online routes (chat, completions, "
+        "embeddings)")
     for route in ("POST /v1/files", "GET /v1/files/{file_id}/content", "POST /v1/batches",
                   "POST /v1/batches/{batch_id}/cancel", "GET /v1/models", "GET /health", "POST /v1/chat/completions",
                   "POST /v1/completions", "POST /v1/embeddings"):
