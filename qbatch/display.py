@@ -49,13 +49,17 @@ def print_summary(summary: Summary) -> None:
 def _yardstick_rows(summary: Summary) -> list[tuple[str, str]]:
     """How close the run came to its GPU's roofline (jobs/yardstick.py), and its cost at the price given."""
     rows = []
-    line = summary.roofline
-    if line:
-        rows.append(("of the GPU's roofline", f"{line['share']:.0%} ({line['gpus']}x {line['gpu']}, {line['bound']}-bound: "
-                                              f"{line['seconds']:.1f}s at best for this work)"))
+    if summary.roofline:
+        rows.append(("of the GPU's roofline", _roofline(summary.roofline)))
     if summary.cost is not None:
         rows.append(("cost", f"{summary.cost:,.4f} (wall time at --price-per-gpu-hour)"))
     return rows
+
+
+def _roofline(line: dict[str, Any]) -> str:
+    """A run's share of its GPU's roofline, as stats.json records it (jobs/yardstick.py)."""
+    return (f"{line['share']:.0%} ({line['gpus']}x {line['gpu']}, {line['bound']}-bound: {line['seconds']:.1f}s at best "
+            "for this work)")
 
 
 def _estimate_rows(estimate: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -146,6 +150,9 @@ def print_status(info: dict[str, Any]) -> None:
     if last.get("output_tok_s") is not None:
         rows.append(("last run", f"{last['rows_ok']:,} rows, {last['completion_tokens']:,} output tokens, "
                                  f"{last['output_tok_s']:,.1f} output tok/s"))
+    roofline = info.get("roofline")
+    if roofline:
+        rows.append(("of the GPU's roofline", _roofline(roofline)))
     if info["hint"]:
         rows.append(("hint", info["hint"]))
     _table(f"qbatch status {info['output_dir']}", rows)

@@ -68,6 +68,10 @@ STATS_SHAPE: Shape = {
                      "total_tok_s", "rows_per_s"), float),
     "chunks": [{"index": Needed(int), "rows": Needed(int), "prompt_tokens": int, "completion_tokens": int,
                 "finished_s": (float, None)}],
+    # jobs/yardstick.py: a run's share of its GPU's roofline (null off a GPU)
+    "roofline": ({"gpu": Needed(str), "gpus": Needed(int), "bound": Needed(str), "seconds": Needed(float),
+                  "share": Needed(float)}, None),
+    "cost": (float, None),
 }
 MANIFEST_HINT = ("restore it, or rerun the job with --restart to start this output over "
                  "(its finished parts are then redone)")

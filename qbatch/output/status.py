@@ -47,6 +47,7 @@ def read_status(output_dir: str) -> dict[str, Any]:
         "updated_at": manifest.get("updated_at"),
         "live": _live(folder, total, done, failed, said.get("phase")) if holder is not None else None,
         "flags": stats.get("flags"),
+        "roofline": stats.get("roofline"),
     }
 
 

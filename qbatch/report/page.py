@@ -105,6 +105,11 @@ def _glance(info: dict[str, Any]) -> str:
         source = "stats.json" if g["tok_s_source"] == "stats.json" else "the engines' counters"
         cards.append(("tok-s", f"{g['tok_s']:,.0f}", f"{g['tokens_of']} tok/s while generating",
                       f"over {_secs(g['generate_s'])}, from {source}"))
+    roofline = stats.get("roofline") if g["tok_s_source"] == "stats.json" else None
+    if isinstance(roofline, dict) and roofline.get("share") is not None:
+        cards.append(("roofline", _pct(100 * roofline["share"]), "of what this GPU can do for this work",
+                      f"its roofline: {roofline.get('seconds')}s at best, {roofline.get('bound')}-bound "
+                      f"({roofline.get('gpus')}x {roofline.get('gpu')})"))
     if g.get("tok_s_per_gpu") is not None:
         cards.append(("tok-s-gpu", f"{g['tok_s_per_gpu']:,.0f}", f"{g['tokens_of']} tok/s per GPU",
                       f"{g['gpus']} GPU{'s' if g['gpus'] > 1 else ''}"))

@@ -57,3 +57,24 @@ def test_a_dry_run_estimates_from_this_machines_earlier_runs(run_null, write_jso
     assert "estimated generate time  20s" in result.stdout  # 1,000 tokens at the median 50 tok/s
     assert "the median output rate of 3 earlier runs of this model here (50 tok/s)" in result.stdout
     assert "estimated cost           0.0200 (at --price-per-gpu-hour)" in result.stdout
+
+
+def test_status_and_the_report_show_the_runs_share_of_its_roofline(run_null, cli, write_jsonl, tmp_path):
+    """A run on a GPU qbatch has figures for records its roofline in stats.json (the null engine has no GPU:
+    the record is written here as a GPU run writes it); `qbatch status` and the report show it, and a
+    damaged record is named, never a traceback."""
+    out = tmp_path / "out"
+    assert run_null(write_jsonl([{"id": "a", "prompt": "hi"}]), "-o", out).exit_code == 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["roofline"] is None  # no GPU: no roofline
+    stats["roofline"] = {"gpu": "H200", "gpus": 1, "bound": "memory", "seconds": 9.9, "share": 0.45}
+    (out / "stats.json").write_text(json.dumps(stats))
+    status = cli("status", out)
+    assert "of the GPU's roofline  45% (1x H200, memory-bound: 9.9s at best for this work)" in status.output
+    assert cli("report", out).exit_code == 0
+    page = (out / "report.html").read_text()
+    assert "of what this GPU can do for this work" in page and "roofline: 9.9s at best, memory-bound" in page
+    stats["roofline"] = "fast"
+    (out / "stats.json").write_text(json.dumps(stats))
+    damaged = cli("status", out)
+    assert damaged.exit_code == 1 and "'roofline' is text, not an object" in damaged.output
