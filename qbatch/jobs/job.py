@@ -22,6 +22,7 @@ from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults,
 from qbatch.inputs.shapes import STAND_IN_HINT, NamedColumns, StandIns
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows, rows_size
 from qbatch.jobs.planning import DOCUMENT_SAMPLE, FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups
+from qbatch.jobs.ids import DigestLog, RepeatedIds, id_digest
 from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
 from qbatch.log import log
@@ -100,6 +101,8 @@ class Job:
     loaded: dict[str, Preparer] = field(default_factory=dict, compare=False, repr=False)  # shared by with_plan
     # LoRA adapters whose weights cannot be used, each with what is wrong: left out of the engines, their rows fail
     unusable_adapters: dict[str, str] = field(default_factory=dict)
+    # the ids the pre-scan found more than once, once it has run (shared by with_plan, as `loaded`)
+    repeats: RepeatedIds = field(default_factory=RepeatedIds, compare=False, repr=False)
 
     @classmethod
     def setup(cls, spec: JobSpec, machine: Machine | None = None) -> Job:
@@ -226,6 +229,10 @@ class Job:
         at the end (benchmarks/simulate_order.py models it; docs/benchmarks.md has the figures).
         Windows are held back one window to see the end.
 
+        The ids met are remembered to drop (--dedupe) a later row of the same id: every one until the
+        pre-scan (which runs beside the first windows) has found which ids repeat, then only those
+        (ids.py): a run's memory does not grow by its rows' ids.
+
         Rows that share documents (longest-first order, the first DOCUMENT_SAMPLE rows' prompts
         sharing long prefixes: prefixes.py) get whole windows from the start instead: a document's
         questions meet only inside one window, and a vLLM cache too small for every document
@@ -241,7 +248,9 @@ class Job:
         if size < self.spec.plan.sort_window and self._shares_documents(sample):
             size = self.spec.plan.sort_window
         for row, rid in chain(sample, rows):
-            if rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
+            if not self._may_repeat(rid):
+                window.append((row, rid))
+            elif rid in seen:  # only reached with --dedupe: duplicates were refused up front otherwise
                 failures.append(Failure(rid, row.source, row.row_index, row.line, DUPLICATE_ID,
                                         f"id '{rid}' already appeared earlier in the input; dropped by --dedupe"))
             else:
@@ -256,6 +265,10 @@ class Job:
             window, failures = full.rows + window, full.failures + failures
         if window or failures:
             yield RowWindow(window, failures)
+
+    def _may_repeat(self, rid: str) -> bool:
+        repeated = self.repeats.digests
+        return repeated is None or (bool(repeated) and id_digest(rid) in repeated)
 
     def _shares_documents(self, rows: list[tuple[Row, str]]) -> bool:
         """Whether these rows' prompts share documents (the rule in _row_windows); logged once."""
@@ -298,9 +311,8 @@ class Job:
         shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
         columns = ColumnScan(self._parquet_schemas())
         named = NamedColumns(self.spec.input)
-        stand_ins = StandIns(self.spec.input)
         preparer = self.preparer
-        counts: dict[str, int] = {}
+        todo = DigestLog()
         rows_read = [0] * len(self.files)
         for row in self.rows():
             rows_read[row.source_index] += 1
@@ -310,11 +322,29 @@ class Job:
                 named.add(row)
             rid = preparer.row_id(row)
             if in_shard(rid, shard) and rid not in done:
+                todo.add(id_digest(rid))
+        named.check()
+        repeated = todo.repeated()
+        counts, stand_ins = self._count_repeated(repeated, shard, done)
+        self._refuse_duplicates(counts, shard, done, stand_ins.clashes(counts))
+        self.repeats.digests = repeated
+        return InputScan(len(todo), rows_read, columns.finish())
+
+    def _count_repeated(self, repeated: set[int], shard: tuple[int, int] | None, done: set[str]
+                        ) -> tuple[dict[str, int], StandIns]:
+        """The rows of each id whose digest repeats, and the stand-ins among them: a second reading of the
+        inputs, only when some digest repeats (a duplicated id, or two ids that share a digest, which
+        their counts here tell apart: each once)."""
+        counts: dict[str, int] = {}
+        stand_ins = StandIns(self.spec.input)
+        if not repeated:
+            return counts, stand_ins
+        for row in self.rows():
+            rid = self.preparer.row_id(row)
+            if id_digest(rid) in repeated and in_shard(rid, shard) and rid not in done:
                 counts[rid] = counts.get(rid, 0) + 1
                 stand_ins.add(row, rid)
-        named.check()
-        self._refuse_duplicates(counts, shard, done, stand_ins.clashes(counts))
-        return InputScan(sum(counts.values()), rows_read, columns.finish())
+        return counts, stand_ins
 
     def _parquet_schemas(self) -> dict[int, Any]:
         return {i: parquet_schema(path) for i, path in enumerate(self.files)
