@@ -23,7 +23,6 @@ from qbatch.output.schema import conform, empty_results
 from qbatch.output.schema import from_manifest as result_schema_of
 from qbatch.output.tables import ERROR_SCHEMA
 
-ORDER = ["source_index", "row_index"]
 JSONL_SLICE_ROWS = 10_000
 COMPLETIONS_URL = "/v1/completions"
 STAND_IN_ID_ERRORS = ("missing_id", "bad_line")  # error rows whose id qbatch made up: the request's key is unknown
@@ -39,10 +38,9 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     `model` (the job's --model as given) is the `model` of results.jsonl's responses.
     """
     schema = result_schema_of(out.manifest() if manifest is None else manifest)
-    results = _scan(out.part_files(RESULT_PREFIX) if result_parts is None else result_parts)
-    if schema is not None:
-        results = empty_results(schema) if results is None else conform(results, schema)
-    atomic_write(out.path / "results.parquet", lambda tmp: _sink_results(results, tmp))
+    parts = out.part_files(RESULT_PREFIX) if result_parts is None else result_parts
+    _scan(parts)  # every footer read first: a part that cannot be read is named before anything is written
+    atomic_write(out.path / "results.parquet", lambda tmp: _sink_results(parts, schema, tmp))
 
     errors = _scan(out.part_files(ERROR_PREFIX) if error_parts is None else error_parts)
     if errors is None:
@@ -59,8 +57,12 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     atomic_write(out.path / "errors.parquet", lambda tmp: errors_frame.sink_parquet(tmp, compression="zstd"))
 
     # rows_ok counts ids (input rows); with n > 1 (a result row a sample) samples_ok counts result rows.
-    num_ids, num_samples = pl.scan_parquet(out.path / "results.parquet").select(
-        pl.col("id").n_unique(), pl.len()).collect().row(0)
+    # results.parquet holds each id's samples once, the first numbered 0: its ids are its rows of sample 0
+    # (counted streaming, where n_unique would hash every id)
+    written = pl.scan_parquet(out.path / "results.parquet")
+    samples = "sample_index" in written.collect_schema().names()
+    first = (pl.col("sample_index").fill_null(0) == 0).sum() if samples else pl.len()
+    num_ids, num_samples = written.select(first.alias("ids"), pl.len().alias("rows")).collect().row(0)
     counts = {
         "rows_ok": num_ids,
         "rows_failed": pl.scan_parquet(out.path / "errors.parquet").select(pl.len()).collect().item(),
@@ -82,35 +84,32 @@ def flag_counts(path: Path) -> dict[str, int]:
     return {flag: counts[flag] for flag in FLAGS if counts.get(flag)}
 
 
-def _sink_results(results: pl.LazyFrame | None, path: Path) -> None:
-    """The results in input order, each id (with n > 1: each id and sample) once."""
-    if results is None:  # a folder from before the recorded schema, without results
-        results = pl.LazyFrame(schema={"id": pl.String, "source_index": pl.Int32, "row_index": pl.Int64})
-    names = results.collect_schema().names()
-    if "embedding" in names:
-        # 4 KB a row: sorted a range at a time, never the whole corpus in memory (ranges.py)
-        sink_by_ranges(results, path)
+def _sink_results(parts: list[Path], schema: Any, path: Path) -> None:
+    """The results in input order, each id (with n > 1: each id and sample) once, a range of input rows
+    at a time (ranges.py): the assembly's memory does not grow with the job. Parts hold whole rows
+    (every sample of an id, written together), so a redone chunk repeats all of an id's samples and
+    the first copy of each is kept."""
+    if not parts:
+        frame = empty_results(schema) if schema is not None else pl.LazyFrame(
+            schema={"id": pl.String, "source_index": pl.Int32, "row_index": pl.Int64})
+        frame.drop("source_index").sink_parquet(path, compression="zstd")
         return
-    # is_first_distinct looks at the id column alone: unique(subset="id") holds every column
-    # in its hash table (twice the peak memory, same output).
-    # With n > 1 samples an id has several rows, one per sample_index: (id, sample_index) is then
-    # the key. Parts hold whole rows (every sample of an id, written together), so a redone chunk
-    # repeats all of an id's samples and the first copy of each is kept.
-    if "sample_index" in names:
-        results = results.with_columns(pl.col("sample_index").fill_null(0))  # parts of one-sample rows only
-        results = results.filter(pl.struct("id", "sample_index").is_first_distinct()).sort([*ORDER, "sample_index"])
-    else:
-        results = results.filter(pl.col("id").is_first_distinct()).sort(ORDER)
-    results.drop("source_index").sink_parquet(path, compression="zstd")
+
+    def frame_of(paths: list[Path]) -> pl.LazyFrame:
+        frame = _scan(paths, check=False)
+        return frame if schema is None else conform(frame, schema)
+
+    sink_by_ranges(parts, frame_of, path)
 
 
-def _scan(paths: list[Path]) -> pl.LazyFrame | None:
-    """The parts as one frame; a part that cannot be read is an OutputError naming it (footers read here)."""
+def _scan(paths: list[Path], *, check: bool = True) -> pl.LazyFrame | None:
+    """The parts as one frame; a part that cannot be read is an OutputError naming it (footers read here,
+    unless `check` is off: read before)."""
     import pyarrow.parquet as pq
 
     if not paths:
         return None
-    for path in paths:
+    for path in paths if check else ():
         with reading(path, PART_HINT):
             pq.ParquetFile(path).close()
     return pl.concat([pl.scan_parquet(p) for p in paths], how="diagonal_relaxed")

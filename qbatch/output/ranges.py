@@ -1,14 +1,17 @@
-"""results.parquet written a range of input rows at a time, for results too large to sort in memory.
+"""results.parquet written a range of input rows at a time: the assembly's memory does not grow with the job.
 
 polars sorts a whole frame in memory, even in its streaming engine: a million 1,024-dim embeddings
-(4 GB) took 6.2 GB of RSS to assemble (docs/benchmarks.md, "Embeddings"). Every part holds the rows
-of one chunk, and a chunk is cut from one window of consecutive input rows, so the rows of a range
-of input positions lie in a few parts: each range is read (the parts' Parquet statistics skip the
-others), de-duplicated, sorted and appended to the file, and memory holds one range at a time.
+(4 GB) took 6.2 GB of RSS to assemble, and a million short answers 500 MB (docs/benchmarks.md,
+"Embeddings" and "memory per row"). Every part holds the rows of one chunk, and a chunk is cut from
+one window of consecutive input rows, so the rows of a range of input positions lie in a few
+parts: the parts' row spans are read once from their footers, and each range reads only the parts
+that overlap it, is de-duplicated, sorted and appended to the file; memory holds one range at a time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +21,92 @@ import polars as pl
 RANGE_ROWS = 32_768
 
 
-def sink_by_ranges(results: pl.LazyFrame, path: Path, *, range_rows: int = RANGE_ROWS) -> None:
-    """Write `results` (rows keyed by source_index, row_index; a redone chunk's copies kept once, by id)
-    to `path` in input order, without source_index, one range of rows at a time."""
+@dataclass(frozen=True)
+class PartSpan:
+    """The input rows a part holds, from its footer; source_index None: unknown (read for every range)."""
+
+    path: Path
+    source_index: int | None
+    first: int = 0
+    last: int = -1
+
+    def overlaps(self, source_index: int, low: int, high: int) -> bool:
+        return self.source_index is None or (self.source_index == source_index and self.first < high
+                                             and self.last >= low)
+
+
+def part_span(path: Path) -> PartSpan:
+    """Its rows' source and row_index bounds (its Parquet statistics), unknown when it holds several sources."""
     import pyarrow.parquet as pq
 
-    bounds = results.group_by("source_index").agg(pl.col("row_index").max().alias("last")).sort("source_index").collect()
+    meta = pq.ParquetFile(path).metadata
+    bounds: dict[str, list[int]] = {"source_index": [], "row_index": []}
+    for group in range(meta.num_row_groups):
+        for column in range(meta.num_columns):
+            chunk = meta.row_group(group).column(column)
+            name, stats = chunk.path_in_schema, chunk.statistics
+            if name in bounds and meta.row_group(group).num_rows:
+                if stats is None or not stats.has_min_max:
+                    return PartSpan(path, None)
+                bounds[name] += [stats.min, stats.max]
+    sources, rows = bounds["source_index"], bounds["row_index"]
+    if not rows:
+        return PartSpan(path, None) if meta.num_rows else PartSpan(path, -1)
+    if not sources or min(sources) != max(sources):
+        return PartSpan(path, None)
+    return PartSpan(path, sources[0], min(rows), max(rows))
+
+
+def sink_by_ranges(paths: list[Path], frame_of: Callable[[list[Path]], pl.LazyFrame], path: Path, *,
+                   range_rows: int = RANGE_ROWS) -> None:
+    """Write the rows of the parts at `paths` (`frame_of` reads some of them as one frame, keyed by
+    source_index, row_index, and with n > 1 sample_index; a redone chunk's copies kept once, the first
+    part's) to `path` in input order, without source_index, one range of rows at a time."""
+    import pyarrow.parquet as pq
+
+    spans = [part_span(p) for p in paths]
+    columns = frame_of(paths).collect_schema()
+    key, order = (["id", "sample_index"], ["row_index", "sample_index"]) if "sample_index" in columns else (["id"], ["row_index"])
     writer: Any = None
     try:
-        for source_index, last in bounds.iter_rows():
+        for source_index, last in _last_rows(spans, frame_of).items():
             for low in range(0, last + 1, range_rows):
-                frame = (results.filter((pl.col("source_index") == source_index) & (pl.col("row_index") >= low)
-                                        & (pl.col("row_index") < low + range_rows))
-                         .filter(pl.col("id").is_first_distinct()).sort("row_index").drop("source_index").collect())
-                table = frame.to_arrow()
+                chosen = [s.path for s in spans if s.overlaps(source_index, low, low + range_rows)]
+                if not chosen:
+                    continue
+                frame = (_with_columns(frame_of(chosen), columns)
+                         .filter((pl.col("source_index") == source_index) & (pl.col("row_index") >= low)
+                                 & (pl.col("row_index") < low + range_rows)))
+                if "sample_index" in columns:
+                    frame = frame.with_columns(pl.col("sample_index").fill_null(0))
+                table = frame.filter(pl.struct(key).is_first_distinct()).sort(order).drop("source_index").collect().to_arrow()
                 if writer is None:
                     writer = pq.ParquetWriter(path, table.schema, compression="zstd")
                 writer.write_table(table.cast(writer.schema))
         if writer is None:  # no rows: the empty frame's columns
-            results.drop("source_index").head(0).sink_parquet(path, compression="zstd")
+            frame_of(paths).drop("source_index").head(0).sink_parquet(path, compression="zstd")
     finally:
         if writer is not None:
             writer.close()
+
+
+def _last_rows(spans: list[PartSpan], frame_of: Callable[[list[Path]], pl.LazyFrame]) -> dict[int, int]:
+    """Each source's last row_index among the parts, in source order (read from the rows where a footer does not say)."""
+    unknown = [s.path for s in spans if s.source_index is None]
+    last: dict[int, int] = {}
+    for span in spans:
+        if span.source_index is not None and span.source_index >= 0:
+            last[span.source_index] = max(last.get(span.source_index, -1), span.last)
+    if unknown:
+        bounds = frame_of(unknown).group_by("source_index").agg(pl.col("row_index").max()).collect()
+        for source_index, row_index in bounds.iter_rows():
+            if source_index is not None:
+                last[source_index] = max(last.get(source_index, -1), row_index)
+    return dict(sorted(last.items()))
+
+
+def _with_columns(frame: pl.LazyFrame, columns: pl.Schema) -> pl.LazyFrame:
+    """`frame` in every part's columns (a column these parts lack: null), so that each range has one schema."""
+    present = frame.collect_schema().names()
+    return frame.select([pl.col(name) if name in present else pl.lit(None, dtype=kind).alias(name)
+                         for name, kind in columns.items()])
