@@ -45,6 +45,11 @@ from qbatch.plan.roofline import Work
 from qbatch.records import Failure
 from qbatch.spec import JobSpec
 
+# Memory the windows freed is handed back to the OS at most this often, as parts are written: glibc
+# keeps it in the stage threads' arenas otherwise, and a run of 1M rows grew by 100 MB more without
+# (docs/benchmarks.md, "memory per row"); a trim takes a few milliseconds.
+TRIM_EVERY_S = 5.0
+
 
 def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Summary:
     """Run a job to completion (or resume it) on the engines of `pool`. `events`: its progress for the
@@ -115,6 +120,7 @@ class _Run:
         self._held: list[Failure] = []  # the windows' failures before the run opened
         self._windows_handed = 0  # windows whose chunks the engine has
         self._telemetry: Telemetry | None = None
+        self._trimmed = time.monotonic()
 
     def execute(self) -> Summary:
         found, started_early = self._prepare()
@@ -317,6 +323,9 @@ class _Run:
         record = self._parts.write_on_stop() if on_stop else self._parts.write()
         if record is not None:
             self.summary.parts.append(record)
+        if time.monotonic() - self._trimmed >= TRIM_EVERY_S:
+            release_freed_memory()
+            self._trimmed = time.monotonic()
 
     # -- reporting ---------------------------------------------------------------
     def _begin_reporting(self, engine: Any, ready: str, generating_since: float) -> None:
