@@ -8,6 +8,7 @@ import errno
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from qbatch.errors import EXIT_FATAL
@@ -18,8 +19,8 @@ DISK_FULL = "parquet: File out of specification: underlying IO error: No space l
 @pytest.fixture
 def disk_fills_at(monkeypatch):
     """disk_fills_at(out, name): the disk of `out` fills up as OUT_DIR/name is written: polars' writes fail as
-    they do on a full disk (a ComputeError naming the OS error, part of the file written), and so does every
-    later write of a file of `out`."""
+    they do on a full disk (a ComputeError naming the OS error, part of the file written), pyarrow's as it
+    does (an OSError, errno 28), and so does every later write of a file of `out`."""
 
     def fill(out: Path, name: str) -> None:
         full = []
@@ -38,7 +39,15 @@ def disk_fills_at(monkeypatch):
                 raise OSError(errno.ENOSPC, "No space left on device")
             return write_text(path, *args, **kwargs)
 
+        def write_table(writer, table, *args, **kwargs):  # results.parquet goes a range at a time (ranges.py)
+            if Path(writer.where).name.startswith(name) or full:
+                full.append(name)
+                raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+            return write_range(writer, table, *args, **kwargs)
+
+        write_range = pq.ParquetWriter.write_table
         monkeypatch.setattr(pl.LazyFrame, "sink_parquet", sink)
+        monkeypatch.setattr(pq.ParquetWriter, "write_table", write_table)  # pyarrow's error on a full disk
         monkeypatch.setattr(Path, "write_text", text)
 
     return fill
