@@ -42,7 +42,7 @@ def print_summary(summary: Summary) -> None:
         *_flag_rows(summary),
         *_yardstick_rows(summary),
     ])
-    for line in flag_lines(summary.flags, summary.total_samples or summary.total_ok):
+    for line in flag_lines(summary.flags, summary.result_rows):
         click.echo(f"  {line}")
 
 
@@ -78,8 +78,7 @@ def _flag_rows(summary: Summary) -> list[tuple[str, str]]:
     """The results' rows a user must not miss (output/flags.py), when there are any: said again below with their fixes."""
     if not any(summary.flags.values()):
         return []
-    rows = summary.total_samples or summary.total_ok
-    return [("answers to check", f"{sum(summary.flags.values()):,} of {rows:,} rows (" +
+    return [("answers to check", f"{sum(summary.flags.values()):,} of {summary.result_rows:,} rows (" +
              ", ".join(f"{n:,} {flag}" for flag, n in summary.flags.items() if n) + ")")]
 
 
@@ -156,8 +155,8 @@ def print_status(info: dict[str, Any]) -> None:
     if info["hint"]:
         rows.append(("hint", info["hint"]))
     _table(f"qbatch status {info['output_dir']}", rows)
-    if info.get("flags") and last.get("rows_ok"):
-        for line in flag_lines(info["flags"], last["rows_ok"]):  # the last run's rows with no usable answer
+    if info.get("flags") and info.get("result_rows"):
+        for line in flag_lines(info["flags"], info["result_rows"]):  # results.parquet's rows with no usable answer
             click.echo(f"  {line}")
 
 

@@ -79,6 +79,11 @@ class Summary:
             self.failures_by_kind[f.error] = self.failures_by_kind.get(f.error, 0) + 1
 
     @property
+    def result_rows(self) -> int:
+        """Rows of results.parquet: what `flags` counts are of."""
+        return self.total_samples or self.total_ok
+
+    @property
     def prompt_tok_s(self) -> float:
         return self.prompt_tokens / self.generate_s if self.generate_s else 0.0
 
@@ -111,5 +116,5 @@ def exit_code(summary: Summary, *, fail_on_row_errors: bool, max_unusable: float
 
 def too_many_unusable(summary: Summary, max_unusable: float) -> bool:
     """Whether more than `max_unusable` (a share) of the results' rows have no usable answer."""
-    rows = summary.total_samples or summary.total_ok
+    rows = summary.result_rows
     return rows > 0 and unusable(summary.flags) / rows > max_unusable

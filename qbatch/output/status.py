@@ -46,7 +46,8 @@ def read_status(output_dir: str) -> dict[str, Any]:
                                                     "generate_s", "wall_s", "output_tok_s", "total_tok_s")},
         "updated_at": manifest.get("updated_at"),
         "live": _live(folder, total, done, failed, said.get("phase")) if holder is not None else None,
-        "flags": stats.get("flags"),
+        "flags": stats.get("flags"),  # counted over results.parquet's rows, not the last run's alone
+        "result_rows": stats.get("total_samples") or stats.get("total_ok"),
         "roofline": stats.get("roofline"),
     }
 

@@ -254,7 +254,8 @@ class BatchWorker(threading.Thread):
         batch = self.store.update_batch(batch_id, changes, new_files=files)
         log.info(f"serve: batch {batch_id} {status} ({counts['completed']} completed, {counts['failed']} failed)")
         # the lines stay OpenAI's (finish_reason "length"); the log says what a user must not miss (flags.py)
-        for line in flag_lines(flag_counts(out / "results.parquet"), counts["completed"]):
+        # (counted over results.parquet's rows: with n > 1 a request's line holds several)
+        for line in flag_lines(flag_counts(out / "results.parquet"), _num_rows(out / "results.parquet")):
             log.warning(f"serve: batch {batch_id}: {line}")
         return batch
 
@@ -312,3 +313,10 @@ def batch_usage(results: Path) -> dict[str, Any]:
     row = frame.select(total("prompt_tokens", per_request=True), total("completion_tokens", per_request=False),
                        total("cached_tokens", per_request=True)).collect().row(0)
     return usage(*(int(value or 0) for value in row))
+
+
+def _num_rows(path: Path) -> int:
+    """The rows of a Parquet file, from its footer."""
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(path).num_rows

@@ -63,8 +63,7 @@ class RunSummary(Summary):
         lines = [f"qbatch {'embed' if embeds else 'run'} {self.status}: {rows}",
                  f"tokens in / out {self.prompt_tokens:,} / {self.completion_tokens:,}; {rate}",
                  f"generate {self.generate_s:.1f}s of wall {self.wall_s:.1f}s (engine start {self.engine_start_s:.1f}s)"]
-        flags = getattr(self, "flags", None) or {}  # counts of results.parquet's rows by flag, where recorded
-        lines += [f"flag: {for_python(line)}" for line in flag_lines(flags, self.total_samples or self.samples_ok)]
+        lines += [f"flag: {for_python(line)}" for line in flag_lines(self.flags, self.result_rows)]
         if self.output_dir and Path(self.output_dir).is_dir():  # not a call's temporary folder, removed
             lines.append(f"output {self.output_dir}")
         return lines

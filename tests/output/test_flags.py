@@ -51,6 +51,8 @@ def test_rows_that_ended_inside_their_reasoning_are_flagged_counted_and_can_fail
     assert json.loads((out / "stats.json").read_text())["flags"] == {IN_REASONING: 4}
     again = run_qwen3(cli, tiny_qwen3, write_jsonl(ROWS), "-o", out)  # the rerun resumes, the flags are still counted
     assert again.exit_code == 0 and "4 of 4 rows ended inside their reasoning" in again.stdout
+    # status counts them over results.parquet's rows too, not over the last run's (which did none)
+    assert "4 of 4 rows ended inside their reasoning" in cli("status", out).output
 
 
 def test_thinking_off_raw_prompts_and_completions_lines_are_not_split(cli, tiny_qwen3, write_jsonl, tmp_path):
