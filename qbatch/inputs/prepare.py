@@ -112,7 +112,9 @@ class Preparer:
         self.base_sampling = base_sampling
         self.positional_prefix = positional_prefix
         self.embeds = spec.engine.task == "embed"  # text in, vectors out: no chat template, no output tokens
-        self.model_thinks = "</think>" in tokenizer.get_vocab() and not self.embeds
+        vocab = tokenizer.get_vocab()  # a dict of the whole vocabulary, built anew by each call: read once
+        self._think_ids = (vocab.get(THINK_OPEN), vocab.get(THINK_CLOSE))
+        self.model_thinks = self._think_ids[1] is not None and not self.embeds
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
         self.splicer = ChatSplicer(_chat_template(tokenizer) if self.has_template else None, self._apply_template)
         self._backend_agrees: dict[bool, bool] = {}  # add_special_tokens -> backend gives tokenizer()'s ids
@@ -464,8 +466,7 @@ class Preparer:
 
     def _closes_reasoning(self, ids: list[int]) -> bool:
         """Whether a prompt's last think token closes the reasoning (vLLM's parsers then constrain from the start)."""
-        vocab = self.tokenizer.get_vocab()
-        open_id, close_id = vocab.get(THINK_OPEN), vocab.get(THINK_CLOSE)
+        open_id, close_id = self._think_ids
         for token in reversed(ids):
             if token == close_id:
                 return True

@@ -17,8 +17,8 @@ from typing import Any
 
 from qbatch.jobs.summary import Summary
 from qbatch.log import log
-from qbatch.models.registry import cache_dir
-from qbatch.plan.roofline import Roofline, Work, gpu_peak, model_cost, roofline
+from qbatch.models.registry import cache_dir, text_config
+from qbatch.plan.roofline import ModelCost, Roofline, Work, gpu_peak, roofline
 
 RATES_FILE = "rates.jsonl"
 HISTORY_RUNS = 20  # the latest runs of a model on a machine an estimate reads
@@ -41,7 +41,7 @@ def job_roofline(job: Any, work: Work) -> Roofline | None:
     """The roofline of `work` on the job's GPUs; None off a GPU, or where qbatch lacks the GPU's or model's figures."""
     machine = job.plan.machine
     gpu = gpu_peak(machine.gpu_name) if machine.platform == "cuda" else None
-    cost = model_cost(job.model_path, machine.model.weights_bytes)
+    cost = ModelCost.of_config(text_config(job.model_path) or {}, machine.model.weights_bytes)
     if gpu is None or cost is None:
         return None
     return roofline(work, cost, gpu, gpus=len(set(job.plan.engine.devices)) or 1)

@@ -204,7 +204,7 @@ def model_max_len(model_path: str, revision: str | None) -> int:
     Read from config.json where it says: importing Transformers for AutoConfig takes
     seconds, which would delay the engines' start (they start right after this).
     """
-    config = _text_config(model_path)
+    config = text_config(model_path)
     if config is not None and isinstance(config.get("max_position_embeddings"), int):
         return config["max_position_embeddings"]
     from transformers import AutoConfig  # not a local folder with a plain config: Transformers knows more layouts
@@ -225,7 +225,7 @@ def weights_bytes(model_path: str) -> int | None:
     files = [f for f in folder.glob("*") if f.suffix in (".safetensors", ".bin", ".gguf")] if folder.is_dir() else []
     if files:
         return sum(f.stat().st_size for f in files)
-    config = _text_config(model_path)
+    config = text_config(model_path)
     if config is None:
         return None
     try:
@@ -260,7 +260,7 @@ def architectures(model_path: str) -> list[str] | None:
     return None if config is None else [str(a) for a in config.get("architectures") or []]
 
 
-def _text_config(model_path: str) -> dict[str, Any] | None:
+def text_config(model_path: str) -> dict[str, Any] | None:
     """A local model's config.json, its language model's part for multimodal ones; None without one."""
     config = _config(model_path)
     if config is None:
@@ -305,7 +305,7 @@ REASONING_PARSERS = {"qwen3": "qwen3", "qwen3_moe": "qwen3"}
 
 def reasoning_parser(model_path: str) -> str | None:
     """vLLM's reasoning parser for a model (its config's model_type, else a hub name), or None."""
-    config = _text_config(model_path)
+    config = text_config(model_path)
     if config is not None:
         return REASONING_PARSERS.get(str(config.get("model_type", "")))
     return "qwen3" if "qwen3" in model_path.lower() else None

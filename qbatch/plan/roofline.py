@@ -14,9 +14,7 @@ reaches a share of it, never more. No GPU, or one not in GPUS: no roofline.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 STEP_ROWS = 1024  # rows a decode step, as vLLM's max_num_seqs on a large GPU: what the weights' read is shared by
@@ -118,14 +116,3 @@ def roofline(work: Work, model: ModelCost, gpu: GpuPeak, gpus: int = 1) -> Roofl
     bound = "memory" if memory_s >= compute_s else "compute"
     return Roofline(max(memory_s, compute_s) / max(gpus, 1), bound, gpu.name, max(gpus, 1))
 
-
-def model_cost(model_path: str, weights_bytes: int | None) -> ModelCost | None:
-    """A local model's cost figures from its config.json; None without one."""
-    path = Path(model_path) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    return ModelCost.of_config(config.get("text_config") or config, weights_bytes)
