@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from qbatch.output.columns import json_text
 from qbatch.output.flags import row_flag
 from qbatch.output.reasoning import split_reasoning
 from qbatch.output.samples import COLUMN_TYPES, per_sample, sample_columns
@@ -150,9 +151,4 @@ def _array(name: str, values: list[Any]) -> pa.Array:
 def _typed_array(values: list[Any], kind: pa.DataType | None) -> pa.Array:
     """A carried column's values with the type decided for the whole input; None: JSON text,
     every value (strings too) through json.dumps, so that every value parses as JSON."""
-    if kind is not None:
-        return pa.array(values, type=kind)
-    import json
-
-    return pa.array([None if v is None else json.dumps(v, default=str, ensure_ascii=False) for v in values],
-                    type=pa.string())
+    return json_text(values) if kind is None else pa.array(values, type=kind)
