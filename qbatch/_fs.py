@@ -32,10 +32,10 @@ def normal_path(path: str | os.PathLike[str]) -> str:
 
     Lexical (`a/..` goes) where that means what the OS means; where a `..` follows a symbolic link to a
     folder, it is the parent of the link's target, so the path up to the last `..` is resolved as the
-    OS resolves it. `-` (standard input) stays.
+    OS resolves it. `-` (standard input) and a URL (`s3://bucket/out`: an object store's) stay.
     """
     text = os.fspath(path)
-    if text == "-":
+    if text == "-" or is_url(text):
         return text
     parts = text.split(os.sep)
     if ".." in parts:
@@ -43,6 +43,11 @@ def normal_path(path: str | os.PathLike[str]) -> str:
         if _has_link(parts[:last - 1]):
             text = os.path.join(os.path.realpath(os.sep.join(parts[:last]) or os.sep), *parts[last:])
     return os.path.normpath(text)
+
+
+def is_url(text: str) -> bool:
+    """Whether `text` is a URL (`scheme://...`), not a path: an object store's object or folder (qbatch.storage)."""
+    return re.match(r"[a-z][a-z0-9+.-]*://", text) is not None
 
 
 def _has_link(parts: list[str]) -> bool:

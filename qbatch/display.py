@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from qbatch._fs import is_url
 from qbatch.jobs.summary import Summary
 from qbatch.output.flags import flag_lines
 
@@ -35,9 +36,9 @@ def print_summary(summary: Summary) -> None:
         ("input tok/s", f"{summary.prompt_tok_s:,.1f}") if embeds else ("output tok/s", f"{summary.output_tok_s:,.1f}"),
         ("engine start / generate / wall", f"{summary.engine_start_s:.1f}s / {summary.generate_s:.1f}s / {summary.wall_s:.1f}s"),
         ("of the rest: setup / assemble", f"{summary.setup_s:.1f}s / {summary.assemble_s:.1f}s"),
-        ("results", f"{Path(summary.output_dir or '.') / 'results.parquet'} ({summary.total_ok:,} rows"
+        ("results", f"{_in_folder(summary.output_dir, 'results.parquet')} ({summary.total_ok:,} rows"
                     f"{_samples(summary.total_samples, summary.total_ok)})"),
-        ("errors", f"{Path(summary.output_dir or '.') / 'errors.parquet'} ({summary.total_failed:,} rows)"),
+        ("errors", f"{_in_folder(summary.output_dir, 'errors.parquet')} ({summary.total_failed:,} rows)"),
         *_adapter_lines(summary.adapters),
         *_flag_rows(summary),
         *_yardstick_rows(summary),
@@ -176,3 +177,10 @@ def _live_lines(live: dict[str, Any] | None) -> list[tuple[str, str]]:
         rows.append(("gpu utilization", ", ".join(f"GPU {d}: {u:.0f}%" for d, u in live["gpu_util_pct"].items()
                                                   if u is not None)))
     return rows
+
+
+def _in_folder(output_dir: str | None, name: str) -> str:
+    """A file of the output folder as the user names it: a path, or in an object store a URL (not `s3:/b/x`)."""
+    if output_dir and is_url(output_dir):
+        return f"{output_dir.rstrip('/')}/{name}"
+    return str(Path(output_dir or ".") / name)

@@ -137,3 +137,10 @@ def first_line(exc: BaseException, limit: int = 500) -> str:
     """An exception's first line (library messages run to pages), for one-line reports."""
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:limit]
+
+
+class StorageError(QbatchError):
+    """An object store cannot be reached or used: no credentials, access denied, no such bucket, a missing
+    library. The message never holds a credential (the store's own words, the URL, the hint)."""
+
+    exit_code = EXIT_USAGE

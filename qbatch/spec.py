@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbatch._fs import normal_path
+from qbatch._fs import is_url, normal_path
 from qbatch.errors import RowError, SpecError
 from qbatch.sampling import SAMPLING_KEY_SET, check_params, check_structured
 
@@ -473,7 +473,7 @@ def _relative_to(base: Path, value: Any) -> Any:
     """Paths in a job file are relative to it; `-` (standard input) is no path."""
     if isinstance(value, list):
         return [_relative_to(base, item) for item in value]
-    if isinstance(value, str) and value != "-" and not Path(value).is_absolute():
+    if isinstance(value, str) and value != "-" and not is_url(value) and not Path(value).is_absolute():
         return normal_path(base / value)
     return value
 

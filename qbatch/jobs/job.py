@@ -103,10 +103,14 @@ class Job:
     unusable_adapters: dict[str, str] = field(default_factory=dict)
     # the ids the pre-scan found more than once, once it has run (shared by with_plan, as `loaded`)
     repeats: RepeatedIds = field(default_factory=RepeatedIds, compare=False, repr=False)
+    # The name the run records an input under where it is not its path: a remote object's URL, by its local
+    # copy's path (inputs/remote.py)
+    input_names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def setup(cls, spec: JobSpec, machine: Machine | None = None) -> Job:
-        """The job of `spec`: its inputs found, the machine and model probed (unless given), the spec resolved."""
+    def setup(cls, spec: JobSpec, machine: Machine | None = None, names: dict[str, str] | None = None) -> Job:
+        """The job of `spec`: its inputs found, the machine and model probed (unless given), the spec resolved.
+        `names`: the URL of each input copied from an object store, by its copy's path."""
         files = expand_inputs(spec.input.inputs)
         sizes = tuple(rows_size(path) if may_grow(path, detect_format(path, spec.input.format)) else None
                       for path in files)
@@ -120,7 +124,17 @@ class Job:
         if spec.engine.task == "embed":
             check_dimensions(plan.spec, plan.model_path)
             _warn_generation_settings(spec)
-        return cls(plan, files, sizes, unusable_adapters=unusable)
+        return cls(plan, files, sizes, unusable_adapters=unusable, input_names=names or {})
+
+    def input_name(self, path: Path) -> str:
+        """What the run records the input `path` as (fingerprint, manifest, `source`): its URL when it is the
+        copy of an object, else its resolved path."""
+        return self.input_names.get(str(path)) or str(path.resolve())
+
+    @property
+    def input_labels(self) -> list[str]:
+        """The inputs as the results' `source` column names them: a copy's URL, else the path as found."""
+        return [self.input_names.get(str(p)) or str(p) for p in self.files]
 
     def with_plan(self, plan: Plan) -> Job:
         return self if plan == self.plan else replace(self, plan=plan)
@@ -179,7 +193,7 @@ class Job:
             settings["backend"] = "vllm"
         seen = Fingerprint.of_manifest(previous).seen_sizes()
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
-        inputs = [input_identity(p, f, seen_size=seen.get(str(p.resolve())), size=size)
+        inputs = [replace(input_identity(p, f, seen_size=seen.get(self.input_name(p)), size=size), path=self.input_name(p))
                   for p, f, size in zip(self.files, formats, self.sizes, strict=True)]
         return Fingerprint(settings, models.model_identity(self.spec.engine.model, self.model_path), tuple(inputs))
 

@@ -32,9 +32,10 @@ def new_manifest(spec: JobSpec, model_path: str, previous: dict[str, Any] | None
     return manifest
 
 
-def input_rows(files: list[Path], rows_read: list[int]) -> list[dict[str, Any]]:
-    """Rows read from each input file, for `qbatch merge` to tell which shard read less."""
-    return [{"path": str(path.resolve()), "rows": n} for path, n in zip(files, rows_read, strict=True)]
+def input_rows(names: list[str], rows_read: list[int]) -> list[dict[str, Any]]:
+    """Rows read from each input (by its resolved path, or an object's URL: Job.input_name), for `qbatch
+    merge` to tell which shard read less."""
+    return [{"path": name, "rows": n} for name, n in zip(names, rows_read, strict=True)]
 
 
 def covered_inputs(limit: int | None, rows_read: list[int]) -> bool:

@@ -70,7 +70,7 @@ def open_manifest(job: Job, out: OutputDir, found: Found, scan: InputScan, engin
         widen_parts(out, recorded, column_types, own=own_names(spec))
     manifest = new_manifest(spec, job.model_path, found.previous, found.fingerprint, status="running")
     manifest.update(engine_choice=engine_choice)
-    manifest.update(rows_total=scan.num_todo + len(found.done), input_rows=input_rows(job.files, scan.rows_read),
+    manifest.update(rows_total=scan.num_todo + len(found.done), input_rows=input_rows([job.input_name(p) for p in job.files], scan.rows_read),
                     covered_inputs=False)
     manifest.update(to_manifest(column_types))
     vectors = vector_size(job.model_path, spec.engine.backend) if spec.engine.task == "embed" else None

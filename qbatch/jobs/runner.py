@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any
 
 from qbatch.engines.base import Chunk
 from qbatch.engines.pool import EnginePool
-from qbatch.errors import SpecError
+from qbatch.errors import QbatchError, SpecError
+from qbatch.inputs.remote import has_remote, spool_remote
 from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
 from qbatch.jobs.events import RunEvents
 from qbatch.jobs.job import Job, PlannedWindow
@@ -44,6 +45,8 @@ from qbatch.plan import Plan
 from qbatch.plan.roofline import Work
 from qbatch.records import Failure
 from qbatch.spec import JobSpec
+from qbatch.storage.stage import StagedFolder
+from qbatch.storage.urls import Url, is_remote
 
 # Memory the windows freed is handed back to the OS at most this often, as parts are written: glibc
 # keeps it in the stage threads' arenas otherwise, and a run of 1M rows grew by 100 MB more without
@@ -60,13 +63,19 @@ def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Sum
     if spec.output.dry_run:
         with spooled_for_dry_run(spec) as spooled, rare_collections():
             return dry_run(choose_for_shape(Job.setup(spooled), set(), pool), started)
-    # Inputs read once (stdin, pipes) are copied into the output folder: under its lock, so set up after it.
-    job = None if has_streams(spec.input.inputs) else Job.setup(spec)
     if not spec.output.output_dir:
         raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
+    if is_remote(spec.output.output_dir):
+        return _run_staged(spec, pool, events)
+    # Inputs read once (stdin, pipes) and objects of a store are copied into the output folder: under its
+    # lock, so set up after it.
+    copied = has_streams(spec.input.inputs) or has_remote(spec.input.inputs)
+    job = None if copied else Job.setup(spec)
     out = OutputDir(spec.output.output_dir).open()
     try:
-        job = job or Job.setup(spool_streams(spec, out.path))
+        if job is None:
+            copies, names = spool_remote(spool_streams(spec, out.path), out.path)
+            job = Job.setup(copies, names=names)
         with rare_collections():
             return _Run(job, out, pool, events, started).execute()
     except BaseException:
@@ -74,6 +83,21 @@ def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Sum
         raise
     finally:
         out.close()
+
+
+def _run_staged(spec: JobSpec, pool: EnginePool, events: RunEvents) -> Summary:
+    """A run whose output folder is in an object store: on a local copy that the store is kept in step with
+    (storage/stage.py), under the folder's lock there; the summary names the store's folder."""
+    url = spec.output.output_dir
+    staged = StagedFolder(Url.parse(url), locked=True).open()
+    try:
+        summary = run(replace(spec, output=replace(spec.output, output_dir=str(staged.path))), pool, events)
+    except BaseException:
+        with suppress(QbatchError):  # what the run wrote before it failed goes up; its own error is the one said
+            staged.close()
+        raise
+    staged.close()
+    return replace(summary, output_dir=url)
 
 
 def _undo_open(out: OutputDir) -> None:
@@ -187,7 +211,7 @@ class _Run:
         ready = f"engine ready in {self.summary.engine_start_s:.1f}s{early}"
         generating_since = time.monotonic()
         spec = job.spec
-        self._parts = PartWriter(self.out, [str(p) for p in job.files], generating_since,
+        self._parts = PartWriter(self.out, job.input_labels, generating_since,
                                  include_prompt=spec.output.include_prompt,
                                  embed=spec.embed if spec.engine.task == "embed" else None)
         windows.start()

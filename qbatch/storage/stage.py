@@ -1,0 +1,142 @@
+"""An output folder in an object store, worked on through a local copy ("stage").
+
+A run takes the folder's lock (lock.py), copies its objects into a new local folder, and runs there as on
+any local folder (OutputDir: atomic parts, manifest, resume by ids). Every SYNC_S a thread renews the lease
+and uploads what changed: new parts first, each as one whole object, then manifest.json, so an object
+store's reader never finds a manifest that counts parts it cannot see; files the run removed (--restart)
+are removed there first. A run killed outright loses what it wrote since the last sync, which its resume
+(from any machine, once the lease lapsed) redoes. Closing uploads the rest (manifest.json last), releases
+the lock and removes the local copy. A run that lost its lock (it stopped renewing for longer than the
+lease, and another run took the folder) uploads nothing more and fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from qbatch._fs import TMP_MARK
+from qbatch.errors import LockedError, QbatchError
+from qbatch.log import carried, log
+from qbatch.storage.lock import RemoteLock
+from qbatch.storage.store import ObjectInfo, Store
+from qbatch.storage.urls import Url
+
+LOCK_OBJECT = ".qbatch.lock"
+REMOTE_INPUTS = "inputs/remote"  # copies of remote inputs (spool.py): the objects are already in the store
+LAST = "manifest.json"  # uploaded after the parts it counts
+
+
+class StagedFolder:
+    """A local copy of the object-store folder `url` (`path`), kept in step with it while open."""
+
+    def __init__(self, url: Url, *, locked: bool):
+        self.url, self.locked = url, locked
+        self.store = Store(url)
+        self.lock = RemoteLock(self.store, url) if locked else None
+        self.path = Path(tempfile.mkdtemp(prefix="qbatch-stage-"))
+        self._synced: dict[str, tuple[int, int]] = {}  # relative name: (size, mtime_ns) as last uploaded or pulled
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lost: str | None = None  # why this run may no longer write (lost its lock)
+        self._sync_lock = threading.Lock()
+
+    def open(self) -> StagedFolder:
+        try:
+            if self.lock is not None:
+                self.lock.acquire()
+            self.pull()
+        except BaseException:
+            self.discard()
+            raise
+        if self.lock is not None:
+            self._thread = threading.Thread(target=carried(self._keep_in_step), name="qbatch-stage", daemon=True)
+            self._thread.start()
+        return self
+
+    def pull(self) -> None:
+        """Copy the folder's objects (not its lock) into the stage."""
+        for found in self.store.walk(self.url):
+            name = self.url.relative(found.url)
+            if name == LOCK_OBJECT or TMP_MARK in name:
+                continue
+            local = self.path / name
+            self.store.download(found.url, local)
+            self._synced[name] = _stamp(local)
+        log.debug(f"{self.url}: {len(self._synced)} objects copied to {self.path}")
+
+    def objects(self) -> list[ObjectInfo]:
+        return self.store.walk(self.url)
+
+    # -- keeping in step ------------------------------------------------------
+    def _keep_in_step(self) -> None:
+        assert self.lock is not None
+        while not self._stop.wait(self.lock.lease / 4):
+            try:
+                if not self.lock.renew():
+                    self._lost = "its lease lapsed and another run took the folder over"
+                    log.error(f"{self.url}: this run lost its lock ({self._lost}); it uploads nothing more")
+                    return
+                self.push()
+            except QbatchError as exc:  # the store unreachable for a while: the next round tries again
+                log.warning(f"{self.url}: cannot sync the output folder yet: {exc}")
+
+    def push(self) -> None:
+        """Upload what changed since the last push (parts first, manifest.json last); remove what went."""
+        with self._sync_lock:
+            if self._lost:
+                return
+            now = {name: _stamp(self.path / name) for name in self._local_names()}
+            for name in sorted(set(self._synced) - set(now)):
+                self.store.delete(self.url.child(name))
+                del self._synced[name]
+            changed = [name for name, stamp in now.items() if self._synced.get(name) != stamp]
+            for name in sorted(changed, key=lambda n: (n == LAST, n)):
+                self.store.upload(self.path / name, self.url.child(name))
+                self._synced[name] = now[name]
+
+    def _local_names(self) -> list[str]:
+        names = []
+        for file in self.path.rglob("*"):
+            name = file.relative_to(self.path).as_posix()
+            if file.is_file() and not file.is_symlink() and TMP_MARK not in file.name and name != LOCK_OBJECT \
+                    and not name.startswith(REMOTE_INPUTS + "/"):
+                names.append(name)
+        return names
+
+    # -- closing ----------------------------------------------------------------
+    def close(self) -> None:
+        """Upload the rest, release the lock, remove the stage. LockedError: the lock was lost meanwhile."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            if self.lock is not None and not self._lost:
+                if not self.lock.renew():
+                    self._lost = "its lease lapsed and another run took the folder over"
+                else:
+                    self.push()
+                    self.lock.release()
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+        if self._lost:
+            raise LockedError(f"this run lost the output folder's lock: {self._lost}", where=str(self.url),
+                              hint="its last results were not uploaded; rerun to resume from what the folder holds")
+
+    def discard(self) -> None:
+        """Stop without uploading (the lock released if held): for a run that failed before writing."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            if self.lock is not None and self.lock.held and not self._lost:
+                self.lock.release()
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
