@@ -8,15 +8,19 @@ their traceback.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
+from qbatch._fs import is_url
 from qbatch.log import log, setup as setup_log
 from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, EXIT_UNUSABLE, Interrupted, QbatchError
 from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
@@ -145,6 +149,25 @@ def _adapters(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
             raise click.BadParameter(f"adapter '{name}' is given twice", ctx=ctx, param=param)
         adapters[name] = path
     return adapters
+
+
+class FolderOrUrl(click.Path):
+    """A local folder, checked as click.Path checks it, or an object store's folder (`s3://bucket/out`),
+    checked when it is read."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return value if isinstance(value, str) and is_url(value) else super().convert(value, param, ctx)
+
+
+@contextlib.contextmanager
+def _named(local: Path, url: str) -> Iterator[None]:
+    """Errors about the local copy of an object store's folder name the folder's URL instead."""
+    try:
+        yield
+    except QbatchError as exc:
+        if exc.where and exc.where.startswith(str(local)):
+            exc.where = url + exc.where[len(str(local)):]
+        raise
 
 
 def _paths(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -528,7 +551,7 @@ def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str 
 
 
 @cli.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False), callback=_paths)
+@click.argument("output_dir", type=FolderOrUrl(exists=True, file_okay=False), callback=_paths)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(output_dir: str, as_json: bool) -> None:
     """Show what an output folder holds: rows done, failed, remaining, and whether a run is live.
@@ -537,11 +560,21 @@ def status(output_dir: str, as_json: bool) -> None:
     Examples:
       qbatch status out/
       qbatch status out/ --json | jq .rows_done
+      qbatch status s3://bucket/out/
     """
     from qbatch.display import print_status
     from qbatch.output.status import read_status
 
-    info = read_status(output_dir)
+    if is_url(output_dir):
+        from qbatch.storage.lock import live_holder
+        from qbatch.storage.stage import viewed
+
+        with viewed(output_dir) as view, _named(view.path, output_dir):
+            holder = live_holder(view.store, view.url)
+            info = read_status(str(view.path), live_run=None if holder is None else (str(holder), {}))
+        info["output_dir"] = output_dir
+    else:
+        info = read_status(output_dir)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
@@ -549,7 +582,7 @@ def status(output_dir: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False), callback=_paths)
+@click.argument("output_dir", type=FolderOrUrl(exists=True, file_okay=False), callback=_paths)
 @click.option("-o", "--output", "path", type=click.Path(dir_okay=False), callback=_paths,
               help="Where to write the page.  [default: OUTPUT_DIR/report.html]")
 def report(output_dir: str, path: str | None) -> None:
@@ -563,10 +596,24 @@ def report(output_dir: str, path: str | None) -> None:
     Examples:
       qbatch report out/
       qbatch report out/ -o /tmp/run.html
+      qbatch report s3://bucket/out/
     """
-    from qbatch.report.page import write_report
+    from qbatch.report.page import REPORT_NAME, write_report
 
-    click.echo(str(write_report(output_dir, path)))
+    if not is_url(output_dir):
+        click.echo(str(write_report(output_dir, path)))
+        return
+    from qbatch.storage.stage import viewed
+    from qbatch.storage.store import Store
+    from qbatch.storage.urls import Url
+
+    with viewed(output_dir) as view, _named(view.path, output_dir):  # the page uploaded beside the results
+        page = write_report(view.path, None if path is None or is_url(path) else path)
+        if path is None or is_url(path):
+            target = Url.parse(path) if path else view.url.child(REPORT_NAME)
+            Store(target).upload(page, target)
+            page = target
+    click.echo(str(page))
 
 
 def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -724,7 +771,7 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
 
 
 @cli.command()
-@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False), callback=_paths)
+@click.argument("shard_dirs", nargs=-1, required=True, type=FolderOrUrl(exists=True, file_okay=False), callback=_paths)
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), callback=_paths,
               help="Folder for the merged results.")
 @click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), default="parquet", show_default=True,
@@ -739,10 +786,16 @@ def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> N
     Examples:
       qbatch merge out/shard-0 out/shard-1 -o out/all
       qbatch merge out/shard-* -o out/all --output-format jsonl-openai
+      qbatch merge s3://bucket/out/shard-0 s3://bucket/out/shard-1 -o s3://bucket/out/all
     """
     from qbatch.output.merge import merge as merge_shards
+    from qbatch.storage.stage import staged, viewed
 
-    counts = merge_shards(list(shard_dirs), output_dir, openai_jsonl=output_format == "jsonl-openai")
+    with contextlib.ExitStack() as folders:  # folders of an object store: local copies, the output's uploaded
+        local = [str(folders.enter_context(viewed(d)).path) if is_url(d) else d for d in shard_dirs]
+        target = str(folders.enter_context(staged(output_dir)).path) if is_url(output_dir) else output_dir
+        counts = merge_shards(local, target, openai_jsonl=output_format == "jsonl-openai",
+                              shard_names=[d if is_url(d) else None for d in shard_dirs])
     click.echo(f"merged {len(shard_dirs)} shards into {output_dir}: {counts['rows_ok']:,} results, "
                f"{counts['rows_failed']:,} errors")
 

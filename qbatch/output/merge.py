@@ -44,8 +44,10 @@ class Shard:
         return f"shard {self.index}/{self.total} ({self.folder})"
 
 
-def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False) -> dict[str, int]:
-    """Assemble the shards' parts into OUTPUT_DIR; return row counts."""
+def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False,
+          shard_names: list[str | None] | None = None) -> dict[str, int]:
+    """Assemble the shards' parts into OUTPUT_DIR; return row counts. `shard_names`: what the manifest records
+    a shard as where it is not its folder's path (None: the path), the URL of an object store's folder."""
     _check_output_folder(output_dir, shard_dirs)
     shards = _read_shards(shard_dirs)
     _check_split(shards)
@@ -68,7 +70,7 @@ def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False)
         first = shards[0].manifest
         schema = result_schema_of(first)
         fingerprint = shards[0].fingerprint.without_shard()
-        out.write_manifest({"status": "completed", "merged_from": [str(Path(s.folder).resolve()) for s in shards],
+        out.write_manifest({"status": "completed", "merged_from": _names(shards, shard_dirs, shard_names),
                             "fingerprint": fingerprint.save(), "counts": counts, "spec": first.get("spec", {}),
                             "input_rows": first["input_rows"], "limit": None, "covered_inputs": True,
                             **({} if schema is None else schema_to_manifest(schema))})
@@ -175,6 +177,12 @@ def _check_same_inputs(shards: list[Shard]) -> None:
         raise CheckpointMismatch(
             f"{', '.join(s.name for s in behind)} read another version of {name} than {ahead.name}",
             hint="rerun every shard on the same input (with --restart where a rerun refuses), then merge again")
+
+
+def _names(shards: list[Shard], shard_dirs: list[str], shard_names: list[str | None] | None) -> list[str]:
+    """Each shard as the merged manifest records it: its name where given, else its folder's resolved path."""
+    given = dict(zip(shard_dirs, shard_names or [], strict=False))
+    return [given.get(s.folder) or str(Path(s.folder).resolve()) for s in shards]
 
 
 def _rows_were(count: int) -> str:

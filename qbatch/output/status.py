@@ -12,11 +12,12 @@ from qbatch.errors import OutputError
 RERUN_HINT = "the run was stopped before it finished: rerun the same `qbatch run` command to resume"
 
 
-def read_status(output_dir: str) -> dict[str, Any]:
-    """Rows done / failed / remaining, last run's throughput, lock holder, completion."""
+def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Rows done / failed / remaining, last run's throughput, lock holder, completion. `live_run`: who holds
+    the folder and what it said, where the folder's own lock cannot tell (a copy of an object store's folder)."""
     folder = OutputDir(output_dir)
     manifest = folder.manifest()
-    live_run = folder.live_run()
+    live_run = live_run or folder.live_run()
     holder, said = live_run or (None, {})
     if manifest is None and holder is None:
         raise OutputError("not a qbatch output folder (no manifest.json)", where=output_dir,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from qbatch._fs import TMP_MARK
@@ -140,3 +142,27 @@ class StagedFolder:
 def _stamp(path: Path) -> tuple[int, int]:
     stat = path.stat()
     return stat.st_size, stat.st_mtime_ns
+
+
+@contextmanager
+def viewed(url: str) -> Iterator[StagedFolder]:
+    """A local copy of the folder `url` to read (`qbatch status`, `report`, `merge`'s shards): no lock taken,
+    nothing uploaded, removed afterwards. A run writing there meanwhile may add parts the copy lacks."""
+    staged = StagedFolder(Url.parse(url), locked=False).open()
+    try:
+        yield staged
+    finally:
+        staged.discard()
+
+
+@contextmanager
+def staged(url: str) -> Iterator[StagedFolder]:
+    """A local copy of the folder `url` to write (`qbatch merge`'s output), under its lock; uploaded when the
+    block ends without an error, dropped when it fails."""
+    folder = StagedFolder(Url.parse(url), locked=True).open()
+    try:
+        yield folder
+    except BaseException:
+        folder.discard()
+        raise
+    folder.close()

@@ -203,19 +203,23 @@ def _open(url: Url) -> Any:
     if url.scheme == "s3":
         if os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
             options["client_options"] = {"allow_http": True}  # a local store (MinIO, moto) without TLS
-        if "AWS_ACCESS_KEY_ID" not in os.environ and _has_boto3():
+        session = _boto3_session() if "AWS_ACCESS_KEY_ID" not in os.environ else None
+        if session is not None:
             from obstore.auth.boto3 import Boto3CredentialProvider
 
-            options["credential_provider"] = Boto3CredentialProvider()  # AWS_PROFILE, SSO, config files
+            options["credential_provider"] = Boto3CredentialProvider(session)  # AWS_PROFILE, SSO, config files
     return from_url(f"{url.scheme}://{url.bucket}", **options)
 
 
-def _has_boto3() -> bool:
+def _boto3_session() -> Any:
+    """boto3's session where it is installed and finds credentials (a profile, SSO, a role), else None:
+    obstore reads the environment and the cloud's metadata service itself."""
     try:
-        import boto3  # noqa: F401
+        import boto3
     except ImportError:
-        return False
-    return True
+        return None
+    session = boto3.Session()
+    return session if session.get_credentials() is not None else None
 
 
 def _hf_info(found: dict[str, Any]) -> ObjectInfo:

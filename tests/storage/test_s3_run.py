@@ -42,3 +42,36 @@ def test_run_from_a_glob_into_an_s3_folder(run_null_short, s3, bucket):
     again = run_null_short(f"s3://{bucket}/prompts/p*.jsonl", "-o", f"s3://{bucket}/out")
     assert again.exit_code == 0, again.output
     assert "rows already done               12" in again.stdout
+
+
+def test_status_report_and_merge_on_s3_folders(run_null_short, cli, s3, bucket):
+    rows = [{"id": f"r{i}", "prompt": f"hi {i}"} for i in range(20)]
+    _put_jsonl(s3, bucket, "in/rows.jsonl", rows)
+    for shard in range(2):
+        result = run_null_short(f"s3://{bucket}/in/", "-o", f"s3://{bucket}/out/shard-{shard}", "--shard", f"{shard}/2",
+                                "--report")
+        assert result.exit_code == 0, result.output
+
+    status = cli("status", f"s3://{bucket}/out/shard-0", "--json")
+    assert status.exit_code == 0, status.output
+    info = json.loads(status.stdout)
+    assert info["output_dir"] == f"s3://{bucket}/out/shard-0" and info["status"] == "completed"
+    assert info["running"] is None and 0 < info["rows_done"] < 20
+
+    report = cli("report", f"s3://{bucket}/out/shard-1")
+    assert report.exit_code == 0, report.output
+    assert report.stdout.strip() == f"s3://{bucket}/out/shard-1/report.html"
+    page = s3.get_object(Bucket=bucket, Key="out/shard-1/report.html")["Body"].read()
+    assert page.startswith(b"<!DOCTYPE html>") or b"<html" in page[:500]
+
+    merged = cli("merge", f"s3://{bucket}/out/shard-0", f"s3://{bucket}/out/shard-1", "-o", f"s3://{bucket}/out/all")
+    assert merged.exit_code == 0, merged.output
+    assert f"into s3://{bucket}/out/all: 20 results" in merged.stdout
+    df = _parquet(s3, bucket, "out/all/results.parquet")
+    assert sorted(df["id"].to_list()) == sorted(r["id"] for r in rows)
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key="out/all/manifest.json")["Body"].read())
+    assert manifest["merged_from"] == [f"s3://{bucket}/out/shard-0", f"s3://{bucket}/out/shard-1"]
+
+    missing = cli("status", f"s3://{bucket}/nothing-here")
+    assert missing.exit_code != 0
+    assert f"not a qbatch output folder (no manifest.json) (s3://{bucket}/nothing-here)" in missing.output
