@@ -14,8 +14,6 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import click
@@ -157,17 +155,6 @@ class FolderOrUrl(click.Path):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         return value if isinstance(value, str) and is_url(value) else super().convert(value, param, ctx)
-
-
-@contextlib.contextmanager
-def _named(local: Path, url: str) -> Iterator[None]:
-    """Errors about the local copy of an object store's folder name the folder's URL instead."""
-    try:
-        yield
-    except QbatchError as exc:
-        if exc.where and exc.where.startswith(str(local)):
-            exc.where = url + exc.where[len(str(local)):]
-        raise
 
 
 def _paths(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -569,7 +556,7 @@ def status(output_dir: str, as_json: bool) -> None:
         from qbatch.storage.lock import live_holder
         from qbatch.storage.stage import viewed
 
-        with viewed(output_dir) as view, _named(view.path, output_dir):
+        with viewed(output_dir) as view, view.naming_errors():
             holder = live_holder(view.store, view.url)
             info = read_status(str(view.path), live_run=None if holder is None else (str(holder), {}))
         info["output_dir"] = output_dir
@@ -607,7 +594,7 @@ def report(output_dir: str, path: str | None) -> None:
     from qbatch.storage.store import Store
     from qbatch.storage.urls import Url
 
-    with viewed(output_dir) as view, _named(view.path, output_dir):  # the page uploaded beside the results
+    with viewed(output_dir) as view, view.naming_errors():  # the page uploaded beside the results
         page = write_report(view.path, None if path is None or is_url(path) else path)
         if path is None or is_url(path):
             target = Url.parse(path) if path else view.url.child(REPORT_NAME)

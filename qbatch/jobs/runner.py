@@ -91,7 +91,8 @@ def _run_staged(spec: JobSpec, pool: EnginePool, events: RunEvents) -> Summary:
     url = spec.output.output_dir
     staged = StagedFolder(Url.parse(url), locked=True).open()
     try:
-        summary = run(replace(spec, output=replace(spec.output, output_dir=str(staged.path))), pool, events)
+        with staged.naming_errors():
+            summary = run(replace(spec, output=replace(spec.output, output_dir=str(staged.path))), pool, events)
     except BaseException:
         with suppress(QbatchError):  # what the run wrote before it failed goes up; its own error is the one said
             staged.close()

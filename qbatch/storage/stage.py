@@ -108,6 +108,17 @@ class StagedFolder:
                 names.append(name)
         return names
 
+    @contextmanager
+    def naming_errors(self) -> Iterator[None]:
+        """Errors about the local copy name the folder's URL instead (`Error: ... (s3://bucket/out/parts)`)."""
+        try:
+            yield
+        except QbatchError as exc:
+            local = str(self.path)
+            if exc.where and exc.where.startswith(local):
+                exc.where = str(self.url) + exc.where[len(local):]
+            raise
+
     # -- closing ----------------------------------------------------------------
     def close(self) -> None:
         """Upload the rest, release the lock, remove the stage. LockedError: the lock was lost meanwhile."""

@@ -75,3 +75,26 @@ def test_status_report_and_merge_on_s3_folders(run_null_short, cli, s3, bucket):
     missing = cli("status", f"s3://{bucket}/nothing-here")
     assert missing.exit_code != 0
     assert f"not a qbatch output folder (no manifest.json) (s3://{bucket}/nothing-here)" in missing.output
+
+
+def test_embed_from_a_parquet_object_into_an_s3_folder(cli, bundled_model, s3, bucket):
+    frame = pl.DataFrame({"id": [f"e{i}" for i in range(10)], "prompt": [f"text {i}" for i in range(10)]})
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    s3.put_object(Bucket=bucket, Key="docs/texts.parquet", Body=buffer.getvalue())
+    result = cli("embed", f"s3://{bucket}/docs/texts.parquet", "-o", f"s3://{bucket}/vectors", "--model", bundled_model,
+                 "--backend", "null", "--progress", "none")
+    assert result.exit_code == 0, result.output
+    df = _parquet(s3, bucket, "vectors/results.parquet")
+    assert df["id"].to_list() == frame["id"].to_list() and "embedding" in df.columns
+
+
+def test_changed_input_object_is_refused_on_resume(run_null_short, s3, bucket):
+    from qbatch.errors import EXIT_MISMATCH
+
+    _put_jsonl(s3, bucket, "in.jsonl", [{"id": f"r{i}", "prompt": f"hi {i}"} for i in range(5)])
+    assert run_null_short(f"s3://{bucket}/in.jsonl", "-o", f"s3://{bucket}/out").exit_code == 0
+    _put_jsonl(s3, bucket, "in.jsonl", [{"id": f"r{i}", "prompt": f"ho {i}"} for i in range(5)])  # same size
+    again = run_null_short(f"s3://{bucket}/in.jsonl", "-o", f"s3://{bucket}/out")
+    assert again.exit_code == EXIT_MISMATCH, again.output
+    assert f"input s3://{bucket}/in.jsonl changed (not only appended to): same size" in again.output
