@@ -1,12 +1,13 @@
 """An output folder in an object store, worked on through a local copy ("stage").
 
 A run takes the folder's lock (lock.py), copies its objects into a new local folder, and runs there as on
-any local folder (OutputDir: atomic parts, manifest, resume by ids). Every SYNC_S a thread renews the lease
-and uploads what changed: new parts first, each as one whole object, then manifest.json, so an object
-store's reader never finds a manifest that counts parts it cannot see; files the run removed (--restart)
-are removed there first. A run killed outright loses what it wrote since the last sync, which its resume
-(from any machine, once the lease lapsed) redoes. Closing uploads the rest (manifest.json last), releases
-the lock and removes the local copy. A run that lost its lock (it stopped renewing for longer than the
+any local folder (OutputDir: atomic parts, manifest, resume by ids). Every lease / 4 seconds a thread renews
+the lease and uploads what changed: new parts first, each as one whole object, then manifest.json, so an
+object store's reader never finds a manifest that counts parts it cannot see; files the run removed
+(--restart) are removed there first. A folder's first manifest.json goes up before its parts instead, as a
+local run writes it before its first part (parts without a manifest are refused on resume). A run killed
+outright loses what it wrote since the last sync, which its resume (from any machine, once the lease
+lapsed) redoes. Closing uploads the rest (manifest.json last), releases the lock and removes the local copy. A run that lost its lock (it stopped renewing for longer than the
 lease, and another run took the folder) uploads nothing more and fails.
 """
 
@@ -95,7 +96,10 @@ class StagedFolder:
                 self.store.delete(self.url.child(name))
                 del self._synced[name]
             changed = [name for name, stamp in now.items() if self._synced.get(name) != stamp]
-            for name in sorted(changed, key=lambda n: (n == LAST, n)):
+            # A folder's first manifest goes first (parts without one are refused on resume: a run writes its
+            # manifest before its first part), a later one last (a completed one counts the parts before it).
+            first = LAST not in self._synced
+            for name in sorted(changed, key=lambda n: ((n == LAST) != first, n)):
                 self.store.upload(self.path / name, self.url.child(name))
                 self._synced[name] = now[name]
 

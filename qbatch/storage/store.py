@@ -91,6 +91,11 @@ class Store:
         with self.errors("write", url):
             return str(self._obstore().put(self._store, url.key, path)["e_tag"])
 
+    def delete(self, url: Url) -> None:
+        """Remove the object `url` (none there: nothing to do)."""
+        with self.errors("delete", url):
+            self._obstore().delete(self._store, url.key)
+
     def read(self, url: Url) -> tuple[bytes, str] | None:
         """A small object's bytes and ETag; None when there is none."""
         with self.errors("read", url):
