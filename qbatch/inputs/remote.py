@@ -13,10 +13,14 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from qbatch.errors import InputError
 from qbatch.inputs.readers import FOLDER_SUFFIXES, stable_path
+from qbatch.inputs.spool import spooled_for_dry_run
 from qbatch.log import log
 from qbatch.spec import JobSpec
 from qbatch.storage.store import ObjectInfo, Store
@@ -50,6 +54,18 @@ def spool_remote(spec: JobSpec, folder: Path) -> tuple[JobSpec, dict[str, str]]:
             inputs.append(str(copy))
             names[str(stable_path(copy))] = str(found.url)
     return dataclasses.replace(spec, input=dataclasses.replace(spec.input, inputs=inputs)), names
+
+
+@contextmanager
+def copied_for_dry_run(spec: JobSpec) -> Iterator[tuple[JobSpec, dict[str, str]]]:
+    """The spec with its streams and remote objects copied to a temporary folder (removed afterwards), and
+    the copies' URLs (spool_remote)."""
+    with spooled_for_dry_run(spec) as spooled:
+        if not has_remote(spooled.input.inputs):
+            yield spooled, {}
+            return
+        with tempfile.TemporaryDirectory(prefix="qbatch-remote-") as folder:
+            yield spool_remote(spooled, Path(folder))
 
 
 def expand_remote(store: Store, url: Url) -> list[ObjectInfo]:

@@ -25,8 +25,8 @@ from typing import Any
 from qbatch.engines.base import Chunk
 from qbatch.engines.pool import EnginePool
 from qbatch.errors import QbatchError, SpecError
-from qbatch.inputs.remote import has_remote, spool_remote
-from qbatch.inputs.spool import has_streams, spool_streams, spooled_for_dry_run
+from qbatch.inputs.remote import copied_for_dry_run, has_remote, spool_remote
+from qbatch.inputs.spool import has_streams, spool_streams
 from qbatch.jobs.events import RunEvents
 from qbatch.jobs.job import Job, PlannedWindow
 from qbatch.jobs.manifest import covered_inputs, now, record_interrupted, recording_stop
@@ -61,8 +61,8 @@ def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Sum
     events = events or RunEvents()
     started = time.monotonic()
     if spec.output.dry_run:
-        with spooled_for_dry_run(spec) as spooled, rare_collections():
-            return dry_run(choose_for_shape(Job.setup(spooled), set(), pool), started)
+        with copied_for_dry_run(spec) as (copies, names), rare_collections():
+            return dry_run(choose_for_shape(Job.setup(copies, names=names), set(), pool), started)
     if not spec.output.output_dir:
         raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
     if is_remote(spec.output.output_dir):
@@ -390,8 +390,8 @@ class _Run:
 def plan(spec: JobSpec, pool: EnginePool) -> Plan:
     """The plan a run of `spec` on `pool` would follow (its shape sampled where it may choose the engines);
     nothing is written, no engine starts."""
-    with spooled_for_dry_run(spec) as spooled:
-        return choose_for_shape(Job.setup(spooled), set(), pool).plan
+    with copied_for_dry_run(spec) as (copies, names):
+        return choose_for_shape(Job.setup(copies, names=names), set(), pool).plan
 
 
 def dry_run(job: Job, started: float) -> Summary:

@@ -41,6 +41,8 @@ def test_run_from_a_glob_into_an_s3_folder(run_null_short, s3, bucket):
 
     again = run_null_short(f"s3://{bucket}/prompts/p*.jsonl", "-o", f"s3://{bucket}/out")
     assert again.exit_code == 0, again.output
+    dry = run_null_short(f"s3://{bucket}/prompts/", "--dry-run")
+    assert dry.exit_code == 0, dry.output
     assert "rows already done               12" in again.stdout
 
 
