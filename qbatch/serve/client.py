@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from qbatch._fs import normal_path
+from qbatch._fs import is_url, normal_path
 from qbatch.errors import EXIT_USAGE, RemoteError, ServiceError, SpecError
 from qbatch.inputs.spool import is_stream
 from qbatch.jobs.summary import Summary
@@ -102,7 +102,9 @@ def absolute_paths(values: dict[str, Any], cwd: Path) -> dict[str, Any]:
         out["inputs"] = [out["inputs"]]
 
     def here(path: str) -> str:
-        return path if os.path.isabs(path) else normal_path(cwd / path)  # `link/..`: as the OS reads it
+        if os.path.isabs(path) or is_url(path):  # an object store's URL (s3://...) names the same thing everywhere
+            return path
+        return normal_path(cwd / path)  # `link/..`: as the OS reads it
 
     for item in out.get("inputs") or []:
         if is_stream(item):
