@@ -8,7 +8,6 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from qbatch.errors import OutputError
