@@ -23,10 +23,10 @@ from qbatch.inputs.readers import FOLDER_SUFFIXES, stable_path
 from qbatch.inputs.spool import spooled_for_dry_run
 from qbatch.log import log
 from qbatch.spec import JobSpec
+from qbatch.storage.stage import REMOTE_INPUTS
 from qbatch.storage.store import ObjectInfo, Store
 from qbatch.storage.urls import Url, is_remote
 
-REMOTE_FOLDER = "inputs/remote"
 OUTPUT_MARK = "manifest.json"  # an object-store folder that holds one is a qbatch output folder: no inputs
 
 
@@ -49,7 +49,7 @@ def spool_remote(spec: JobSpec, folder: Path) -> tuple[JobSpec, dict[str, str]]:
         url = Url.parse(item)
         store = stores.get((url.scheme, url.bucket)) or stores.setdefault((url.scheme, url.bucket), Store(url))
         for found in expand_remote(store, url):
-            copy = folder / REMOTE_FOLDER / found.url.scheme / found.url.path
+            copy = folder / REMOTE_INPUTS / found.url.scheme / found.url.path
             _fetch(store, found, copy)
             inputs.append(str(copy))
             names[str(stable_path(copy))] = str(found.url)

@@ -28,7 +28,7 @@ from qbatch.storage.store import ObjectInfo, Store
 from qbatch.storage.urls import Url
 
 LOCK_OBJECT = ".qbatch.lock"
-REMOTE_INPUTS = "inputs/remote"  # copies of remote inputs (spool.py): the objects are already in the store
+REMOTE_INPUTS = "inputs/remote"  # copies of remote inputs (inputs/remote.py): not uploaded, the objects are there
 LAST = "manifest.json"  # uploaded after the parts it counts
 
 
