@@ -1,0 +1,210 @@
+"""--backend ray across nodes: Ray's own multi-node test cluster (ray.cluster_utils.Cluster), a head and
+worker nodes on this host, each a raylet with its own resources.
+
+The head has no CPUs (`ray start --head --num-cpus 0`, as the scaling guide says), so no engine actor
+lands on the driver's node. The fast tests run the job through the CLI and the real coordinator and
+actors, with stand-in engines in the actors (the null engine's answers; one that keeps the rows it
+takes): where the actors land, and a node removed while its actor holds rows. The real test submits
+`qbatch run` through `ray job submit` (Ray's job server on the head) with the tiny model. One cluster
+per file and part of the suite; no process of it is left afterwards, also after a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import psutil
+import pytest
+
+from qbatch.engines.base import NullEngine
+from qbatch.engines.messages import EngineSample
+from tests.jobs.test_signals import _alive
+
+ROOT = Path(__file__).resolve().parents[2]
+GONE_WITHIN_S = 60  # a cluster's processes exit this long after it is shut down, at most
+RAY_ENGINE = re.compile(r"actor (\d+) \(node ([0-9a-f]{8}), [^,]+, pid \d+\)")
+
+pytest.importorskip("ray")
+
+
+@contextlib.contextmanager
+def ray_cluster(num_workers: int, **head: object) -> Iterator[object]:
+    """A head without CPUs and `num_workers` nodes of 2 CPUs; shut down afterwards, and none of its
+    processes (raylets, GCS, workers, actors, the dashboard's) may outlive it."""
+    from ray.cluster_utils import Cluster
+
+    seen: dict[int, psutil.Process] = {}
+    cluster = Cluster(shutdown_at_exit=True)
+
+    def note_processes() -> None:
+        """Every process the cluster's nodes started (raylets, GCS, ...) and theirs (workers, actors)."""
+        for node in cluster.list_all_nodes():
+            for info in (i for infos in node.all_processes.values() for i in infos):
+                with contextlib.suppress(psutil.Error):
+                    top = psutil.Process(info.process.pid)
+                    seen.update((p.pid, p) for p in [top, *top.children(recursive=True)])
+
+    try:
+        cluster.add_node(num_cpus=0, **head)
+        for _ in range(num_workers):
+            cluster.add_node(num_cpus=2)
+        cluster.note_processes = note_processes  # a test calls it while its actors live
+        yield cluster
+    finally:
+        note_processes()
+        with contextlib.suppress(Exception):
+            cluster.shutdown()
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while any(_alive(p) for p in seen.values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = [p for p in seen.values() if _alive(p)]
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        assert not left, f"processes of the Ray cluster left: {[(p.pid, p.name()) for p in left]}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_cluster(2, include_dashboard=False) as running:
+        yield running
+
+
+class StandInEngine:
+    """The null engine's answers in an actor, at an idle engine's pace (the null engine itself spins on an
+    empty feed). One that `stalls` takes two chunks, notes it in `held`, and never answers them."""
+
+    max_num_seqs = 8
+
+    def __init__(self, stalls: bool, held: Path):
+        self.stalls, self.held = stalls, held
+
+    def run(self, chunks):
+        taken = 0
+        for chunk in chunks:
+            if chunk is None:
+                time.sleep(0.005)
+                yield None
+            elif not self.stalls:
+                yield from NullEngine().run([chunk])
+            elif (taken := taken + 1) == 2:
+                self.held.touch()
+                while True:  # its rows stay in flight until its node goes
+                    time.sleep(0.1)
+                    yield None
+
+    def sample(self) -> EngineSample:
+        return EngineSample(0, 0, 0, 0, 0)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class StandIns:
+    """How each actor starts its engine (RayEngine's `start`, pickled to the actors): a StandInEngine,
+    the one on node `stalls_on` stalling; each notes its node in `folder`."""
+
+    folder: str
+    stalls_on: str | None = None
+
+    def __call__(self, config, local_rank: int, local_world: int) -> StandInEngine:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        Path(self.folder, f"node-{os.getpid()}").write_text(node)
+        return StandInEngine(node == self.stalls_on, Path(self.folder, "held"))
+
+
+def ray_pool(start: StandIns):
+    from ray import cloudpickle
+
+    from qbatch.engines.pool import EnginePool
+    from qbatch.engines.ray_actors import RayEngine
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import a test module
+    return EnginePool(start=lambda config, wait=True: RayEngine(config, start=start))
+
+
+@pytest.fixture
+def rows():
+    return [{"id": f"r{i:03d}", "prompt": f"prompt number {i} " * (1 + i % 5)} for i in range(300)]
+
+
+def run_on(cluster, cli, job: list, pool, num_actors: int):
+    """`qbatch run JOB --backend ray` on the cluster with `num_actors` actors; the pool is closed after."""
+    try:
+        return cli(*job, "--backend", "ray", "--ray-address", cluster.address, "--data-parallel-size",
+                   str(num_actors), "--chunk-tokens", "64", "--progress", "log", pool=pool)
+    finally:
+        cluster.note_processes()
+        pool.close_all()
+
+
+def actor_nodes(records) -> dict[int, str]:
+    """Each engine actor's node (short id), from the run's log."""
+    return {int(m[1]): m[2] for r in records for m in RAY_ENGINE.finditer(r.getMessage())}
+
+
+def test_engine_actors_spread_over_the_worker_nodes_none_on_the_drivers(cluster, cli, write_jsonl, rows,
+                                                                        bundled_model, tmp_path, engine_log):
+    from qbatch.engines.ray_actors import short_id
+
+    job = ["run", write_jsonl(rows), "-o", tmp_path / "out", "--model", bundled_model]
+    result = run_on(cluster, cli, job, ray_pool(StandIns(str(tmp_path))), 2)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "out" / "results.parquet")["id"].to_list() == [r["id"] for r in rows]
+    workers = sorted(node.node_id for node in cluster.worker_nodes)
+    assert sorted(path.read_text() for path in tmp_path.glob("node-*")) == workers  # one actor on each
+    assert sorted(actor_nodes(engine_log.records).values()) == [short_id(node) for node in workers]
+    assert "2 engine actors (CPU) on 2 Ray node(s): actor 0 (node " in engine_log.text
+
+
+def test_a_node_lost_mid_run_loses_no_row_and_doubles_none(cluster, cli, write_jsonl, rows, bundled_model,
+                                                           tmp_path, engine_log):
+    """A third node joins; its actor takes two chunks and keeps them until the node is removed: its rows
+    in flight go to the actors on the other nodes, and results.parquet holds every row once."""
+    from qbatch.engines.ray_actors import short_id
+
+    doomed = cluster.add_node(num_cpus=2)
+    out, folder = tmp_path / "out", tmp_path / "engines"
+    folder.mkdir()
+
+    def remove_once_held() -> None:
+        deadline = time.monotonic() + 120
+        while not (folder / "held").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cluster.note_processes()
+        cluster.remove_node(doomed)
+
+    remover = threading.Thread(target=remove_once_held, daemon=True)
+    remover.start()
+    job = ["run", write_jsonl(rows), "-o", out, "--model", bundled_model]
+    result = run_on(cluster, cli, job, ray_pool(StandIns(str(folder), stalls_on=doomed.node_id)), 3)
+    remover.join()
+    assert result.exit_code == 0, result.output
+    assert (folder / "held").exists()
+    results = pl.read_parquet(out / "results.parquet")
+    assert results["id"].to_list() == [r["id"] for r in rows]  # every row, each once
+    assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
+
+    nodes = actor_nodes(engine_log.records)
+    lost = next(rank for rank, node in nodes.items() if node == short_id(doomed.node_id))
+    assert sorted(nodes.values()) == sorted(short_id(n.node_id) for n in [*cluster.worker_nodes, doomed])
+    messages = [r.getMessage() for r in engine_log.records if r.levelname == "WARNING"]
+    assert (f"Ray node {short_id(doomed.node_id)} left the cluster with engine actor(s) {lost}; their rows in "
+            f"flight go to the other actors") in messages
+    died = re.compile(rf"engine actor {lost} \(node {short_id(doomed.node_id)}, .+\) died; its ([0-9]+) rows in "
+                      rf"flight \(2 chunks\) go to the others")
+    assert [int(m[1]) for text in messages if (m := died.fullmatch(text))][0] > 0, messages
