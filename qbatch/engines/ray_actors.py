@@ -133,7 +133,12 @@ class RayEngine(Dispatcher):
         """Name the node a dead actor ran on when Ray shows it gone (a lost machine, not a lost process),
         once a node; the coordinator then says how many rows each of its actors held."""
         node = self._nodes.get(rank)
-        if node is None or node in self._lost or node in {n["NodeID"] for n in self._ray.nodes() if n["Alive"]}:
+        if node is None or node in self._lost:
+            return
+        try:
+            if node in {n["NodeID"] for n in self._ray.nodes() if n["Alive"]}:
+                return
+        except Exception:  # the cluster cannot say (its head is gone too): the coordinator's line alone
             return
         self._lost.add(node)
         ranks = [str(r) for r, n in sorted(self._nodes.items()) if n == node]

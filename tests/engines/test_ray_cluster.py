@@ -40,28 +40,36 @@ pytest.importorskip("ray")
 
 @contextlib.contextmanager
 def ray_cluster(num_workers: int, **head: object) -> Iterator[object]:
-    """A head without CPUs and `num_workers` nodes of 2 CPUs; shut down afterwards, and none of its
-    processes (raylets, GCS, workers, actors, the dashboard's) may outlive it."""
+    """A head without CPUs and `num_workers` nodes of 4 CPUs (room for every actor on one), shut down
+    afterwards; none of its processes (raylets, GCS, workers, actors, theirs) may outlive it."""
     from ray.cluster_utils import Cluster
 
-    seen: dict[int, psutil.Process] = {}
     cluster = Cluster(shutdown_at_exit=True)
+    seen: dict[int, psutil.Process] = {}
+    stopped = threading.Event()
 
     def note_processes() -> None:
-        """Every process the cluster's nodes started (raylets, GCS, ...) and theirs (workers, actors)."""
+        """Every process the nodes started and their descendants; noted every 0.5 s while the cluster
+        runs, so that one whose parent died is still known (an engine's own processes)."""
         for node in cluster.list_all_nodes():
             for info in (i for infos in node.all_processes.values() for i in infos):
                 with contextlib.suppress(psutil.Error):
                     top = psutil.Process(info.process.pid)
                     seen.update((p.pid, p) for p in [top, *top.children(recursive=True)])
 
+    def keep_noting() -> None:
+        while not stopped.wait(0.5):
+            with contextlib.suppress(Exception):  # a node removed meanwhile
+                note_processes()
+
     try:
         cluster.add_node(num_cpus=0, **head)
         for _ in range(num_workers):
-            cluster.add_node(num_cpus=2)
-        cluster.note_processes = note_processes  # a test calls it while its actors live
+            cluster.add_node(num_cpus=4)
+        threading.Thread(target=keep_noting, name="ray-cluster-processes", daemon=True).start()
         yield cluster
     finally:
+        stopped.set()
         note_processes()
         with contextlib.suppress(Exception):
             cluster.shutdown()
@@ -148,7 +156,6 @@ def run_on(cluster, cli, job: list, pool, num_actors: int):
         return cli(*job, "--backend", "ray", "--ray-address", cluster.address, "--data-parallel-size",
                    str(num_actors), "--chunk-tokens", "64", "--progress", "log", pool=pool)
     finally:
-        cluster.note_processes()
         pool.close_all()
 
 
@@ -177,7 +184,7 @@ def test_a_node_lost_mid_run_loses_no_row_and_doubles_none(cluster, cli, write_j
     in flight go to the actors on the other nodes, and results.parquet holds every row once."""
     from qbatch.engines.ray_actors import short_id
 
-    doomed = cluster.add_node(num_cpus=2)
+    doomed = cluster.add_node(num_cpus=4)
     out, folder = tmp_path / "out", tmp_path / "engines"
     folder.mkdir()
 
@@ -185,7 +192,6 @@ def test_a_node_lost_mid_run_loses_no_row_and_doubles_none(cluster, cli, write_j
         deadline = time.monotonic() + 120
         while not (folder / "held").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        cluster.note_processes()
         cluster.remove_node(doomed)
 
     remover = threading.Thread(target=remove_once_held, daemon=True)
@@ -208,3 +214,34 @@ def test_a_node_lost_mid_run_loses_no_row_and_doubles_none(cluster, cli, write_j
     died = re.compile(rf"engine actor {lost} \(node {short_id(doomed.node_id)}, .+\) died; its ([0-9]+) rows in "
                       rf"flight \(2 chunks\) go to the others")
     assert [int(m[1]) for text in messages if (m := died.fullmatch(text))][0] > 0, messages
+
+
+@pytest.mark.slow
+def test_ray_job_submit_runs_qbatch_with_its_engine_on_a_worker_node(tiny_qwen3, tmp_path):
+    """The real engine, once: `ray job submit -- qbatch run ...` on a cluster with Ray's job server; the
+    driver runs on the head, the engine actor on the worker node, every row once."""
+    from ray.job_submission import JobSubmissionClient
+
+    from qbatch.engines.ray_actors import short_id
+
+    rows = [{"id": f"r{i:02d}", "prompt": "word " * (1 + i % 20)} for i in range(40)]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    qbatch = [sys.executable, "-m", "qbatch.cli", "run", str(inp), "-o", str(out), "--model", tiny_qwen3,
+              "--max-model-len", "512", "--no-thinking", "--ignore-eos", "--max-tokens", "16", "--max-num-seqs", "8",
+              "--backend", "ray", "--data-parallel-size", "1", "--progress", "log"]
+    with ray_cluster(1, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=None) as cluster:
+        address = f"http://{cluster.webui_url}"
+        submit = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", address, "--", *qbatch]
+        started = time.monotonic()
+        done = subprocess.run(submit, cwd=ROOT, capture_output=True, text=True, timeout=480)
+        print(f"ray job submit: {time.monotonic() - started:.0f} s")
+        assert done.returncode == 0, done.stdout + done.stderr
+        job_id = re.search(r"Job '(raysubmit_\w+)' submitted successfully", done.stdout)[1]
+        driver = JobSubmissionClient(address).get_job_info(job_id).driver_node_id
+        (worker,) = cluster.worker_nodes
+        head = cluster.head_node.node_id
+    assert driver == head
+    assert f"1 engine actors (CPU) on 1 Ray node(s): actor 0 (node {short_id(worker.node_id)}, " in done.stdout
+    results = pl.read_parquet(out / "results.parquet")
+    assert results["id"].to_list() == [r["id"] for r in rows] and (results["completion_tokens"] == 16).all()
