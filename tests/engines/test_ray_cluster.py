@@ -154,7 +154,7 @@ def run_on(cluster, cli, job: list, pool, num_actors: int):
     """`qbatch run JOB --backend ray` on the cluster with `num_actors` actors; the pool is closed after."""
     try:
         return cli(*job, "--backend", "ray", "--ray-address", cluster.address, "--data-parallel-size",
-                   str(num_actors), "--chunk-tokens", "64", "--progress", "log", pool=pool)
+                   str(num_actors), "--max-tokens", "8", "--chunk-tokens", "100", "--progress", "log", pool=pool)
     finally:
         pool.close_all()
 
