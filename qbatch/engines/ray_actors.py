@@ -34,7 +34,7 @@ from qbatch.log import log
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # chunks are token ids: a few MB each
 STOP_TIMEOUT_S = 30.0
 LOG_FOLDER = "/tmp/ray/session_latest/logs"
-StartEngine = Callable[[EngineConfig, int, int], Any]  # (config, rank on its node, engines on its node) -> engine
+StartWorkerEngine = Callable[[EngineConfig, int, int], Any]  # (config, rank on its node, engines on its node) -> engine
 FORWARDED_ENV = ("VLLM_", "QBATCH_", "HF_")  # so an engine on another node is set up like a local one
 
 
@@ -45,7 +45,7 @@ class RayEngine(Dispatcher):
     passes a stand-in, which Ray pickles to the actors).
     """
 
-    def __init__(self, config: EngineConfig, start: StartEngine = start_engine):
+    def __init__(self, config: EngineConfig, start: StartWorkerEngine = start_engine):
         super().__init__()
         self._ray = import_ray()
         self._owns_ray = connect(self._ray, config)
@@ -167,7 +167,7 @@ class EngineActor:
 
     EVENT_WAIT_S = 1.0
 
-    def __init__(self, config: EngineConfig, start: StartEngine = start_engine):
+    def __init__(self, config: EngineConfig, start: StartWorkerEngine = start_engine):
         self._config = config
         self._start = start
         self._tasks: queue.Queue = queue.Queue()
