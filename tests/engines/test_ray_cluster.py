@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -63,9 +64,9 @@ def ray_cluster(num_workers: int, **head: object) -> Iterator[object]:
                 note_processes()
 
     try:
-        cluster.add_node(num_cpus=0, **head)
+        add_node(cluster, num_cpus=0, **head)
         for _ in range(num_workers):
-            cluster.add_node(num_cpus=4)
+            add_node(cluster, num_cpus=4)
         threading.Thread(target=keep_noting, name="ray-cluster-processes", daemon=True).start()
         yield cluster
     finally:
@@ -81,6 +82,16 @@ def ray_cluster(num_workers: int, **head: object) -> Iterator[object]:
             with contextlib.suppress(psutil.Error):
                 process.kill()
         assert not left, f"processes of the Ray cluster left: {[(p.pid, p.name()) for p in left]}"
+
+
+def add_node(cluster, **args):
+    """cluster.add_node, without the SIGTERM handler each node sets in this process (to shut itself
+    down): ray_cluster shuts the nodes down, and the tests this process runs next keep their own."""
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        return cluster.add_node(**args)
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +195,7 @@ def test_a_node_lost_mid_run_loses_no_row_and_doubles_none(cluster, cli, write_j
     in flight go to the actors on the other nodes, and results.parquet holds every row once."""
     from qbatch.engines.ray_actors import short_id
 
-    doomed = cluster.add_node(num_cpus=4)
+    doomed = add_node(cluster, num_cpus=4)
     out, folder = tmp_path / "out", tmp_path / "engines"
     folder.mkdir()
 
