@@ -33,8 +33,8 @@ QWEN3_TEMPLATE = (
 # The real-engine files that take longest (the durations and engine starts `make test` prints), first: `make
 # test` runs the real-engine tests on two workers, each file on one, so a long file started last would
 # leave the other worker idle at the end. The rest keep their order.
-LONGEST_FIRST = ("tests/jobs/test_signals.py", "tests/engines/test_ray.py", "tests/serve/test_serve_engine.py",
-                 "tests/bench/test_bench.py", "tests/session/test_notebook.py")
+LONGEST_FIRST = ("tests/jobs/test_signals.py", "tests/engines/test_ray.py", "tests/engines/test_ray_cluster.py",
+                 "tests/serve/test_serve_engine.py", "tests/bench/test_bench.py", "tests/session/test_notebook.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

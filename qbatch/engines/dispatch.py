@@ -216,7 +216,8 @@ class Dispatcher:
             retry.extend(held.left() for held in worker.outstanding.values())
             del self._workers[worker.rank]
             self._starting.discard(worker.rank)
-            log.warning("engine %s died; %d chunks go to the others", worker.label, len(worker.outstanding))
+            log.warning("engine %s died; its %d rows in flight (%d chunks) go to the others", worker.label,
+                        _rows(worker), len(worker.outstanding))
         if not self._workers:
             raise EngineError("every engine worker died", hint=RESUME_HINT)
 

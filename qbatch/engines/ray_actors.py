@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -33,17 +34,25 @@ from qbatch.log import log
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # chunks are token ids: a few MB each
 STOP_TIMEOUT_S = 30.0
 LOG_FOLDER = "/tmp/ray/session_latest/logs"
+StartWorkerEngine = Callable[[EngineConfig, int, int], Any]  # (config, rank on its node, engines on its node) -> engine
 FORWARDED_ENV = ("VLLM_", "QBATCH_", "HF_")  # so an engine on another node is set up like a local one
 
 
 class RayEngine(Dispatcher):
-    """Implements the Engine protocol over `data_parallel_size` Ray actors, one per GPU (or per CPU slot)."""
+    """Implements the Engine protocol over `data_parallel_size` Ray actors, one per GPU (or per CPU slot).
 
-    def __init__(self, config: EngineConfig):
+    `start`: how each actor starts its engine, in the actor (dispatch.start_engine: vLLM; a test
+    passes a stand-in, which Ray pickles to the actors).
+    """
+
+    def __init__(self, config: EngineConfig, start: StartWorkerEngine = start_engine):
         super().__init__()
         self._ray = import_ray()
         self._owns_ray = connect(self._ray, config)
+        self._start = start
         self._actors: list[Any] = []
+        self._nodes: dict[int, str] = {}  # each actor's Ray node id, by rank
+        self._lost: set[str] = set()  # nodes the cluster lost during the run (each said once)
         self._polls: dict[Any, int] = {}  # each live actor's pending events() call -> its rank
         self._inbox: deque[Message] = deque()  # messages already fetched, not yet handed to the coordinator
         self._dead: set[int] = set()
@@ -60,19 +69,25 @@ class RayEngine(Dispatcher):
         actor_class = ray.remote(EngineActor).options(
             max_concurrency=4,  # events() waits in a thread while submit() and stop() come in
             runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}},
+            # One engine a node before two on one: engines sharing a node split its cores (CPU), and a
+            # node that goes takes fewer engines with it. Nodes without the resource (a head started
+            # with `--num-cpus 0 --num-gpus 0`) get none.
+            scheduling_strategy="SPREAD",
             **({"num_gpus": config.kwargs()["tensor_parallel_size"]} if on_gpu else {"num_cpus": 1}),
         )
         worker = replace(config, backend="vllm", ray_address=None, data_parallel_size=1, engines_per_gpu=1)
-        self._actors = [actor_class.remote(worker) for _ in range(config.data_parallel_size)]
+        self._actors = [actor_class.remote(worker, self._start) for _ in range(config.data_parallel_size)]
         places = self._get([actor.where.remote() for actor in self._actors])
         nodes = [node for node, _, _ in places]
         local = _local_ranks(nodes)
         self._get([actor.start.remote(rank, *local[rank]) for rank, actor in enumerate(self._actors)])
-        for rank, (actor, (_, host, pid)) in enumerate(zip(self._actors, places, strict=True)):
-            self._workers[rank] = Worker(rank, f"actor {rank} (node {host}, pid {pid})", actor)
+        for rank, (actor, (node, host, pid)) in enumerate(zip(self._actors, places, strict=True)):
+            self._nodes[rank] = node
+            self._workers[rank] = Worker(rank, f"actor {rank} (node {short_id(node)}, {host}, pid {pid})", actor)
             self._polls[actor.events.remote()] = rank
-        log.info("%d engine actors (%s) on %d Ray node(s); their logs: %s on each node",
-                 len(self._actors), "GPU" if on_gpu else "CPU", len(set(nodes)), LOG_FOLDER)
+        log.info("%d engine actors (%s) on %d Ray node(s): %s; their logs: %s on each node",
+                 len(self._actors), "GPU" if on_gpu else "CPU", len(set(nodes)),
+                 ", ".join(w.label for w in self._workers.values()), LOG_FOLDER)
 
     def _get(self, refs: list[Any]) -> list[Any]:
         """ray.get for start-up calls; a failing actor becomes the error it raised, or a ModelError."""
@@ -105,6 +120,7 @@ class RayEngine(Dispatcher):
                     events = ray.get(ready[0])
                 except ray.exceptions.RayError:  # the actor, its process or its node is gone
                     self._dead.add(rank)
+                    self._say_if_node_lost(rank)
                     return None
                 self._polls[self._workers[rank].handle.events.remote()] = rank
                 self._inbox.extend(events)
@@ -112,6 +128,22 @@ class RayEngine(Dispatcher):
 
     def _is_alive(self, worker: Worker) -> bool:
         return worker.rank not in self._dead
+
+    def _say_if_node_lost(self, rank: int) -> None:
+        """Name the node a dead actor ran on when Ray shows it gone (a lost machine, not a lost process),
+        once a node; the coordinator then says how many rows each of its actors held."""
+        node = self._nodes.get(rank)
+        if node is None or node in self._lost:
+            return
+        try:
+            if node in {n["NodeID"] for n in self._ray.nodes() if n["Alive"]}:
+                return
+        except Exception:  # the cluster cannot say (its head is gone too): the coordinator's line alone
+            return
+        self._lost.add(node)
+        ranks = [str(r) for r, n in sorted(self._nodes.items()) if n == node]
+        log.warning("Ray node %s left the cluster with engine actor(s) %s; their rows in flight go to the other "
+                    "actors", short_id(node), ", ".join(ranks))
 
     def close(self) -> None:
         """Stop the engines, then the actors; shut down the Ray cluster if this process started it."""
@@ -135,8 +167,9 @@ class EngineActor:
 
     EVENT_WAIT_S = 1.0
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, start: StartWorkerEngine = start_engine):
         self._config = config
+        self._start = start
         self._tasks: queue.Queue = queue.Queue()
         self._events: queue.Queue = queue.Queue()
         self._open = 0  # chunks submitted and not yet done
@@ -159,7 +192,7 @@ class EngineActor:
             if path and os.path.isabs(path) and not os.path.isdir(path):
                 raise ModelError(f"model folder not found on Ray node {platform.node()}", where=path,
                                  hint="every node needs the model at the same path: a shared filesystem, or a copy")
-        self._engine = start_engine(config, local_rank, local_world)
+        self._engine = self._start(config, local_rank, local_world)
         self._thread = threading.Thread(target=self._generate, name="qbatch-engine", daemon=True)
         self._thread.start()
         return self._engine.max_num_seqs
@@ -243,6 +276,11 @@ def connect(ray: Any, config: EngineConfig) -> bool:
         raise EngineError(f"could not join the Ray cluster at {address}: {first_line(exc)}",
                           hint="check --ray-address (or RAY_ADDRESS) and `ray status` on the head node") from None
     return True
+
+
+def short_id(node: str) -> str:
+    """A Ray node id as qbatch's log names it: its first 8 hex digits (`ray list nodes` shows them whole)."""
+    return node[:8]
 
 
 def _local_ranks(nodes: list[str]) -> list[tuple[int, int]]:

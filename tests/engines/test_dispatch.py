@@ -76,7 +76,7 @@ def test_a_dead_workers_chunks_go_to_the_others_once(engine_log):
     for chunk, completions in results:
         assert [c.request.id for c in completions] == [r.id for r in chunk.requests]
         assert completions[0].request.extra == {"keep": "x"}  # the coordinator's requests, not the slim copies
-    assert ("WARNING", "engine worker 1 died; 2 chunks go to the others") in messages(engine_log)
+    assert ("WARNING", "engine worker 1 died; its 4 rows in flight (2 chunks) go to the others") in messages(engine_log)
 
 
 def test_an_engine_failure_or_no_worker_left_stops_the_run():
@@ -123,7 +123,7 @@ def test_a_worker_that_dies_while_the_others_talk_is_noticed(monkeypatch, engine
     workers._starting = {2}
     workers.dead.add(2)  # killed while its engine was starting: it never says anything
     assert sorted(chunk.index for chunk, _ in rows_back(workers.run(make_chunks(10)))) == list(range(10))
-    assert ("WARNING", "engine worker 2 died; 0 chunks go to the others") in messages(engine_log)
+    assert ("WARNING", "engine worker 2 died; its 0 rows in flight (0 chunks) go to the others") in messages(engine_log)
     assert workers._starting == set()
 
 
@@ -288,7 +288,7 @@ def test_a_chunks_rows_come_back_in_pieces_and_a_dead_workers_unanswered_rows_al
     # worker 0 answered the first row of its first chunk: only that chunk's other rows, and its other
     # chunk whole, went to worker 1
     assert workers.sent_ids[1].count("c0r0") == 0 and {"c0r1", "c0r2", "c1r0"} <= set(workers.sent_ids[1])
-    assert ("WARNING", "engine worker 0 died; 2 chunks go to the others") in messages(engine_log)
+    assert ("WARNING", "engine worker 0 died; its 5 rows in flight (2 chunks) go to the others") in messages(engine_log)
 
 
 def test_a_worker_sends_its_engines_rows_as_they_finish_named_by_position():

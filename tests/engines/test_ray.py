@@ -124,7 +124,7 @@ def test_ray_backend_outlives_a_killed_actor_and_resumes_after_a_killed_driver(t
         wait_for_parts(first, 0)
         actor = next(p for p in descendants(first) if "ray::EngineActor" in " ".join(p.cmdline()))
         actor.kill()
-        died = re.compile(r"engine actor [01] \(node .+, pid \d+\) died; [0-9]+ chunks go to the others")
+        died = re.compile(r"engine actor [01] \(node .+, pid \d+\) died; its [0-9]+ rows in flight \([0-9]+ chunks\) go to the others")
         deadline = time.monotonic() + 120
         while not any(died.search(line) for line in list(lines)) and first.poll() is None \
                 and time.monotonic() < deadline:
