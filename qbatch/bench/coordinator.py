@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import heapq
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import random
 import resource
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -155,6 +157,7 @@ class CoordinatorRun:
     wall_s: float  # the whole run: setup, pre-scan, generation, assembly
     generate_s: float  # from the engines' start to the last row taken and written
     cpu_s: float  # the driver's own CPU (every thread), the whole run
+    python_cpu_s: float  # of it, in Python's threads (the GIL lets one run Python at a time)
     wire: Wire
 
     @property
@@ -167,6 +170,7 @@ class CoordinatorRun:
                 "rows_per_s": round(self.rows / gen, 1), "prompt_tok_per_s": round(self.prompt_tokens / gen),
                 "output_tok_per_s": round(self.output_tokens / gen),
                 "cpu_ms_per_row": round(1000 * self.cpu_s / max(1, self.rows), 3),
+                "python_cpu_ms_per_row": round(1000 * self.python_cpu_s / max(1, self.rows), 3),
                 "bytes_out_per_row": round(self.wire.bytes_out / max(1, self.rows)),
                 "bytes_in_per_row": round(self.wire.bytes_in / max(1, self.rows)),
                 "messages_per_chunk": round((self.wire.messages_out + self.wire.messages_in) / max(1, self.num_chunks),
@@ -185,12 +189,57 @@ def run_coordinator(spec: Any, shape: str = "", *, seconds_per_token: float = 0.
         return engines[-1]
 
     cpu0, started = _cpu_seconds(), time.monotonic()
-    with EnginePool(start=start) as pool:
+    with ThreadCpu() as threads, EnginePool(start=start) as pool:
         summary = run(spec, pool)
     wall_s, cpu_s = time.monotonic() - started, _cpu_seconds() - cpu0
-    return CoordinatorRun(shape, engines[0].num_engines, summary.rows_ok, summary.prompt_tokens, summary.completion_tokens,
-                          summary.num_chunks, len(summary.parts), round(wall_s, 3), round(summary.generate_s, 3), round(cpu_s, 3),
-                          engines[0].wire)
+    return CoordinatorRun(shape, engines[0].num_engines, summary.rows_ok, summary.prompt_tokens,
+                          summary.completion_tokens, summary.num_chunks, len(summary.parts), round(wall_s, 3),
+                          round(summary.generate_s, 3), round(cpu_s, 3), round(threads.python_s, 3), engines[0].wire)
+
+
+class ThreadCpu:
+    """CPU seconds of this process's Python threads while the block runs (from /proc, sampled every
+    SAMPLE_S): the rest ran in native threads (the tokenizer's pool, Arrow's), which spread over a
+    host's cores while Python's threads share one GIL. A thread that ends loses at most its last SAMPLE_S."""
+
+    SAMPLE_S = 0.2
+
+    def __init__(self) -> None:
+        self._ticks: dict[int, int] = {}  # thread id -> its CPU clock ticks when last seen
+        self._start: dict[int, int] = {}
+        self._python: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="qbatch-thread-cpu", daemon=True)
+
+    @property
+    def python_s(self) -> float:
+        ticks = sum(self._ticks[t] - self._start.get(t, 0) for t in self._python if t in self._ticks)
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def _read(self) -> None:
+        self._python.update(t.native_id for t in threading.enumerate() if t.native_id is not None)
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:  # it ended
+                continue
+            self._ticks[int(tid)] = int(fields[11]) + int(fields[12])  # utime + stime
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.SAMPLE_S):
+            self._read()
+
+    def __enter__(self) -> ThreadCpu:
+        self._read()
+        self._start = dict(self._ticks)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._read()
 
 
 def write_shape(shape: str, tokenizer: Any, num_rows: int, path: Path, *, seed: int = 0) -> dict[str, Any]:
