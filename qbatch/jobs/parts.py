@@ -1,11 +1,14 @@
 """When finished rows are written: gathered as they come back, then written as one part.
 
 Rows come back from the engine as they finish (engines/base.py) and are counted at once (runner.py);
-here they wait for the next part, which is written when their chunk's last row is in, when
-PART_MAX_ROWS have gathered, or when the oldest has waited part_wait_s(): a share of the time
-generated so far, between PART_MIN_S and PART_MAX_S. So parts come every few seconds in a short
-run and spread over any run, while a run of hours writes a few hundred, not one a second (resume,
-`qbatch status` and the assembly read them all: docs/benchmarks.md). A run that stops (Ctrl-C,
+here they wait for the next part, which is written when their chunk's last row is in (at most once
+every PART_MIN_S), when PART_MAX_ROWS have gathered, or when the oldest has waited part_wait_s(): a
+share of the time generated so far, between PART_MIN_S and PART_MAX_S. So parts come every few
+seconds in a short run and spread over any run, while a run of hours writes a few hundred, not one a
+second (resume, `qbatch status` and the assembly read them all: docs/benchmarks.md). Many engines
+get small chunks (plan/resolve.py splits the chunk budget among them) that end many times a second:
+a part for each cost the driver a Parquet file a chunk, its main ceiling (docs/benchmarks.md, "the
+coordinator's ceiling"), hence the spacing. A run that stops (Ctrl-C,
 SIGTERM, a failed engine, a cancelled batch) writes what it gathered before it goes; a run killed
 outright loses at most the rows of the last wait, which its resume redoes.
 """
@@ -50,6 +53,7 @@ class PartWriter:
         self._ok: list[Any] = []  # Completions, or with `embed` Embeddings
         self._failed: list[Failure] = []
         self._since: float | None = None  # when the oldest row waiting came
+        self._written_at: float | None = None  # when the last part was written
 
     @property
     def num_waiting(self) -> int:
@@ -62,11 +66,13 @@ class PartWriter:
         self._failed += failed
 
     def due(self, *, chunk_done: bool = False) -> bool:
-        """Whether the rows waiting are to be written now (`chunk_done`: the last rows came in were their chunk's last)."""
+        """Whether the rows waiting are to be written now (`chunk_done`: the last rows came in were their chunk's
+        last, which makes a part unless one was written less than PART_MIN_S ago)."""
         if self._since is None:
             return False
         now = time.monotonic()
-        return (chunk_done or self.num_waiting >= PART_MAX_ROWS
+        spaced = self._written_at is None or now - self._written_at >= PART_MIN_S
+        return ((chunk_done and spaced) or self.num_waiting >= PART_MAX_ROWS
                 or now - self._since >= part_wait_s(now - self.generating_since))
 
     def write(self) -> dict[str, Any] | None:
@@ -86,7 +92,7 @@ class PartWriter:
                                                              column_types=self.column_types))
         if failed:
             self.out.write_part(ERROR_PREFIX, failures_table(failed))
-        written = time.monotonic()
+        written = self._written_at = time.monotonic()
         return {"rows": len(ok), "failed": len(failed), "written_s": round(written - self.generating_since, 3),
                 "write_s": round(written - started, 4)}
 

@@ -119,6 +119,29 @@ def test_a_part_is_due_by_rows_or_by_time(monkeypatch, tmp_path):
     assert writer.due()
 
 
+def test_chunk_ends_make_parts_at_most_every_part_min_s(monkeypatch, tmp_path):
+    """Many engines get small chunks that end many times a second: the first chunk's end makes a part at
+    once, the next ones only PART_MIN_S after the last part (a Parquet file a chunk was the driver's
+    ceiling: docs/benchmarks.md, "the coordinator's ceiling")."""
+    from qbatch.jobs.parts import PartWriter
+    from qbatch.output.folder import OutputDir
+    from qbatch.records import Failure
+
+    out = OutputDir(tmp_path / "out").open()
+    try:
+        writer = PartWriter(out, ["in.jsonl"], time.monotonic(), include_prompt=False)
+        for i in range(3):
+            writer.add([], [Failure(f"r{i}", "in.jsonl", i, i + 1, "bad", "a bad row")])
+            if i == 0:
+                assert writer.due(chunk_done=True)
+                assert writer.write()["failed"] == 1
+        assert not writer.due(chunk_done=True)  # a part was written just now
+        monkeypatch.setattr(part_rules, "PART_MIN_S", 0.0)
+        assert writer.due(chunk_done=True) and not writer.due()
+    finally:
+        out.close()
+
+
 def test_a_stop_mid_chunk_keeps_the_rows_finished_and_the_rerun_redoes_only_the_rest(
         cli, bundled_model, rows_path, tmp_path):
     """SIGTERM while the one chunk runs, long before any part is due by time: the rows finished by then
