@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from qbatch._fs import OUTPUT_LOCK, TMP_MARK, atomic_write, atomic_write_json, normal_path, output_error, output_os_errors
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
+from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.reading import PART_HINT, read_manifest, reading
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
@@ -221,30 +222,28 @@ class OutputDir:
         return sorted(self.parts / name for name in names
                       if name.startswith(prefix) and name.endswith(".parquet") and TMP_MARK not in name)
 
-    def done_ids(self, *, include_errors: bool) -> set[str]:
-        """Ids with a result (and, unless errors are retried, with an error) in a finished part."""
+    def done_ids(self, *, include_errors: bool) -> DoneIds:
+        """Ids with a result (and, unless errors are retried, with an error) in a finished part, as digests (done.py)."""
         return self.result_ids() | self.error_ids() if include_errors else self.result_ids()
 
-    def result_ids(self) -> set[str]:
-        """Ids with a result in a finished part."""
-        done: set[str] = set()
-        for path in self.part_files(RESULT_PREFIX):
-            done.update(self._read_part(path, ["id"]).column("id").to_pylist())
-        return done
+    def result_ids(self) -> DoneIds:
+        """Ids with a result in a finished part, as digests: a part's ids in memory at a time."""
+        return DoneIds.of(rid for path in self.part_files(RESULT_PREFIX)
+                          for rid in self._read_part(path, ["id"]).column("id").to_pylist())
 
-    def error_ids(self) -> set[str]:
-        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors).
+    def error_ids(self) -> DoneIds:
+        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors), as digests.
 
         A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
         that error does not make the id failed: a run killed before the kept row's result was
         written would otherwise never process it.
         """
-        failed: set[str] = set()
-        for path in self.part_files(ERROR_PREFIX):
-            table = self._read_part(path, ["id", "error"])
-            kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
-            failed.update(table.column("id").filter(kept).to_pylist())
-        return failed
+        return DoneIds.of(rid for path in self.part_files(ERROR_PREFIX) for rid in self._failed_ids(path))
+
+    def _failed_ids(self, path: Path) -> list[str]:
+        table = self._read_part(path, ["id", "error"])
+        kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
+        return table.column("id").filter(kept).to_pylist()
 
     @staticmethod
     def _read_part(path: Path, columns: list[str]) -> pa.Table:
