@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import polars as pl
 
+from qbatch.jobs import runner
 from qbatch.jobs.job import Job
 from qbatch.output.done import DoneIds
 from qbatch.output.folder import DUPLICATE_ID, OutputDir
@@ -22,6 +23,7 @@ from qbatch.spec import JobSpec
 
 SCAN_BYTES_A_ROW = 32
 DONE_BYTES_A_ROW = 24  # 16-byte digests; a set of the id strings took ~100
+RUN_BYTES_A_ROW = 32  # what the generation keeps of its rows (~1 measured): its parts hold them
 
 
 def write_rows(path, num_rows: int, *, repeat_every: int = 0) -> None:
@@ -131,3 +133,36 @@ def test_the_done_ids_are_the_results_and_the_failures_but_those_dedupe_dropped(
     assert len(folder.done_ids(include_errors=False)) == 20_000
     assert len(failed - ok) == 10 and len(ok - failed) == 20_000 and len(ok - ok) == 0
     assert len(DoneIds.of(["a", "b", "a"]) | DoneIds.of(["b", "c"])) == 3 and len(DoneIds()) == 0
+
+
+def held_by_the_generation(tmp_path, monkeypatch, run_null, num_rows: int) -> int:
+    """Python allocations a run of `num_rows` rows holds at its generation's end (bytes, tracemalloc from the
+    generation's start to the assembly's): what the run, its progress, summary and stages keep per row."""
+    path = tmp_path / f"in-{num_rows}.jsonl"
+    write_rows(path, num_rows)
+    held: list[int] = []
+    generate, assemble = runner._Run._generate, runner.assemble
+
+    def traced_generate(self, *args, **kwargs):
+        tracemalloc.start()
+        return generate(self, *args, **kwargs)
+
+    def measured_assemble(*args, **kwargs):
+        held.append(tracemalloc.get_traced_memory()[0])
+        tracemalloc.stop()
+        return assemble(*args, **kwargs)
+
+    monkeypatch.setattr(runner._Run, "_generate", traced_generate)
+    monkeypatch.setattr(runner, "assemble", measured_assemble)
+    try:
+        result = run_null(path, "-o", tmp_path / f"out-{num_rows}", "--max-tokens", 4, "--dedupe")
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 0, result.output
+    return held[0]
+
+
+def test_a_run_keeps_a_few_bytes_a_row_of_python_objects(tmp_path, monkeypatch, run_null):
+    small = held_by_the_generation(tmp_path, monkeypatch, run_null, 3_000)
+    large = held_by_the_generation(tmp_path, monkeypatch, run_null, 12_000)
+    assert (large - small) / 9_000 <= RUN_BYTES_A_ROW
