@@ -33,24 +33,31 @@ class DoneIds:
         self._lo = np.empty(0, dtype=np.uint64) if lo is None else lo
 
     @classmethod
-    def of(cls, ids: Iterable[str]) -> DoneIds:
-        """The digests of `ids` (strings; None skipped), 16 bytes each as they are read."""
+    def of(cls, ids: Iterable[str | None]) -> DoneIds:
+        """The digests of `ids` (None skipped): 16 bytes each as they are read, then sorted (at most
+        ~32 bytes an id meanwhile: each step frees what the next copies)."""
         packed = bytearray()
         for rid in ids:
             if rid is not None:
                 packed += hashlib.blake2b(rid.encode(), digest_size=DIGEST_BYTES).digest()
-        halves = np.frombuffer(bytes(packed), dtype=">u8").astype(np.uint64).reshape(-1, 2)
-        return cls._unique(halves[:, 0], halves[:, 1])
+        halves = np.frombuffer(packed, dtype=">u8").reshape(-1, 2)
+        hi, lo = halves[:, 0].astype(np.uint64), halves[:, 1].astype(np.uint64)
+        del halves
+        packed.clear()
+        return cls._unique(hi, lo)
 
     @classmethod
     def _unique(cls, hi: np.ndarray, lo: np.ndarray) -> DoneIds:
         order = np.lexsort((lo, hi))
-        hi, lo = hi[order], lo[order]
+        hi = hi[order]
+        lo = lo[order]
+        del order
         if len(hi) > 1:
             first = np.ones(len(hi), dtype=bool)
             first[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
-            hi, lo = hi[first], lo[first]
-        return cls(np.ascontiguousarray(hi), np.ascontiguousarray(lo))
+            if not first.all():
+                hi, lo = hi[first], lo[first]
+        return cls(hi, lo)
 
     def __len__(self) -> int:
         return len(self._hi)

@@ -22,6 +22,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -223,22 +225,29 @@ class OutputDir:
                       if name.startswith(prefix) and name.endswith(".parquet") and TMP_MARK not in name)
 
     def done_ids(self, *, include_errors: bool) -> DoneIds:
-        """Ids with a result (and, unless errors are retried, with an error) in a finished part, as digests (done.py)."""
-        return self.result_ids() | self.error_ids() if include_errors else self.result_ids()
+        """Ids with a result (and, unless errors are retried, with an error) in a finished part, as digests
+        (done.py), read in one pass: a part's ids in memory at a time."""
+        failed = self._error_id_lists() if include_errors else ()
+        return DoneIds.of(chain.from_iterable(chain(self._result_id_lists(), failed)))
 
     def result_ids(self) -> DoneIds:
-        """Ids with a result in a finished part, as digests: a part's ids in memory at a time."""
-        return DoneIds.of(rid for path in self.part_files(RESULT_PREFIX)
-                          for rid in self._read_part(path, ["id"]).column("id").to_pylist())
+        """Ids with a result in a finished part, as digests."""
+        return DoneIds.of(chain.from_iterable(self._result_id_lists()))
 
     def error_ids(self) -> DoneIds:
-        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors), as digests.
+        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors), as digests."""
+        return DoneIds.of(chain.from_iterable(self._error_id_lists()))
 
-        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
-        that error does not make the id failed: a run killed before the kept row's result was
-        written would otherwise never process it.
-        """
-        return DoneIds.of(rid for path in self.part_files(ERROR_PREFIX) for rid in self._failed_ids(path))
+    def _result_id_lists(self) -> Iterator[list[str]]:
+        for path in self.part_files(RESULT_PREFIX):
+            yield self._read_part(path, ["id"]).column("id").to_pylist()
+
+    def _error_id_lists(self) -> Iterator[list[str]]:
+        """Each errors part's failed ids. A duplicate dropped by --dedupe is recorded under the id of the row
+        that was kept, so that error does not make the id failed: a run killed before the kept row's result
+        was written would otherwise never process it."""
+        for path in self.part_files(ERROR_PREFIX):
+            yield self._failed_ids(path)
 
     def _failed_ids(self, path: Path) -> list[str]:
         table = self._read_part(path, ["id", "error"])

@@ -22,7 +22,8 @@ from qbatch.output.ranges import sink_by_ranges
 from qbatch.spec import JobSpec
 
 SCAN_BYTES_A_ROW = 32
-DONE_BYTES_A_ROW = 24  # 16-byte digests; a set of the id strings took ~100
+DONE_BYTES_A_ROW = 24  # 16-byte digests (15 measured); a set of the id strings took 92
+DONE_PEAK_BYTES_A_ROW = 40  # while they are read and sorted (37)
 RUN_BYTES_A_ROW = 32  # what the generation keeps of its rows (~1 measured): its parts hold them
 
 
@@ -101,24 +102,26 @@ def write_done_parts(folder, num_rows: int, *, failed_every: int = 0) -> None:
         pq.write_table(pa.table({"id": failed, "error": errors}), parts / "errors-000001.parquet")
 
 
-def done_bytes(tmp_path, num_rows: int) -> int:
-    """What a resumed run holds for the ids done in a folder of `num_rows` results (bytes, tracemalloc)."""
+def done_bytes(tmp_path, num_rows: int) -> tuple[int, int]:
+    """What a resumed run holds for the ids done in a folder of `num_rows` results, and its peak while
+    reading them (bytes, tracemalloc)."""
     folder = tmp_path / f"out-{num_rows}"
     write_done_parts(folder, num_rows)
     OutputDir(folder).done_ids(include_errors=True)  # what reading Parquet imports and caches, before measuring
     tracemalloc.start()
     try:
         done = OutputDir(folder).done_ids(include_errors=True)
-        held = tracemalloc.get_traced_memory()[0]
+        held, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert len(done) == num_rows and f"row-{num_rows - 1:08d}" in done and f"row-{num_rows:08d}" not in done
-    return held
+    return held, peak
 
 
 def test_a_resumed_run_holds_a_few_bytes_a_done_row(tmp_path):
-    small, large = done_bytes(tmp_path, 10_000), done_bytes(tmp_path, 60_000)
+    (small, small_peak), (large, large_peak) = done_bytes(tmp_path, 10_000), done_bytes(tmp_path, 60_000)
     assert (large - small) / 50_000 <= DONE_BYTES_A_ROW
+    assert (large_peak - small_peak) / 50_000 <= DONE_PEAK_BYTES_A_ROW
 
 
 def test_the_done_ids_are_the_results_and_the_failures_but_those_dedupe_dropped(tmp_path):
