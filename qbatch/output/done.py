@@ -2,9 +2,10 @@
 
 A resumed run of 100M rows cannot hold the done ids as Python strings (~90 bytes each in a set):
 each id is a 16-byte blake2b digest, in two sorted arrays of 8-byte halves (16 bytes a done row),
-and an id is done when its digest is there. Two ids share a 16-byte digest about once in 10^21 runs
-of 100M done and 100M new rows: unlike the pre-scan's 8-byte digests (jobs/ids.py), which a second
-reading checks, these are taken as the ids (docs/benchmarks.md, "memory per row").
+and an id is done when its digest is there. A new id shares a done one's 16-byte digest about once
+in 10^22 runs of 100M done and 100M new rows (10^16 pairs, each 2^-128): unlike the pre-scan's 8-byte
+digests (jobs/ids.py), which a second reading checks, these are taken as the ids (docs/benchmarks.md,
+"memory per row").
 """
 
 from __future__ import annotations
