@@ -253,8 +253,9 @@ def resolved_job(spec: Any, pool: EnginePool, machine: Any = None) -> Any:
     `pool` that fits it first, as in the run). `machine`: the probed one unless given (qbatch.plan.Machine)."""
     from qbatch.jobs.job import Job
     from qbatch.jobs.shape import choose_for_shape
+    from qbatch.output.done import DoneIds
 
-    return choose_for_shape(Job.setup(spec, machine), set(), pool)
+    return choose_for_shape(Job.setup(spec, machine), DoneIds(), pool)
 
 
 def _engine_processes(spec: Any, pool: EnginePool) -> int:

@@ -29,6 +29,7 @@ from qbatch.log import log
 from qbatch.models import registry as models
 from qbatch.models.adapters import adapters_identity, check_adapters
 from qbatch.output.columns import ColumnScan, ColumnTypes
+from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint, input_identity, may_grow
 from qbatch.output.folder import DUPLICATE_ID
 from qbatch.plan import Machine, Plan, probe, resolve
@@ -206,7 +207,7 @@ class Job:
                          sizes=self.sizes)
         return islice(rows, self.spec.input.limit) if self.spec.input.limit else rows
 
-    def identified_rows(self, done: set[str]) -> Iterator[tuple[Row, str]]:
+    def identified_rows(self, done: DoneIds) -> Iterator[tuple[Row, str]]:
         """(row, id) for the rows this run must process: in its shard, not done yet."""
         shard = parse_shard(self.spec.input.shard) if self.spec.input.shard else None
         for row in self.rows():
@@ -214,7 +215,7 @@ class Job:
             if in_shard(rid, shard) and rid not in done:
                 yield row, rid
 
-    def work(self, done: set[str]) -> Iterator[list[Failure] | list[Request]]:
+    def work(self, done: DoneIds) -> Iterator[list[Failure] | list[Request]]:
         """Each window's failures (when there are any), then its chunks of requests."""
         with self.windows(done) as windows:
             for window in windows:
@@ -222,7 +223,7 @@ class Job:
                     yield window.failures
                 yield from window.chunks
 
-    def windows(self, done: set[str], *, start: bool = True) -> Stages:
+    def windows(self, done: DoneIds, *, start: bool = True) -> Stages:
         """Each window's failures and chunks, in one list, prepared in three threads (started now, or by start()).
 
         Rendering (read, parse, check, template: Python), encoding (the tokenizer's own threads,
@@ -233,7 +234,7 @@ class Job:
         return Stages(self._row_windows(done), ("qbatch-render", self._render), ("qbatch-encode", self._encode),
                       ("qbatch-plan", self._plan), start=start)
 
-    def _row_windows(self, done: set[str]) -> Iterator[RowWindow]:
+    def _row_windows(self, done: DoneIds) -> Iterator[RowWindow]:
         """Windows of (row, id) to process, with the duplicates that --dedupe drops from them.
 
         Windows grow from FIRST_WINDOW rows to sort_window: the engine gets its first requests
@@ -310,11 +311,11 @@ class Job:
         chunks = cut_group_chunks(groups, self.spec.plan.chunk_tokens)
         return PlannedWindow(window.failures + refused, list(chunks))
 
-    def count_todo(self, done: set[str]) -> int:
+    def count_todo(self, done: DoneIds) -> int:
         """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""
         return self.scan(done).num_todo
 
-    def scan(self, done: set[str]) -> InputScan:
+    def scan(self, done: DoneIds) -> InputScan:
         """The pre-scan of every input row, before the model loads: rows to process (refusing
         duplicate ids unless --dedupe, and columns the job names that no row has), rows read, and
         the carried columns' types.
@@ -344,7 +345,7 @@ class Job:
         self.repeats.digests = repeated
         return InputScan(len(todo), rows_read, columns.finish())
 
-    def _count_repeated(self, repeated: set[int], shard: tuple[int, int] | None, done: set[str]
+    def _count_repeated(self, repeated: set[int], shard: tuple[int, int] | None, done: DoneIds
                         ) -> tuple[dict[str, int], StandIns]:
         """The rows of each id whose digest repeats, and the stand-ins among them: a second reading of the
         inputs, only when some digest repeats (a duplicated id, or two ids that share a digest, which
@@ -364,7 +365,7 @@ class Job:
         return {i: parquet_schema(path) for i, path in enumerate(self.files)
                 if detect_format(path, self.spec.input.format) == "parquet"}
 
-    def _refuse_duplicates(self, counts: dict[str, int], shard: tuple[int, int] | None, done: set[str],
+    def _refuse_duplicates(self, counts: dict[str, int], shard: tuple[int, int] | None, done: DoneIds,
                            clashes: list[str]) -> None:
         """Refuse ids that appear more than once (unless --dedupe), each listed one with where it appears;
         and, --dedupe or not, stand-in ids (`clashes`) that name more than one row."""
@@ -379,7 +380,7 @@ class Job:
                              f"{self._listed(duplicates, counts, shard, done)}",
                              hint="pass --dedupe to keep the first of each, or --id-column to pick a unique column")
 
-    def _listed(self, ids: list[str], counts: dict[str, int], shard: tuple[int, int] | None, done: set[str]) -> str:
+    def _listed(self, ids: list[str], counts: dict[str, int], shard: tuple[int, int] | None, done: DoneIds) -> str:
         """The first MAX_LISTED_DUPLICATES of `ids`, each with where it appears."""
         shown = ids[:MAX_LISTED_DUPLICATES]
         places = self._places(set(shown), shard, done)
@@ -389,7 +390,7 @@ class Job:
         listed = ", ".join(f"{rid!r} ({', '.join(places[rid])})" for rid in shown)
         return listed + (f" and {len(ids) - MAX_LISTED_DUPLICATES} more" if len(ids) > MAX_LISTED_DUPLICATES else "")
 
-    def _places(self, ids: set[str], shard: tuple[int, int] | None, done: set[str]) -> dict[str, list[str]]:
+    def _places(self, ids: set[str], shard: tuple[int, int] | None, done: DoneIds) -> dict[str, list[str]]:
         """Where each of `ids` appears (file:line, or file row N for Parquet), the first MAX_PLACES of each:
         a second reading of the inputs, made only to say so in an error."""
         places: dict[str, list[str]] = {rid: [] for rid in ids}

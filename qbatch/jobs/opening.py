@@ -22,6 +22,7 @@ from qbatch.jobs.manifest import input_rows, new_manifest
 from qbatch.jobs.progress import Progress
 from qbatch.log import log
 from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_manifest
+from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.folder import OutputDir
 from qbatch.output.schema import own_names, result_schema
@@ -36,7 +37,7 @@ class Found:
 
     previous: dict[str, Any] | None
     fingerprint: Fingerprint
-    done: set[str]
+    done: DoneIds
 
 
 @dataclass(frozen=True)

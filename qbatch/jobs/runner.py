@@ -40,6 +40,7 @@ from qbatch.jobs.telemetry import Telemetry
 from qbatch.jobs.yardstick import estimate, measure
 from qbatch.log import log
 from qbatch.output.assemble import assemble
+from qbatch.output.done import DoneIds
 from qbatch.output.folder import OutputDir
 from qbatch.plan import Plan
 from qbatch.plan.roofline import Work
@@ -62,7 +63,7 @@ def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Sum
     started = time.monotonic()
     if spec.output.dry_run:
         with copied_for_dry_run(spec) as (copies, names), rare_collections():
-            return dry_run(choose_for_shape(Job.setup(copies, names=names), set(), pool), started)
+            return dry_run(choose_for_shape(Job.setup(copies, names=names), DoneIds(), pool), started)
     if not spec.output.output_dir:
         raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
     if is_remote(spec.output.output_dir):
@@ -391,7 +392,7 @@ def plan(spec: JobSpec, pool: EnginePool) -> Plan:
     """The plan a run of `spec` on `pool` would follow (its shape sampled where it may choose the engines);
     nothing is written, no engine starts."""
     with copied_for_dry_run(spec) as (copies, names):
-        return choose_for_shape(Job.setup(copies, names=names), set(), pool).plan
+        return choose_for_shape(Job.setup(copies, names=names), DoneIds(), pool).plan
 
 
 def dry_run(job: Job, started: float) -> Summary:
@@ -399,8 +400,8 @@ def dry_run(job: Job, started: float) -> Summary:
     carries the plan in words."""
     summary = Summary(None, "dry-run", plan=str(job.plan))
     work = Work()
-    check_not_empty(job, job.scan(set()))
-    for item in job.work(set()):
+    check_not_empty(job, job.scan(DoneIds()))
+    for item in job.work(DoneIds()):
         if item and isinstance(item[0], Failure):
             summary.count_failures(item)
             continue

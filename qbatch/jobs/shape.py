@@ -22,6 +22,7 @@ from qbatch.engines.pool import EnginePool
 from qbatch.inputs.readers import detect_format
 from qbatch.jobs.job import Job
 from qbatch.log import log
+from qbatch.output.done import DoneIds
 from qbatch.plan.shape import (JobShape, candidates, may_choose, resolve_for_kept, resolve_for_shape,
                                resolve_for_size)
 from qbatch.spec import COMPRESSED_SUFFIXES, parse_shard
@@ -34,7 +35,7 @@ ROW_TEMPLATE_TOKENS = 256
 STOP_COUNTING_BYTES = 64 << 20
 
 
-def choose_for_shape(job: Job, done: set[str], pool: EnginePool) -> Job:
+def choose_for_shape(job: Job, done: DoneIds, pool: EnginePool) -> Job:
     """The job with the engines its shape calls for (a new plan: job.plan.choice says which and why); the
     job as it is where no choice is made. An engine of `pool` that fits the job is chosen first, then the
     engines a pool kept for later runs gets (plan/shape.py's resolve_for_kept), then the shape's."""
@@ -92,7 +93,7 @@ def _lines(path: Path, size: int) -> int:
     return count
 
 
-def sample_shape(job: Job, done: set[str]) -> JobShape:
+def sample_shape(job: Job, done: DoneIds) -> JobShape:
     """The job's shape from its first SAMPLE_ROWS rows to process (all of them in a smaller job)."""
     rows = list(islice(job.identified_rows(done), SAMPLE_ROWS))
     if not rows:
@@ -108,7 +109,7 @@ def sample_shape(job: Job, done: set[str]) -> JobShape:
     return JobShape(total, round(prompt * total), round(output * total), estimated=len(rows) >= SAMPLE_ROWS)
 
 
-def _estimate_rows(job: Job, sample: list, done: set[str]) -> int:
+def _estimate_rows(job: Job, sample: list, done: DoneIds) -> int:
     """Rows to process: Parquet inputs count theirs; JSONL inputs are their size over the sampled
     rows' mean size (as JSON text: an estimate, low for compressed files)."""
     spec = job.spec

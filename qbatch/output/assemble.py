@@ -39,7 +39,6 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     """
     schema = result_schema_of(out.manifest() if manifest is None else manifest)
     parts = out.part_files(RESULT_PREFIX) if result_parts is None else result_parts
-    _scan(parts)  # every footer read first: a part that cannot be read is named before anything is written
     atomic_write(out.path / "results.parquet", lambda tmp: _sink_results(parts, schema, tmp))
 
     errors = _scan(out.part_files(ERROR_PREFIX) if error_parts is None else error_parts)
@@ -96,10 +95,9 @@ def _sink_results(parts: list[Path], schema: Any, path: Path) -> None:
         return
 
     def frame_of(paths: list[Path]) -> pl.LazyFrame:
-        frame = _scan(paths, check=False)
-        return frame if schema is None else conform(frame, schema)
+        return _scan(paths, check=False)
 
-    sink_by_ranges(parts, frame_of, path)
+    sink_by_ranges(parts, frame_of, path, conform=None if schema is None else lambda frame: conform(frame, schema))
 
 
 def _scan(paths: list[Path], *, check: bool = True) -> pl.LazyFrame | None:

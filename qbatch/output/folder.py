@@ -22,6 +22,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ import pyarrow.parquet as pq
 
 from qbatch._fs import OUTPUT_LOCK, TMP_MARK, atomic_write, atomic_write_json, normal_path, output_error, output_os_errors
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
+from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.reading import PART_HINT, read_manifest, reading
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
@@ -221,30 +224,35 @@ class OutputDir:
         return sorted(self.parts / name for name in names
                       if name.startswith(prefix) and name.endswith(".parquet") and TMP_MARK not in name)
 
-    def done_ids(self, *, include_errors: bool) -> set[str]:
-        """Ids with a result (and, unless errors are retried, with an error) in a finished part."""
-        return self.result_ids() | self.error_ids() if include_errors else self.result_ids()
+    def done_ids(self, *, include_errors: bool) -> DoneIds:
+        """Ids with a result (and, unless errors are retried, with an error) in a finished part, as digests
+        (done.py), read in one pass: a part's ids in memory at a time."""
+        failed = self._error_id_lists() if include_errors else ()
+        return DoneIds.of(chain.from_iterable(chain(self._result_id_lists(), failed)))
 
-    def result_ids(self) -> set[str]:
-        """Ids with a result in a finished part."""
-        done: set[str] = set()
+    def result_ids(self) -> DoneIds:
+        """Ids with a result in a finished part, as digests."""
+        return DoneIds.of(chain.from_iterable(self._result_id_lists()))
+
+    def error_ids(self) -> DoneIds:
+        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors), as digests."""
+        return DoneIds.of(chain.from_iterable(self._error_id_lists()))
+
+    def _result_id_lists(self) -> Iterator[list[str]]:
         for path in self.part_files(RESULT_PREFIX):
-            done.update(self._read_part(path, ["id"]).column("id").to_pylist())
-        return done
+            yield self._read_part(path, ["id"]).column("id").to_pylist()
 
-    def error_ids(self) -> set[str]:
-        """Ids recorded as failed in a finished part (some may have a result too, after --retry-errors).
-
-        A duplicate dropped by --dedupe is recorded under the id of the row that was kept, so
-        that error does not make the id failed: a run killed before the kept row's result was
-        written would otherwise never process it.
-        """
-        failed: set[str] = set()
+    def _error_id_lists(self) -> Iterator[list[str]]:
+        """Each errors part's failed ids. A duplicate dropped by --dedupe is recorded under the id of the row
+        that was kept, so that error does not make the id failed: a run killed before the kept row's result
+        was written would otherwise never process it."""
         for path in self.part_files(ERROR_PREFIX):
-            table = self._read_part(path, ["id", "error"])
-            kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
-            failed.update(table.column("id").filter(kept).to_pylist())
-        return failed
+            yield self._failed_ids(path)
+
+    def _failed_ids(self, path: Path) -> list[str]:
+        table = self._read_part(path, ["id", "error"])
+        kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
+        return table.column("id").filter(kept).to_pylist()
 
     @staticmethod
     def _read_part(path: Path, columns: list[str]) -> pa.Table:

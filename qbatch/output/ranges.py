@@ -17,6 +17,8 @@ from typing import Any
 
 import polars as pl
 
+from qbatch.output.reading import PART_HINT, reading
+
 # Rows of one range: 32,768 vectors of 1,024 float32 are 128 MB.
 RANGE_ROWS = 32_768
 
@@ -39,7 +41,8 @@ def part_span(path: Path) -> PartSpan:
     """Its rows' source and row_index bounds (its Parquet statistics), unknown when it holds several sources."""
     import pyarrow.parquet as pq
 
-    meta = pq.ParquetFile(path).metadata
+    with reading(path, PART_HINT):
+        meta = pq.ParquetFile(path).metadata
     bounds: dict[str, list[int]] = {"source_index": [], "row_index": []}
     for group in range(meta.num_row_groups):
         for column in range(meta.num_columns):
@@ -58,14 +61,18 @@ def part_span(path: Path) -> PartSpan:
 
 
 def sink_by_ranges(paths: list[Path], frame_of: Callable[[list[Path]], pl.LazyFrame], path: Path, *,
-                   range_rows: int = RANGE_ROWS) -> None:
+                   range_rows: int = RANGE_ROWS,
+                   conform: Callable[[pl.LazyFrame], pl.LazyFrame] | None = None) -> None:
     """Write the rows of the parts at `paths` (`frame_of` reads some of them as one frame, keyed by
     source_index, row_index, and with n > 1 sample_index; a redone chunk's copies kept once, the first
-    part's) to `path` in input order, without source_index, one range of rows at a time."""
+    part's) to `path` in input order, without source_index, one range of rows at a time. `conform`
+    gives all the parts' frame its columns (their order, those no part has), once: each range takes them.
+    A part whose footer cannot be read is an OutputError naming it, before anything is written."""
     import pyarrow.parquet as pq
 
     spans = [part_span(p) for p in paths]
-    columns = frame_of(paths).collect_schema()
+    whole = frame_of(paths)
+    columns = (whole if conform is None else conform(whole)).collect_schema()
     key, order = (["id", "sample_index"], ["row_index", "sample_index"]) if "sample_index" in columns else (["id"], ["row_index"])
     writer: Any = None
     try:
