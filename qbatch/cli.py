@@ -30,29 +30,22 @@ from qbatch.bench.workloads import WORKLOADS as BENCH_WORKLOADS
 
 
 # The panels of every command's --help, in the order they show (after the summary and the examples), and the
-# options that are no setting in each (a setting's panel is declared with it, in spec.py): tests/test_cli_help.py
+# panel of each option: a setting's is declared with it (spec.py), the others' here; tests/test_cli_help.py
 # fails on an option that has none. Names are the options' parameter names, one panel whatever the command.
-HELP_PANELS: dict[str, tuple[str, ...]] = {
-    "Input": ("job",),
-    "Prompt and template": (),
-    "Sampling": (),
-    "Structured output": (),
-    "Embeddings": (),
-    "Model and engine": (),
-    "GPUs and scaling": (),
-    "Chunks and order": (),
-    "Output": ("path", "as_json", "json_path", "verbose"),
-    "Exit codes and resume": (),
-    "Service": ("server", "api_key", "data_dir", "host", "port", "max_upload_bytes", "max_requests",
-                "completion_window_s"),
-    "Benchmark": ("modes", "rows", "hf_rows", "repeats", "length_scale", "workload_seed", "legacy_seed", "settings",
-                  "variant", "vllm_defaults", "null_engine", "prompts", "work_dir", "inputs_only"),
-    "Quantization": ("w_bit", "group_size", "zero_point", "awq_version", "legacy_version", "calib", "calib_samples",
-                     "calib_seq_len"),
-    "Other": ("help", "version"),
-}
+HELP_PANELS = ("Input", "Prompt and template", "Sampling", "Structured output", "Embeddings", "Model and engine",
+               "GPUs and scaling", "Chunks and order", "Output", "Exit codes and resume", "Service", "Benchmark",
+               "Quantization", "Other")
 PANEL_OF = {**{f.name: declared(f).panel for cls in SECTIONS.values() for f in dataclasses.fields(cls)},
-            **{name: panel for panel, names in HELP_PANELS.items() for name in names}}
+            **{name: panel for panel, names in {
+                "Input": ("job",), "Output": ("path", "as_json", "json_path", "verbose"),
+                "Service": ("server", "api_key", "data_dir", "host", "port", "max_upload_bytes", "max_requests",
+                            "completion_window_s"),
+                "Benchmark": ("modes", "rows", "hf_rows", "repeats", "length_scale", "workload_seed", "legacy_seed",
+                              "settings", "variant", "vllm_defaults", "null_engine", "prompts", "work_dir",
+                              "inputs_only"),
+                "Quantization": ("w_bit", "group_size", "zero_point", "awq_version", "legacy_version", "calib",
+                                 "calib_samples", "calib_seq_len"),
+                "Other": ("help", "version")}.items() for name in names}}
 
 
 class PanelCommand(click.Command):
@@ -202,11 +195,6 @@ def flag_of(f: dataclasses.Field[Any], hint: Any) -> Callable[[Any], Any]:
     elif typing.get_origin(kind) is list:
         kwargs.update({"multiple": True, "default": None} if setting.repeat else {"callback": _csv})
     return click.option(*decls, f.name, **kwargs)
-
-
-def setting_option(name: str) -> Callable[[Any], Any]:
-    """The flag of one setting, for a command that takes it alone (`qbatch merge --output-format`)."""
-    return next(flag_of(f, hint) for f, hint in _flagged() if f.name == name)
 
 
 def setting_options(command: str) -> Callable[[Any], Any]:
@@ -675,7 +663,7 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
 @click.argument("shard_dirs", nargs=-1, required=True, type=FolderOrUrl(exists=True, file_okay=False), callback=_paths)
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), callback=_paths,
               help="Folder for the merged results.")
-@setting_option("output_format")
+@flag_of(*next((f, hint) for f, hint in _flagged() if f.name == "output_format"))
 def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> None:
     """Combine the outputs of `qbatch run --shard I/N` runs into one results.parquet.
 

@@ -4,14 +4,10 @@ Settings come from three places, merged here and nowhere else: command-line
 flags override the TOML job file, which overrides the defaults below. Job
 files use the flags' names (`max_tokens` or `max-tokens`) as flat keys.
 
-Each field is declared once: its type (a `Literal` for a choice), its default and a `Setting` (its help,
-help panel, range, flag spelling and the doors that take it). The CLI's flags (cli.setting_options), the
-job file's keys and their checks (`from_flat`, `validate`), the Session's keywords, what `qbatch serve`
-and its requests take (ENGINE_SETTINGS, SERVE_SETTINGS) and the reference's key table (docs/hooks.py)
-are all read from there. Dataclass fields, not pydantic or msgspec models: every stage reads the spec as
-frozen dataclasses (`dataclasses.replace`, `asdict`, `fields`), a spec built in code is not checked again
-on each `replace`, and the checks' messages are qbatch's own (tests pin them); what generation needs
-(docs, `Literal` choices, ranges, spellings) is one small record per field.
+A setting is declared once, as a field: its type (a `Literal` for a choice), default and `Setting` (help,
+panel, range, flag, doors). The CLI's flags, the job file's checks, the Session's and the service's keys
+and the reference's key table are read from it. Not pydantic or msgspec: every stage reads the spec as
+frozen dataclasses (`replace`, `asdict`, `fields`), and the checks' messages are qbatch's own.
 """
 
 from __future__ import annotations
@@ -118,7 +114,6 @@ class InputSpec:
                         results=True, task=GENERATE)
     thinking: bool | None = setting(None, "Chat template enable_thinking (Qwen3).", panel="Prompt and template",
                                     results=True, task=GENERATE, serve=True)  # None: the template's own default
-    # The input columns carried to the results (the prompt's and messages' too): keep_columns None is all
     keep_columns: list[str] | None = setting(None, "Input columns to carry to the results (comma list).",
                                              shown="all, the prompt's and messages' too", panel="Input",
                                              results=True)
@@ -199,7 +194,6 @@ class PlanSpec:
 
     sort_window: int = setting(8192, "Rows sorted by length together (the last window also takes the rows left at "
                                "the end).", panel="Chunks and order", low=1, serve=True)
-    # "input": rows reach the engine (and the parts) in input order
     order: Literal["longest-first", "longest-first-flat", "input"] = setting(
         "longest-first", "Rows go to the engine longest first in each window (max_tokens, then prompt), rows sharing "
         "a long prompt prefix together; longest-first-flat: without the groups; input: in input order.",
@@ -241,14 +235,12 @@ class EngineSpec:
     # None: True on CPU (compiling takes minutes there), else False
     enforce_eager: bool | None = setting(None, "vLLM enforce_eager: no torch.compile/CUDA graphs.",
                                          shown="on for CPU", panel=ENGINE)
-    # vLLM's compilation_config mode: 0 no torch.compile, 3 torch.compile. None: chosen from the job's
-    # shape (plan/shape.py), else 0 on Hopper GPUs (plan/engine_args.py) and vLLM's own default elsewhere.
+    # None: chosen from the job's shape (plan/shape.py), else 0 on Hopper GPUs (plan/engine_args.py)
     compilation_mode: int | None = setting(
         None, "vLLM compilation_config mode: 0 no torch.compile, 3 torch.compile.", panel=ENGINE, low=0, high=3,
         rule="0, 1, 2 or 3 (vLLM's CompilationMode)",
         shown="chosen from the job's shape on a GPU (3 for prefill-bound jobs when compiling pays), else 0 on Hopper")
-    # None: no seed (vLLM's engine seed 0, samples not reproducible). Set: each row gets a seed of its
-    # own derived from it and the row id (qbatch.sampling.row_seed), so reruns repeat and rows differ.
+    # None: vLLM's engine seed 0, samples not reproducible; set: each row's own (qbatch.sampling.row_seed)
     seed: int | None = setting(None, "Seed: each row samples with a seed derived from it and the row id (reruns "
                                "repeat).", shown="none; vLLM engine seed 0", panel="Sampling", results=True)
     load_format: str | None = setting(None, "vLLM load_format (e.g. dummy for random weights).", panel=ENGINE,
@@ -261,15 +253,12 @@ class EngineSpec:
         None, "Engines sharing each GPU: a small model leaves the GPU idle between steps, a second engine fills the "
         "gaps.", shown="2 for models under 2% of a GPU's memory on hosts with 8+ cores per GPU, else 1", panel=GPUS,
         low=1)
-    # CUDA MPS for the engines sharing a GPU (engines/mps.py). None: on where they share one and the
-    # driver's MPS control program is installed (plan/placement.py)
     mps: bool | None = setting(None, "CUDA MPS for engines sharing a GPU: their kernels run side by side instead "
                                "of in turns (qbatch starts and stops a daemon of its own).", panel=GPUS,
                                shown="on where engines share a GPU and nvidia-cuda-mps-control is installed")
     gpus: list[str] | None = setting(None, "GPU ids for the engines (comma list), e.g. 0,1.", panel=GPUS,
                                      shown="the first N of CUDA_VISIBLE_DEVICES, else 0..N-1")
-    # vLLM's reasoning parser: a constraint then applies after the reasoning. None: "qwen3" for Qwen3
-    # models when the job has a constraint (plan/resolve.py), else none (rows with their own need the flag).
+    # None: plan/resolve.py's choice (rows with a constraint of their own need the flag)
     reasoning_parser: str | None = setting(
         None, "vLLM reasoning_parser: constraints apply after the reasoning.", panel="Structured output",
         shown="qwen3 for Qwen3 models with a job-level constraint or thinking budget", results=True, task=GENERATE)
@@ -335,7 +324,6 @@ class OutputSpec:
     progress: Literal["auto", "bar", "log", "none"] = setting(
         "auto", "Progress: bar on a terminal, log lines otherwise.", panel="Output", serve=True)
     fail_on_row_errors: bool = setting(False, f"Exit {EXIT_ROW_ERRORS} if any row failed.", panel=EXIT)
-    # exit EXIT_UNUSABLE when more than this share of result rows have no usable answer (output/flags.py)
     max_unusable: float | None = setting(
         None, f"Exit {EXIT_UNUSABLE} if more than this share of rows have no usable answer (ended inside their "
         "reasoning, empty, or not parsed under their constraint): the `flag` column.", panel=EXIT, metavar="SHARE",
@@ -624,13 +612,9 @@ def _did_you_mean(key: str, known: typing.Iterable[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def _field_types() -> dict[str, typing.Any]:
-    """Each setting's type, from the dataclass annotations: the one place that declares them."""
-    return {key: hint for cls in SECTIONS.values() for key, hint in typing.get_type_hints(cls).items()}
-
-
-_FIELD_TYPES = _field_types()
-_CHOICES = {key: choices(hint) for key, hint in _FIELD_TYPES.items()}  # a Literal's values
+# Each setting's type, from the dataclass annotations (the one place that declares them), and a Literal's values
+_FIELD_TYPES = {key: hint for cls in SECTIONS.values() for key, hint in typing.get_type_hints(cls).items()}
+_CHOICES = {key: choices(hint) for key, hint in _FIELD_TYPES.items()}
 
 
 def _typed(raw_key: str, key: str, value: Any, source: str) -> Any:
