@@ -4,8 +4,8 @@
   rendering, in its plain style: the options as `--help` prints them), with the help's
   examples kept as text blocks.
 - `<!-- generated: job-file-keys -->` becomes the table of every job-file key: its section, type,
-  default, whether it enters the fingerprint and the flag's help, read from qbatch/spec.py (the
-  keys) and qbatch/cli.py (the flags).
+  default, whether it enters the fingerprint, its flag and help, read from the settings' declarations
+  in qbatch/spec.py (the flags are generated from them too).
 
 tests/docs/test_reference.py builds the site and checks both.
 """
@@ -18,11 +18,6 @@ import typing
 from typing import Any
 
 MARKER = "<!-- generated: job-file-keys -->"
-# Keys no flag sets: what fills them instead.
-NO_FLAG = {
-    "inputs": "The INPUT arguments: files, folders, globs, `-` for standard input (a string is a one-item list).",
-    "task": "Set by the command: `generate` (`qbatch run`) or `embed` (`qbatch embed`).",
-}
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
@@ -64,7 +59,7 @@ def _verbatim_paragraphs(lines: Any) -> list[str]:
 
 def job_file_keys_table() -> str:
     """One row per job-file key, in the spec's order, grouped by section."""
-    from qbatch.spec import SECTIONS
+    from qbatch.spec import SECTIONS, declared
 
     helps = _flag_helps()
     lines = ["| key | section | type | default | changes results | what it sets |",
@@ -72,10 +67,10 @@ def job_file_keys_table() -> str:
     for section, cls in SECTIONS.items():
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
-            flag, text = helps.get(field.name, (None, NO_FLAG.get(field.name, "")))
+            flag, text = helps.get(field.name, (None, declared(field).help))  # inputs, task: no flag
             lines.append("| `{}` | {} | {} | {} | {} | {} |".format(
                 field.name, section, _type_name(hints[field.name]), _default(field),
-                "yes" if field.metadata.get("affects_results") else "",
+                "yes" if declared(field).results else "",
                 _cell(f"`{flag}`: {text}" if flag else text)))
     return "\n".join(lines)
 
@@ -97,6 +92,8 @@ def _flag_helps() -> dict[str, tuple[str, str]]:
 
 def _type_name(hint: Any) -> str:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in args)
     if typing.get_origin(hint) is list:
         return f"list of {_type_name(typing.get_args(hint)[0])}"
     if typing.get_origin(hint) is dict:  # lora: a [lora] table of NAME = "PATH"

@@ -14,52 +14,38 @@ import json
 import os
 import shlex
 import sys
+import typing
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 
 from qbatch._fs import is_url
 from qbatch.log import log, setup as setup_log
-from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, EXIT_UNUSABLE, Interrupted, QbatchError
-from qbatch.spec import BACKENDS, FORMATS, ON_BAD_LINE, ORDERS, OUTPUT_FORMATS, PROGRESS, SHAPES, JobSpec, load_job_file
-from qbatch.spec import DEFAULT_MODEL, EMBEDDING_DTYPES, GENERATION_ONLY, EngineSpec
-from qbatch.spec import STRUCTURED_OUTPUTS_BACKENDS
+from qbatch.errors import Interrupted, QbatchError
+from qbatch.spec import DEFAULT_MODEL, ENGINE_SETTINGS, SECTIONS, SERVE_SETTINGS, JobSpec, applies_to, choices, declared
+from qbatch.spec import load_job_file
 from qbatch.versions import __version__
 from qbatch.bench.workloads import WORKLOADS as BENCH_WORKLOADS
 
 
-# The panel of each option in every command's --help, in the order they show (after the summary and the
-# examples): decided here alone; tests/test_cli_help.py fails on an option that has none. Names are the
-# options' parameter names, one panel whatever the command.
-HELP_PANELS: dict[str, tuple[str, ...]] = {
-    "Input": ("job", "format", "shape", "prompt_column", "messages_column", "id_column", "keep_columns",
-              "drop_columns", "on_bad_line", "dedupe", "limit", "shard"),
-    "Prompt and template": ("template", "system_prompt", "raw", "thinking", "thinking_token_budget", "instruction"),
-    "Sampling": ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty", "stop", "ignore_eos", "n", "logprobs", "top_logprobs", "seed"),
-    "Structured output": ("json_schema", "choice", "regex", "grammar", "reasoning_parser",
-                          "structured_outputs_backend", "disable_any_whitespace"),
-    "Embeddings": ("dimensions", "normalize", "truncate", "embedding_dtype"),
-    "Model and engine": ("model", "tokenizer", "revision", "quantize", "lora", "max_loras", "max_lora_rank",
-                         "max_cpu_loras", "backend", "max_model_len", "gpu_memory_utilization",
-                         "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "dtype", "quantization",
-                         "enforce_eager", "compilation_mode", "load_format", "performance_mode", "disable_log_stats"),
-    "GPUs and scaling": ("data_parallel_size", "gpus", "engines_per_gpu", "mps", "tensor_parallel_size",
-                         "ray_address"),
-    "Chunks and order": ("sort_window", "order", "chunk_tokens"),
-    "Output": ("output_dir", "path", "output_format", "include_prompt", "as_json", "json_path", "progress",
-               "telemetry", "report", "price_per_gpu_hour", "verbose"),
-    "Exit codes and resume": ("fail_on_row_errors", "max_unusable", "fail_on_empty", "restart", "retry_errors",
-                              "dry_run"),
-    "Service": ("server", "api_key", "data_dir", "host", "port", "max_upload_bytes", "max_requests",
-                "completion_window_s"),
-    "Benchmark": ("modes", "rows", "hf_rows", "repeats", "length_scale", "workload_seed", "legacy_seed", "settings",
-                  "variant", "vllm_defaults", "null_engine", "prompts", "work_dir", "inputs_only"),
-    "Quantization": ("w_bit", "group_size", "zero_point", "awq_version", "legacy_version", "calib", "calib_samples",
-                     "calib_seq_len"),
-    "Other": ("help", "version"),
-}
-_PANEL_OF = {name: panel for panel, names in HELP_PANELS.items() for name in names}
+# The panels of every command's --help, in the order they show (after the summary and the examples), and the
+# panel of each option: a setting's is declared with it (spec.py), the others' here; tests/test_cli_help.py
+# fails on an option that has none. Names are the options' parameter names, one panel whatever the command.
+HELP_PANELS = ("Input", "Prompt and template", "Sampling", "Structured output", "Embeddings", "Model and engine",
+               "GPUs and scaling", "Chunks and order", "Output", "Exit codes and resume", "Service", "Benchmark",
+               "Quantization", "Other")
+PANEL_OF = {**{f.name: declared(f).panel for cls in SECTIONS.values() for f in dataclasses.fields(cls)},
+            **{name: panel for panel, names in {
+                "Input": ("job",), "Output": ("path", "as_json", "json_path", "verbose"),
+                "Service": ("server", "api_key", "data_dir", "host", "port", "max_upload_bytes", "max_requests",
+                            "completion_window_s"),
+                "Benchmark": ("modes", "rows", "hf_rows", "repeats", "length_scale", "workload_seed", "legacy_seed",
+                              "settings", "variant", "vllm_defaults", "null_engine", "prompts", "work_dir",
+                              "inputs_only"),
+                "Quantization": ("w_bit", "group_size", "zero_point", "awq_version", "legacy_version", "calib",
+                                 "calib_samples", "calib_seq_len"),
+                "Other": ("help", "version")}.items() for name in names}}
 
 
 class PanelCommand(click.Command):
@@ -73,7 +59,7 @@ class PanelCommand(click.Command):
             record = param.get_help_record(ctx)
             if record is not None and isinstance(param, click.Option):  # arguments show in the usage line
                 name = "help" if param is help_option else param.name or ""
-                panels.setdefault(_PANEL_OF.get(name, "Options"), []).append(record)
+                panels.setdefault(PANEL_OF.get(name, "Options"), []).append(record)
         for panel, records in panels.items():
             if records:
                 with formatter.section(panel):
@@ -166,108 +152,66 @@ def _paths(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return tuple(normal_path(v) for v in value) if isinstance(value, tuple) else normal_path(value)
 
 
-# Flags of `qbatch run` that are job-spec settings (same names as the job file's keys).
-# Their defaults live in spec.py; a flag only overrides when given.
-RUN_OPTIONS = [
-    click.option("-o", "--output-dir", type=click.Path(file_okay=False), help="Output folder (parts, results, manifest)."),
-    click.option("--format", type=click.Choice(FORMATS), help="Input format (default: by file extension)."),
-    click.option("--shape", type=click.Choice(SHAPES), help="Row shape (default: auto, detected per row)."),
-    click.option("--prompt-column", help="Column holding the prompt text.  [default: prompt]"),
-    click.option("--messages-column", help="Column holding chat messages.  [default: messages]"),
-    click.option("--id-column", help="Column holding the row id (not for OpenAI batch lines: they are keyed by their custom_id whatever it says).  [default: id, or custom_id]"),
-    click.option("--template", help="Build the prompt from columns, e.g. 'Summarize: {text}'."),
-    click.option("--system-prompt", help="Add a system turn to every chat."),
-    click.option("--raw", is_flag=True, default=None, help="Send prompt text as is, without the chat template."),
-    click.option("--thinking/--no-thinking", default=None, help="Chat template enable_thinking (Qwen3)."),
-    click.option("--keep-columns", callback=_csv, help="Input columns to carry to the results (comma list).  [default: all, the prompt's and messages' too]"),
-    click.option("--drop-columns", callback=_csv, help="Input columns not to carry to the results (comma list), e.g. prompt,messages."),
-    click.option("--on-bad-line", type=click.Choice(ON_BAD_LINE), help="Malformed JSONL line: stop, or record and go on.  [default: error]"),
-    click.option("--dedupe", is_flag=True, default=None, help="Keep the first row of each duplicated id."),
-    click.option("--limit", type=int, help="Process only the first N rows."),
-    click.option("--shard", help="Process only shard I of N (I/N), by id hash."),
-    click.option("--max-tokens", type=int, help="Max output tokens per row.  [default: 2048]"),
-    click.option("--temperature", type=float, help="Sampling temperature.  [default: model's generation_config]"),
-    click.option("--top-p", type=float, help="Nucleus sampling.  [default: model's generation_config]"),
-    click.option("--top-k", type=int, help="Top-k sampling.  [default: model's generation_config]"),
-    click.option("--min-p", type=float, help="Min-p sampling."),
-    click.option("--presence-penalty", type=float, help="Presence penalty."),
-    click.option("--frequency-penalty", type=float, help="Frequency penalty."),
-    click.option("--repetition-penalty", type=float, help="Repetition penalty."),
-    click.option("--stop", multiple=True, default=None, help="Stop string (repeatable)."),
-    click.option("--ignore-eos", is_flag=True, default=None, help="Generate max_tokens regardless of EOS (benchmarks)."),
-    click.option("--json-schema", help="Constrain answers to a JSON schema (a file, or the JSON itself); see `parsed`."),
-    click.option("--choice", callback=_csv, help="Constrain answers to one of these labels (comma list), e.g. pos,neg."),
-    click.option("--regex", help="Constrain answers to full-match this regular expression."),
-    click.option("--grammar", help="Constrain answers to a grammar (EBNF/Lark as vLLM takes it; a file or the text)."),
-    click.option("--n", type=int, help="Samples per row: one result row each, with sample_index.  [default: 1]"),
-    click.option("--logprobs", is_flag=True, default=None, help="Add each output token's logprob (a logprobs column)."),
-    click.option("--top-logprobs", type=int, help="With logprobs, the N most likely alternatives of each token (0-20)."),
-    click.option("--thinking-token-budget", type=int, help="vLLM thinking_token_budget: reasoning tokens before the engine ends the reasoning (needs a reasoning parser; -1: unlimited)."),
-    click.option("--sort-window", type=int, help="Rows sorted by length together (the last window also takes the rows left at the end).  [default: 8192]"),
-    click.option("--order", type=click.Choice(ORDERS), help="Rows go to the engine longest first in each window (max_tokens, then prompt), rows sharing a long prompt prefix together; longest-first-flat: without the groups; input: in input order.  [default: longest-first]"),
-    click.option("--chunk-tokens", type=int, help="Token budget (prompt + max_tokens) of one chunk of rows fed to the engine.  [default: 4194304; with N engines, 4194304/(16N)]"),
-    click.option("-m", "--model", envvar="QBATCH_MODEL", help="Model: hub name, folder, or smollm2-135m (bundled).  [default: Qwen/Qwen3-0.6B; env QBATCH_MODEL]"),
-    click.option("--tokenizer", help="Tokenizer folder or name (default: the model's)."),
-    click.option("--revision", help="Model revision (hub models)."),
-    click.option("--max-model-len", type=int, help="vLLM max_model_len.  [default: model's context]"),
-    click.option("--gpu-memory-utilization", type=float, help="vLLM gpu_memory_utilization (of each GPU, split among its engines)."),
-    click.option("--kv-cache-memory-bytes", type=int, help="vLLM kv_cache_memory_bytes (overrides gpu_memory_utilization).  [default on CPU: 2 GiB; engines sharing a GPU: their share of it, so they start together]"),
-    click.option("--max-num-seqs", type=int, help="vLLM max_num_seqs."),
-    click.option("--max-num-batched-tokens", type=int, help="vLLM max_num_batched_tokens."),
-    click.option("--dtype", help="vLLM dtype.  [default: auto]"),
-    click.option("--quantization", help="vLLM quantization (usually detected from the checkpoint)."),
-    click.option("--data-parallel-size", type=int, help="GPUs to use, each with its own engine process(es).  [default: 1]"),
-    click.option("--gpus", callback=_csv, help="GPU ids for the engines (comma list), e.g. 0,1.  [default: the first N of CUDA_VISIBLE_DEVICES, else 0..N-1]"),
-    click.option("--engines-per-gpu", type=int, help="Engines sharing each GPU: a small model leaves the GPU idle "
-                 "between steps, a second engine fills the gaps.  [default: 2 for models under 2% of a GPU's "
-                 "memory on hosts with 8+ cores per GPU, else 1]"),
-    click.option("--mps/--no-mps", default=None, help="CUDA MPS for engines sharing a GPU: their kernels run side by "
-                 "side instead of in turns (qbatch starts and stops a daemon of its own).  [default: on where "
-                 "engines share a GPU and nvidia-cuda-mps-control is installed]"),
-    click.option("--tensor-parallel-size", type=int, help="vLLM tensor_parallel_size.  [default: 1]"),
-    click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM enforce_eager: no torch.compile/CUDA graphs.  [default: on for CPU]"),
-    click.option("--compilation-mode", type=click.IntRange(0, 3), help="vLLM compilation_config mode: 0 no torch.compile, 3 torch.compile.  [default: chosen from the job's shape on a GPU (3 for prefill-bound jobs when compiling pays), else 0 on Hopper]"),
-    click.option("--seed", type=int, help="Seed: each row samples with a seed derived from it and the row id (reruns repeat).  [default: none; vLLM engine seed 0]"),
-    click.option("--load-format", help="vLLM load_format (e.g. dummy for random weights)."),
-    click.option("--performance-mode", help="vLLM performance_mode.  [default: throughput]"),
-    click.option("--reasoning-parser", help="vLLM reasoning_parser: constraints apply after the reasoning.  [default: qwen3 for Qwen3 models with a job-level constraint or thinking budget]"),
-    click.option("--structured-outputs-backend", type=click.Choice(STRUCTURED_OUTPUTS_BACKENDS), help="vLLM StructuredOutputsConfig.backend for constrained rows.  [default: guidance, compact JSON (a slow tokenizer: auto)]"),
-    click.option("--disable-any-whitespace", is_flag=True, default=None, help="vLLM StructuredOutputsConfig.disable_any_whitespace: compact JSON, no free whitespace (xgrammar, guidance)."),
-    click.option("--quantize", type=click.Choice(["awq"]), help="Quantize the model with AutoAWQ first (cached)."),
-    click.option("--lora", multiple=True, callback=_adapters, metavar="NAME=PATH", help="A LoRA adapter (a PEFT folder) "
-                 "rows can pick by NAME in their `adapter` column or an OpenAI line's body.model (repeatable); rows "
-                 "naming none use the base model."),
-    click.option("--max-loras", type=int, help="vLLM max_loras: adapters in one batch.  [default: the adapters given, at most 8]"),
-    click.option("--max-lora-rank", type=int, help="vLLM max_lora_rank.  [default: the adapters' largest rank, rounded up to one vLLM takes]"),
-    click.option("--max-cpu-loras", type=int, help="vLLM max_cpu_loras: adapters kept in CPU memory.  [default: the adapters given]"),
-    click.option("--backend", type=click.Choice(BACKENDS), help="Engine: vllm, ray (engines on a Ray cluster), or null (returns instantly; for pipeline tests)."),
-    click.option("--disable-log-stats/--enable-log-stats", default=None, help="vLLM disable_log_stats: --enable-log-stats adds running/waiting requests and KV-cache usage to the telemetry (vLLM then works out its stats every step).  [default: disabled]"),
-    click.option("--ray-address", help="Ray cluster to join with --backend ray: auto (on a cluster node) or HOST:6379.  [default: $RAY_ADDRESS, else a local cluster]"),
-    click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), help="Also write results.jsonl in OpenAI Batch format (jsonl-openai)."),
-    click.option("--include-prompt", is_flag=True, default=None, help="Add the rendered prompt to the results."),
-    click.option("--progress", type=click.Choice(PROGRESS), help="Progress: bar on a terminal, log lines otherwise.  [default: auto]"),
-    click.option("--fail-on-row-errors", is_flag=True, default=None, help=f"Exit {EXIT_ROW_ERRORS} if any row failed."),
-    click.option("--max-unusable", type=click.FloatRange(0, 1), metavar="SHARE", help=f"Exit {EXIT_UNUSABLE} if more than this share of rows have no usable answer (ended inside their reasoning, empty, or not parsed under their constraint): the `flag` column."),
-    click.option("--price-per-gpu-hour", type=click.FloatRange(0), metavar="PRICE", help="What a GPU-hour costs: the summary shows the run's cost, --dry-run the estimated cost."),
-    click.option("--fail-on-empty", is_flag=True, default=None, help=f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning)."),
-    click.option("--restart", is_flag=True, default=None, help="Delete OUT_DIR's results and start over."),
-    click.option("--retry-errors", is_flag=True, default=None, help="Process rows recorded as errors again."),
-    click.option("--telemetry/--no-telemetry", default=None, help="Record GPU (or CPU) and engine counters once a second into OUT_DIR/telemetry.parquet.  [default: on]"),
-    click.option("--report", is_flag=True, default=None, help="Write OUT_DIR/report.html (qbatch report) when the run ends."),
-    click.option("--dry-run", is_flag=True, default=None, help="Read, tokenize, validate and plan; print what the engines would get and why; load no model."),
-]
+# The flags of the settings, generated from their declarations in spec.py: each one's spelling, type, choices,
+# help, shown default and panel. A flag only overrides when given, so none has a default of its own.
+def _flagged() -> Iterator[tuple[dataclasses.Field[Any], Any]]:
+    """Every setting a flag sets (those with a panel), in the spec's order, with its type."""
+    for cls in SECTIONS.values():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if declared(f).panel:
+                yield f, hints[f.name]
 
 
-def run_options(func: Any) -> Any:
-    return _with_options(func, RUN_OPTIONS)
+def _help_text(f: dataclasses.Field[Any]) -> str:
+    """The flag's help, and the default it states: the field's own, or what `shown` says decides it."""
+    setting = declared(f)
+    shown = setting.shown
+    if shown is None and f.default is not None and not isinstance(f.default, bool):
+        shown = f"{f.default}; env {setting.envvar}" if setting.envvar else str(f.default)
+    return setting.help + (f"  [default: {shown}]" if shown else "")
+
+
+def flag_of(f: dataclasses.Field[Any], hint: Any) -> Callable[[Any], Any]:
+    """The click option of one setting."""
+    setting = declared(f)
+    decls = setting.flags or (f"--{f.name.replace('_', '-')}",)
+    kwargs: dict[str, Any] = {"help": _help_text(f)}
+    kwargs.update({k: v for k, v in (("metavar", setting.metavar), ("envvar", setting.envvar)) if v})
+    kind = next((option for option in typing.get_args(hint) if option is not type(None)), hint)
+    allowed = choices(hint)
+    if allowed is not None:
+        kwargs["type"] = click.Choice(allowed)
+    elif kind is bool:
+        if not setting.flags and f.default is not False:  # on by default, or decided later: a pair
+            decls = (f"{decls[0]}/--no-{f.name.replace('_', '-')}",)
+        kwargs.update(default=None, **({} if "/" in decls[-1] else {"is_flag": True}))
+    elif setting.folder:
+        kwargs["type"] = click.Path(file_okay=False)
+    elif kind in (int, float):
+        kwargs["type"] = kind
+    elif typing.get_origin(kind) is dict:  # lora: NAME=PATH, repeatable
+        kwargs.update(multiple=True, callback=_adapters)
+    elif typing.get_origin(kind) is list:
+        kwargs.update({"multiple": True, "default": None} if setting.repeat else {"callback": _csv})
+    return click.option(*decls, f.name, **kwargs)
+
+
+def setting_options(command: str) -> Callable[[Any], Any]:
+    """A decorator adding the flags of the settings `command` (run, embed or serve) takes."""
+    task = "embed" if command == "embed" else "generate"
+    options = [flag_of(f, hint) for f, hint in _flagged() if applies_to(f.name, task)
+               and (command != "serve" or f.name in SERVE_SETTINGS)]
+
+    def add(func: Any) -> Any:
+        for one in reversed(options):
+            func = one(func)
+        return func
+    return add
 
 
 def server_options(func: Any) -> Any:
-    return _with_options(func, SERVER_OPTIONS)
-
-
-def _with_options(func: Any, options: list[Any]) -> Any:
-    for option in reversed(options):
+    for option in reversed(SERVER_OPTIONS):
         func = option(func)
     return func
 
@@ -342,7 +286,7 @@ def _hand_over(spec: JobSpec, values: dict[str, Any], url: str, api_key: str | N
 @cli.command()
 @click.argument("inputs", nargs=-1)
 @click.option("--job", type=click.Path(dir_okay=False), help="TOML job file; flags override its keys.")
-@run_options
+@setting_options("run")
 @server_options
 @VERBOSE_OPTION
 @click.pass_context
@@ -422,52 +366,10 @@ def _run_job(spec: JobSpec) -> None:
         sys.exit(exit_code)
 
 
-ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
-
-
-def _option_name(option: Any) -> str:
-    def probe() -> None: ...
-
-    option(probe)
-    return probe.__click_params__[0].name  # type: ignore[attr-defined]
-
-
-# `qbatch serve` takes run's engine flags (fixed for the service) and the job flags every batch runs
-# with; a batch line's own sampling values win over them, as in `qbatch run`.
-SERVE_JOB_SETTINGS = {"max_tokens", "thinking", "system_prompt", "chunk_tokens", "sort_window", "progress"}
-SERVE_RUN_OPTIONS = [option for option in RUN_OPTIONS
-                     if _option_name(option) in ENGINE_SETTINGS | SERVE_JOB_SETTINGS]
-
-
-def serve_run_options(func: Any) -> Any:
-    for option in reversed(SERVE_RUN_OPTIONS):
-        func = option(func)
-    return func
-
-
-# `qbatch embed` takes run's flags except those of generation (chat turns, sampling, constraints, thinking).
-EMBED_OPTIONS = [
-    *(option for option in RUN_OPTIONS if _option_name(option) not in GENERATION_ONLY),
-    click.option("--dimensions", type=int, help="Keep the first N values of each vector (Matryoshka: Qwen3-Embedding), "
-                 "then normalize.  [default: all, the model's hidden size]"),
-    click.option("--normalize/--no-normalize", default=None, help="Scale each vector to unit L2 norm.  [default: normalize]"),
-    click.option("--instruction", help="Query-side task instruction, in Qwen3-Embedding's format "
-                 "'Instruct: {instruction}\\nQuery:{text}'. Leave it out for documents."),
-    click.option("--truncate", is_flag=True, default=None, help="Embed the first max_model_len tokens of "
-                 "over-long inputs (else they become prompt_too_long error rows)."),
-    click.option("--embedding-dtype", type=click.Choice(EMBEDDING_DTYPES), help="Type of the stored vectors: "
-                 "float16 halves the output.  [default: float32]"),
-]
-
-
-def embed_options(func: Any) -> Any:
-    return _with_options(func, EMBED_OPTIONS)
-
-
 @cli.command()
 @click.argument("inputs", nargs=-1)
 @click.option("--job", type=click.Path(dir_okay=False), help="TOML job file; flags override its keys.")
-@embed_options
+@setting_options("embed")
 @server_options
 @VERBOSE_OPTION
 @click.pass_context
@@ -502,7 +404,7 @@ def embed(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any
               help="Most requests in one batch input file (OpenAI's limit: 50,000).")
 @click.option("--completion-window-s", type=float, default=24 * 3600.0, show_default=True,
               help="Seconds a '24h' completion window lasts; unfinished requests then expire.")
-@serve_run_options
+@setting_options("serve")
 @VERBOSE_OPTION
 @click.pass_context
 def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str | None, max_upload_bytes: int,
@@ -528,7 +430,7 @@ def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str 
                                                    click.core.ParameterSource.ENVIRONMENT)}
     engine = {name: value for name, value in given.items() if name in ENGINE_SETTINGS}
     engine.setdefault("model", DEFAULT_MODEL)
-    job = {name: value for name, value in given.items() if name in SERVE_JOB_SETTINGS}
+    job = {name: value for name, value in given.items() if name in SERVE_SETTINGS - ENGINE_SETTINGS}
     settings = ServeSettings(Path(data_dir).resolve(), engine, job, host=host, port=port, api_key=api_key,
                              max_upload_bytes=max_upload_bytes, max_requests=max_requests,
                              window_s=completion_window_s)
@@ -761,8 +663,7 @@ def quantize(model: str, out_dir: str, w_bit: int, group_size: int, zero_point: 
 @click.argument("shard_dirs", nargs=-1, required=True, type=FolderOrUrl(exists=True, file_okay=False), callback=_paths)
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), callback=_paths,
               help="Folder for the merged results.")
-@click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), default="parquet", show_default=True,
-              help="Also write results.jsonl in OpenAI Batch format (jsonl-openai).")
+@flag_of(*next((f, hint) for f, hint in _flagged() if f.name == "output_format"))
 def merge(shard_dirs: tuple[str, ...], output_dir: str, output_format: str) -> None:
     """Combine the outputs of `qbatch run --shard I/N` runs into one results.parquet.
 

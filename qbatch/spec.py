@@ -1,8 +1,13 @@
-"""The job spec: one typed object that every stage reads.
+"""The job spec: one typed object that every stage reads, and the one declaration of every setting.
 
 Settings come from three places, merged here and nowhere else: command-line
 flags override the TOML job file, which overrides the defaults below. Job
 files use the flags' names (`max_tokens` or `max-tokens`) as flat keys.
+
+A setting is declared once, as a field: its type (a `Literal` for a choice), default and `Setting` (help,
+panel, range, flag, doors). The CLI's flags, the job file's checks, the Session's and the service's keys
+and the reference's key table are read from it. Not pydantic or msgspec: every stage reads the spec as
+frozen dataclasses (`replace`, `asdict`, `fields`), and the checks' messages are qbatch's own.
 """
 
 from __future__ import annotations
@@ -15,88 +20,149 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from qbatch._fs import is_url, normal_path
-from qbatch.errors import RowError, SpecError
+from qbatch.errors import EXIT_INPUT, EXIT_ROW_ERRORS, EXIT_UNUSABLE, RowError, SpecError
 from qbatch.sampling import SAMPLING_KEY_SET, check_params, check_structured
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
-SHAPES = ("auto", "prompt", "chat", "openai")
-FORMATS = ("jsonl", "parquet")
 COMPRESSED_SUFFIXES = (".gz", ".zst")  # read compressed, whatever the format
-OUTPUT_FORMATS = ("parquet", "jsonl-openai")
-PROGRESS = ("auto", "bar", "log", "none")
-ON_BAD_LINE = ("error", "skip")
-ORDERS = ("longest-first", "longest-first-flat", "input")
-BACKENDS = ("vllm", "ray", "null")
-TASKS = ("generate", "embed")  # embed: vLLM's pooling runner (runner="pooling"), `qbatch embed`
-EMBEDDING_DTYPES = ("float32", "float16")
-# vLLM's StructuredOutputsConfig.backend values (the same in vLLM 0.26 and 0.32)
-STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
 # Conveniences the type check allows besides each field's annotation (the README's "Job files" says so):
 ONE_ITEM_LISTS = frozenset({"inputs", "stop"})  # one string is a one-item list
 NUMBER_ITEMS = frozenset({"gpus"})  # GPU ids may be written as integers
+# A setting with `results=True` changes what a row's result is: it enters the output folder's fingerprint,
+# so a rerun that changes it refuses to mix its results with the old ones (`JobSpec.result_settings`).
+# Planning, engine sizing and max_model_len may change between runs (raising max_model_len and rerunning
+# with --retry-errors is how rows that were too long get processed).
+GENERATE = "generate"  # the task of settings only generation takes (`qbatch embed` has no flag for them)
 
 
-def affects_results(default: Any = None, *, factory: Any = None) -> Any:
-    """A setting that changes what a row's result is: it enters the output folder's fingerprint, so a
-    rerun that changes it refuses to mix its results with the old ones (`JobSpec.result_settings`).
-    Planning, engine sizing and max_model_len may change between runs (raising max_model_len and
-    rerunning with --retry-errors is how rows that were too long get processed)."""
+@dataclass(frozen=True)
+class Setting:
+    help: str  # the flag's help, and the reference's text for the key
+    panel: str = ""  # its panel in --help (cli.HELP_PANELS orders them); "" for a key no flag sets
+    results: bool = False  # changes what a row's result is: enters the fingerprint (see above)
+    shown: str | None = None  # the help's [default: ...] where the field's own is None (resolved later) or a switch's
+    low: float | None = None  # the least value allowed (`open_low`: low itself is not)
+    high: float | None = None  # the largest
+    open_low: bool = False
+    rule: str | None = None  # the range in words, where "in [low, high]" says too little
+    hint: str | None = None  # the hint of a value out of range
+    flags: tuple[str, ...] = ()  # the flag's spelling where it is not --name (-o, --x/--enable-x)
+    metavar: str | None = None
+    envvar: str | None = None
+    folder: bool = False  # a folder's path: the CLI refuses a file's
+    repeat: bool = False  # a list given by repeating the flag (else a comma list)
+    serve: bool = False  # a job setting `qbatch serve` takes for every batch (it takes every engine setting)
+    task: Literal["generate", "embed"] | None = None  # the one task it means something to (else a section's)
+
+    def check(self, name: str, value: Any) -> None:
+        """The value's range (its type is checked as it is read: _typed; its choice by validate)."""
+        if value is None or self.low is None and self.high is None:
+            return
+        too_low = self.low is not None and (value <= self.low if self.open_low else value < self.low)
+        if isinstance(value, int) and self.high is None and not self.rule:  # the common case: counts and sizes
+            if too_low:
+                raise SpecError(f"{name} must be an integer >= {self.low:g}, got {value!r}")
+        elif too_low or self.high is not None and value > self.high:
+            words = (f"{'>' if self.open_low else '>='} {self.low:g}" if self.high is None else
+                     f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}]")
+            raise SpecError(f"{name} must be {self.rule or words}, got {value}", hint=self.hint)
+
+
+def setting(default: Any = None, help: str = "", *, factory: Any = None, **declared: Any) -> Any:
+    """A spec field: its default (or `factory`) and its Setting."""
+    metadata = {"setting": Setting(help, **declared)}
     if factory is not None:
-        return field(default_factory=factory, metadata={"affects_results": True})
-    return field(default=default, metadata={"affects_results": True})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def declared(spec_field: dataclasses.Field[Any]) -> Setting:
+    return typing.cast(Setting, spec_field.metadata["setting"])
+
+
+def choices(hint: Any) -> tuple[Any, ...] | None:
+    """A Literal's values (of `Literal[...] | None` too), else None."""
+    if typing.get_origin(hint) is not Literal:
+        hint = next((option for option in typing.get_args(hint) if typing.get_origin(option) is Literal), None)
+    return None if hint is None else typing.get_args(hint)
 
 
 @dataclass(frozen=True)
 class InputSpec:
     """Where rows come from and how a row becomes a prompt."""
 
-    inputs: list[str] = field(default_factory=list)
-    format: str | None = None  # None: by file extension
-    shape: str = affects_results("auto")
-    prompt_column: str = affects_results("prompt")
-    messages_column: str = affects_results("messages")
-    id_column: str | None = affects_results(None)  # None: `id`, or `custom_id` for OpenAI batch lines
-    template: str | None = affects_results(None)
-    system_prompt: str | None = affects_results(None)
-    raw: bool = affects_results(False)
-    thinking: bool | None = affects_results(None)  # None: the chat template's own default
-    # The input columns carried to the results (the prompt's and messages' too): keep_columns None is all
-    keep_columns: list[str] | None = affects_results(None)
-    drop_columns: list[str] | None = affects_results(None)  # all but these
-    on_bad_line: str = "error"
-    dedupe: bool = affects_results(False)
-    limit: int | None = None
-    shard: str | None = affects_results(None)  # "I/N"
+    inputs: list[str] = setting(help="The INPUT arguments: files, folders, globs, `-` for standard input (a "
+                                "string is a one-item list).", factory=list)
+    format: Literal["jsonl", "parquet"] | None = setting(None, "Input format (default: by file extension).",
+                                                         panel="Input")
+    shape: Literal["auto", "prompt", "chat", "openai"] = setting(
+        "auto", "Row shape, detected per row.", panel="Input", results=True)
+    prompt_column: str = setting("prompt", "Column holding the prompt text.", panel="Input", results=True)
+    messages_column: str = setting("messages", "Column holding chat messages.", panel="Input", results=True,
+                                   task=GENERATE)
+    id_column: str | None = setting(None, "Column holding the row id (not for OpenAI batch lines: they are keyed by "
+                                    "their custom_id whatever it says).", shown="id, or custom_id", panel="Input",
+                                    results=True)
+    template: str | None = setting(None, "Build the prompt from columns, e.g. 'Summarize: {text}'.",
+                                   panel="Prompt and template", results=True)
+    system_prompt: str | None = setting(None, "Add a system turn to every chat.", panel="Prompt and template",
+                                        results=True, task=GENERATE, serve=True)
+    raw: bool = setting(False, "Send prompt text as is, without the chat template.", panel="Prompt and template",
+                        results=True, task=GENERATE)
+    thinking: bool | None = setting(None, "Chat template enable_thinking (Qwen3).", panel="Prompt and template",
+                                    results=True, task=GENERATE, serve=True)  # None: the template's own default
+    keep_columns: list[str] | None = setting(None, "Input columns to carry to the results (comma list).",
+                                             shown="all, the prompt's and messages' too", panel="Input",
+                                             results=True)
+    drop_columns: list[str] | None = setting(None, "Input columns not to carry to the results (comma list), e.g. "
+                                             "prompt,messages.", panel="Input", results=True)  # all but these
+    on_bad_line: Literal["error", "skip"] = setting("error", "Malformed JSONL line: stop, or record and go on.",
+                                                    panel="Input")
+    dedupe: bool = setting(False, "Keep the first row of each duplicated id.", panel="Input", results=True)
+    limit: int | None = setting(None, "Process only the first N rows.", panel="Input", low=1)
+    shard: str | None = setting(None, "Process only shard I of N (I/N), by id hash.", panel="Input", results=True)
 
 
 @dataclass(frozen=True)
 class SamplingSpec:
     """Job-level sampling; None means the model's generation_config, then vLLM's default."""
 
-    max_tokens: int = affects_results(2048)
-    temperature: float | None = affects_results(None)
-    top_p: float | None = affects_results(None)
-    top_k: int | None = affects_results(None)
-    min_p: float | None = affects_results(None)
-    presence_penalty: float | None = affects_results(None)
-    frequency_penalty: float | None = affects_results(None)
-    repetition_penalty: float | None = affects_results(None)
-    stop: list[str] | None = affects_results(None)
-    ignore_eos: bool = affects_results(False)
+    max_tokens: int = setting(2048, "Max output tokens per row.", panel="Sampling", results=True, low=1, serve=True)
+    temperature: float | None = setting(None, "Sampling temperature.", shown="model's generation_config",
+                                        panel="Sampling", results=True)
+    top_p: float | None = setting(None, "Nucleus sampling.", shown="model's generation_config", panel="Sampling",
+                                  results=True)
+    top_k: int | None = setting(None, "Top-k sampling.", shown="model's generation_config", panel="Sampling",
+                                results=True)
+    min_p: float | None = setting(None, "Min-p sampling.", panel="Sampling", results=True)
+    presence_penalty: float | None = setting(None, "Presence penalty.", panel="Sampling", results=True)
+    frequency_penalty: float | None = setting(None, "Frequency penalty.", panel="Sampling", results=True)
+    repetition_penalty: float | None = setting(None, "Repetition penalty.", panel="Sampling", results=True)
+    stop: list[str] | None = setting(None, "Stop string (repeatable).", panel="Sampling", results=True, repeat=True)
+    ignore_eos: bool = setting(False, "Generate max_tokens regardless of EOS (benchmarks).", panel="Sampling",
+                               results=True)
     # Structured output (at most one; a row's own constraint replaces it): json_schema and grammar are
     # a file or the text itself (the fingerprint holds the content: Job.fingerprint).
-    json_schema: str | None = affects_results(None)
-    choice: list[str] | None = affects_results(None)
-    regex: str | None = affects_results(None)
-    grammar: str | None = affects_results(None)
-    n: int = affects_results(1)  # samples a row: one result row each (sample_index)
-    logprobs: bool = affects_results(False)  # each output token's logprob (OpenAI's names)
-    top_logprobs: int | None = affects_results(None)  # and its N most likely alternatives (implies logprobs)
+    json_schema: str | None = setting(None, "Constrain answers to a JSON schema (a file, or the JSON itself); see "
+                                      "`parsed`.", panel="Structured output", results=True)
+    choice: list[str] | None = setting(None, "Constrain answers to one of these labels (comma list), e.g. pos,neg.",
+                                       panel="Structured output", results=True)
+    regex: str | None = setting(None, "Constrain answers to full-match this regular expression.",
+                                panel="Structured output", results=True)
+    grammar: str | None = setting(None, "Constrain answers to a grammar (EBNF/Lark as vLLM takes it; a file or the "
+                                  "text).", panel="Structured output", results=True)
+    n: int = setting(1, "Samples per row: one result row each, with sample_index.", panel="Sampling", results=True)
+    logprobs: bool = setting(False, "Add each output token's logprob (a logprobs column).", panel="Sampling",
+                             results=True)  # OpenAI's names
+    top_logprobs: int | None = setting(None, "With logprobs, the N most likely alternatives of each token (0-20).",
+                                       panel="Sampling", results=True)  # implies logprobs
     # vLLM's: reasoning tokens before the engine forces the reasoning's end (needs a reasoning parser)
-    thinking_token_budget: int | None = affects_results(None)
+    thinking_token_budget: int | None = setting(
+        None, "vLLM thinking_token_budget: reasoning tokens before the engine ends the reasoning (needs a reasoning "
+        "parser; -1: unlimited).", panel="Prompt and template", results=True)
 
     def structured_outputs(self) -> dict[str, Any] | None:
         """The job's constraint as vLLM's StructuredOutputsParams kwargs (files read), checked; None: none."""
@@ -126,67 +192,113 @@ DEFAULT_CHUNK_TOKENS = 4_194_304
 class PlanSpec:
     """How rows are grouped: sorted inside a window, cut into token-budgeted chunks."""
 
-    sort_window: int = 8192
-    # or "longest-first-flat" (no prefix groups), or "input": rows reach the engine (and the parts) in input order
-    order: str = "longest-first"
+    sort_window: int = setting(8192, "Rows sorted by length together (the last window also takes the rows left at "
+                               "the end).", panel="Chunks and order", low=1, serve=True)
+    order: Literal["longest-first", "longest-first-flat", "input"] = setting(
+        "longest-first", "Rows go to the engine longest first in each window (max_tokens, then prompt), rows sharing "
+        "a long prompt prefix together; longest-first-flat: without the groups; input: in input order.",
+        panel="Chunks and order")
     # None: DEFAULT_CHUNK_TOKENS, split among the engines (qbatch/plan/resolve.py). One engine is fed
     # across chunk boundaries, so the size changes what a crash redoes (the chunks in flight) and the
     # number of parts, not the feed.
-    chunk_tokens: int | None = None
+    chunk_tokens: int | None = setting(None, "Token budget (prompt + max_tokens) of one chunk of rows fed to the "
+                                       "engine.", panel="Chunks and order", low=1, serve=True,
+                                       shown=f"{DEFAULT_CHUNK_TOKENS}; with N engines, {DEFAULT_CHUNK_TOKENS}/(16N)")
+
+
+ENGINE = "Model and engine"
+GPUS = "GPUs and scaling"
 
 
 @dataclass(frozen=True)
 class EngineSpec:
     """vLLM engine settings; names mirror vLLM's. None leaves vLLM's own default."""
 
-    model: str = DEFAULT_MODEL
-    tokenizer: str | None = affects_results(None)
-    revision: str | None = affects_results(None)
-    max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_memory_bytes: int | None = None  # default on CPU: 2 GiB (plan/engine_args.py)
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    dtype: str = affects_results("auto")
-    quantization: str | None = affects_results(None)
-    tensor_parallel_size: int = 1
-    enforce_eager: bool | None = None  # None: True on CPU (compiling takes minutes there), else False
-    # vLLM's compilation_config mode: 0 no torch.compile, 3 torch.compile. None: chosen from the job's
-    # shape (plan/shape.py), else 0 on Hopper GPUs (plan/engine_args.py) and vLLM's own default elsewhere.
-    compilation_mode: int | None = None
-    # None: no seed (vLLM's engine seed 0, samples not reproducible). Set: each row gets a seed of its
-    # own derived from it and the row id (qbatch.sampling.row_seed), so reruns repeat and rows differ.
-    seed: int | None = affects_results(None)
-    load_format: str | None = affects_results(None)
-    performance_mode: str | None = "throughput"
-    quantize: str | None = affects_results(None)  # "awq": quantize with AutoAWQ first, cached
-    data_parallel_size: int = 1  # independent engines, one process per GPU (engines/processes.py)
-    engines_per_gpu: int | None = None  # engines sharing each GPU; None: chosen by plan/placement.py
-    # CUDA MPS for the engines sharing a GPU (engines/mps.py). None: on where they share one and the
-    # driver's MPS control program is installed (plan/placement.py)
-    mps: bool | None = None
-    gpus: list[str] | None = None  # GPU ids for the engines; default 0..data_parallel_size-1
-    # vLLM's reasoning parser: a constraint then applies after the reasoning. None: "qwen3" for Qwen3
-    # models when the job has a constraint (plan/resolve.py), else none (rows with their own need the flag).
-    reasoning_parser: str | None = affects_results(None)
+    model: str = setting(DEFAULT_MODEL, "Model: hub name, folder, or smollm2-135m (bundled).", panel=ENGINE,
+                         flags=("-m", "--model"), envvar="QBATCH_MODEL")
+    tokenizer: str | None = setting(None, "Tokenizer folder or name (default: the model's).", panel=ENGINE,
+                                    results=True)
+    revision: str | None = setting(None, "Model revision (hub models).", panel=ENGINE, results=True)
+    max_model_len: int | None = setting(None, "vLLM max_model_len.", shown="model's context", panel=ENGINE, low=1)
+    gpu_memory_utilization: float | None = setting(
+        None, "vLLM gpu_memory_utilization (of each GPU, split among its engines).", panel=ENGINE, low=0, high=1,
+        open_low=True)
+    kv_cache_memory_bytes: int | None = setting(  # the CPU's default: plan/engine_args.py
+        None, "vLLM kv_cache_memory_bytes (overrides gpu_memory_utilization).  [default on CPU: 2 GiB; engines "
+        "sharing a GPU: their share of it, so they start together]", panel=ENGINE, low=1)
+    max_num_seqs: int | None = setting(None, "vLLM max_num_seqs.", panel=ENGINE, low=1)
+    max_num_batched_tokens: int | None = setting(None, "vLLM max_num_batched_tokens.", panel=ENGINE, low=1)
+    dtype: str = setting("auto", "vLLM dtype.", panel=ENGINE, results=True)
+    quantization: str | None = setting(None, "vLLM quantization (usually detected from the checkpoint).",
+                                       panel=ENGINE, results=True)
+    tensor_parallel_size: int = setting(1, "vLLM tensor_parallel_size.", panel=GPUS, low=1)
+    # None: True on CPU (compiling takes minutes there), else False
+    enforce_eager: bool | None = setting(None, "vLLM enforce_eager: no torch.compile/CUDA graphs.",
+                                         shown="on for CPU", panel=ENGINE)
+    # None: chosen from the job's shape (plan/shape.py), else 0 on Hopper GPUs (plan/engine_args.py)
+    compilation_mode: int | None = setting(
+        None, "vLLM compilation_config mode: 0 no torch.compile, 3 torch.compile.", panel=ENGINE, low=0, high=3,
+        rule="0, 1, 2 or 3 (vLLM's CompilationMode)",
+        shown="chosen from the job's shape on a GPU (3 for prefill-bound jobs when compiling pays), else 0 on Hopper")
+    # None: vLLM's engine seed 0, samples not reproducible; set: each row's own (qbatch.sampling.row_seed)
+    seed: int | None = setting(None, "Seed: each row samples with a seed derived from it and the row id (reruns "
+                               "repeat).", shown="none; vLLM engine seed 0", panel="Sampling", results=True)
+    load_format: str | None = setting(None, "vLLM load_format (e.g. dummy for random weights).", panel=ENGINE,
+                                      results=True)
+    performance_mode: str | None = setting("throughput", "vLLM performance_mode.", panel=ENGINE)
+    quantize: Literal["awq"] | None = setting(None, "Quantize the model with AutoAWQ first (cached).", panel=ENGINE,
+                                              results=True, task=GENERATE)
+    data_parallel_size: int = setting(1, "GPUs to use, each with its own engine process(es).", panel=GPUS, low=1)
+    engines_per_gpu: int | None = setting(  # None: chosen by plan/placement.py
+        None, "Engines sharing each GPU: a small model leaves the GPU idle between steps, a second engine fills the "
+        "gaps.", shown="2 for models under 2% of a GPU's memory on hosts with 8+ cores per GPU, else 1", panel=GPUS,
+        low=1)
+    mps: bool | None = setting(None, "CUDA MPS for engines sharing a GPU: their kernels run side by side instead "
+                               "of in turns (qbatch starts and stops a daemon of its own).", panel=GPUS,
+                               shown="on where engines share a GPU and nvidia-cuda-mps-control is installed")
+    gpus: list[str] | None = setting(None, "GPU ids for the engines (comma list), e.g. 0,1.", panel=GPUS,
+                                     shown="the first N of CUDA_VISIBLE_DEVICES, else 0..N-1")
+    # None: plan/resolve.py's choice (rows with a constraint of their own need the flag)
+    reasoning_parser: str | None = setting(
+        None, "vLLM reasoning_parser: constraints apply after the reasoning.", panel="Structured output",
+        shown="qwen3 for Qwen3 models with a job-level constraint or thinking budget", results=True, task=GENERATE)
     # "embed": vectors instead of text (vLLM's runner="pooling"; a decoder gets convert="embed"): `qbatch embed`
-    task: str = affects_results("generate")
-    # vLLM's StructuredOutputsConfig.backend and .disable_any_whitespace (None: qbatch's choice, plan/engine_args.py)
-    structured_outputs_backend: str | None = affects_results(None)
-    disable_any_whitespace: bool | None = affects_results(None)
-    backend: str = affects_results("vllm")  # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
-    ray_address: str | None = None  # with backend "ray": the cluster to join; None: $RAY_ADDRESS, else a local one
+    task: Literal["generate", "embed"] = setting(
+        "generate", "Set by the command: `generate` (`qbatch run`) or `embed` (`qbatch embed`).", results=True)
+    # vLLM's StructuredOutputsConfig.backend and .disable_any_whitespace (None: qbatch's choice, plan/engine_args.py);
+    # its backend values are the same in vLLM 0.26 and 0.32
+    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] | None = (
+        setting(None, "vLLM StructuredOutputsConfig.backend for constrained rows.", panel="Structured output",
+                shown="guidance, compact JSON (a slow tokenizer: auto)", results=True, task=GENERATE))
+    disable_any_whitespace: bool | None = setting(
+        None, "vLLM StructuredOutputsConfig.disable_any_whitespace: compact JSON, no free whitespace (xgrammar, "
+        "guidance).", panel="Structured output", flags=("--disable-any-whitespace",), results=True, task=GENERATE)
+    # "ray": engines in Ray actors (engines/ray_actors.py); "null": returns instantly (tests)
+    backend: Literal["vllm", "ray", "null"] = setting(
+        "vllm", "Engine: vllm, ray (engines on a Ray cluster), or null (returns instantly; for pipeline tests).",
+        panel=ENGINE, results=True)
+    ray_address: str | None = setting(None, "Ray cluster to join with --backend ray: auto (on a cluster node) or "
+                                      "HOST:6379.", shown="$RAY_ADDRESS, else a local cluster", panel=GPUS)
     # LoRA adapters by name (--lora NAME=PATH, a job file's [lora] table): a row picks one by name (its
     # `adapter` column, or an OpenAI line's body.model); rows naming none use the base model. Their content
     # enters the fingerprint (Job.fingerprint). vLLM's LoRA settings: None is chosen from the adapters
     # (models/adapters.py), before the engine starts.
-    lora: dict[str, str] | None = affects_results(None)
-    max_loras: int | None = None
-    max_lora_rank: int | None = None
-    max_cpu_loras: int | None = None
+    lora: dict[str, str] | None = setting(
+        None, "A LoRA adapter (a PEFT folder) rows can pick by NAME in their `adapter` column or an OpenAI line's "
+        "body.model (repeatable); rows naming none use the base model.", panel=ENGINE, metavar="NAME=PATH",
+        repeat=True, results=True, task=GENERATE)
+    max_loras: int | None = setting(None, "vLLM max_loras: adapters in one batch.", panel=ENGINE, low=1,
+                                    shown="the adapters given, at most 8", task=GENERATE)
+    max_lora_rank: int | None = setting(None, "vLLM max_lora_rank.", panel=ENGINE, task=GENERATE,
+                                        shown="the adapters' largest rank, rounded up to one vLLM takes")
+    max_cpu_loras: int | None = setting(None, "vLLM max_cpu_loras: adapters kept in CPU memory.", panel=ENGINE, low=1,
+                                        shown="the adapters given", task=GENERATE)
     # False: vLLM computes its scheduler stats every step (running/waiting requests, KV-cache usage: telemetry
     # records them); vLLM's LLM() default is True, as it costs per-step work in its engine loop
-    disable_log_stats: bool = True
+    disable_log_stats: bool = setting(
+        True, "vLLM disable_log_stats: --enable-log-stats adds running/waiting requests and KV-cache usage to the "
+        "telemetry (vLLM then works out its stats every step).", shown="disabled", panel=ENGINE,
+        flags=("--disable-log-stats/--enable-log-stats",))
 
     def engine_count(self) -> int:
         """Engine processes in all (engines_per_gpu None counts as one: not chosen yet)."""
@@ -197,35 +309,59 @@ class EngineSpec:
         return dataclasses.replace(self, data_parallel_size=1, gpus=None, engines_per_gpu=1, **changes)
 
 
+EXIT = "Exit codes and resume"
+
+
 @dataclass(frozen=True)
 class OutputSpec:
     """Where results go and how the run reports."""
 
-    output_dir: str | None = None
-    output_format: str = "parquet"
-    include_prompt: bool = affects_results(False)
-    progress: str = "auto"
-    fail_on_row_errors: bool = False
-    # exit EXIT_UNUSABLE when more than this share of result rows have no usable answer (output/flags.py)
-    max_unusable: float | None = None
-    price_per_gpu_hour: float | None = None  # a run's cost in its summary, a dry run's estimated cost
-    fail_on_empty: bool = False  # inputs with no rows at all stop the run (exit 3) instead of a warning
-    restart: bool = False
-    retry_errors: bool = False
-    dry_run: bool = False
-    telemetry: bool = True  # GPU/CPU and engine counters once a second into OUT_DIR/telemetry.parquet
-    report: bool = False  # write OUT_DIR/report.html when the run ends
+    output_dir: str | None = setting(None, "Output folder (parts, results, manifest).", panel="Output",
+                                     flags=("-o", "--output-dir"), folder=True)
+    output_format: Literal["parquet", "jsonl-openai"] = setting(
+        "parquet", "Also write results.jsonl in OpenAI Batch format (jsonl-openai).", panel="Output")
+    include_prompt: bool = setting(False, "Add the rendered prompt to the results.", panel="Output", results=True)
+    progress: Literal["auto", "bar", "log", "none"] = setting(
+        "auto", "Progress: bar on a terminal, log lines otherwise.", panel="Output", serve=True)
+    fail_on_row_errors: bool = setting(False, f"Exit {EXIT_ROW_ERRORS} if any row failed.", panel=EXIT)
+    max_unusable: float | None = setting(
+        None, f"Exit {EXIT_UNUSABLE} if more than this share of rows have no usable answer (ended inside their "
+        "reasoning, empty, or not parsed under their constraint): the `flag` column.", panel=EXIT, metavar="SHARE",
+        low=0, high=1, rule="a share of the rows in [0, 1]",
+        hint="e.g. --max-unusable 0.05 fails the run when more than 5% of rows have no answer")
+    price_per_gpu_hour: float | None = setting(
+        None, "What a GPU-hour costs: the summary shows the run's cost, --dry-run the estimated cost.", panel="Output",
+        metavar="PRICE", low=0)
+    fail_on_empty: bool = setting(False, f"Exit {EXIT_INPUT} if the inputs hold no rows (else a warning).",
+                                  panel=EXIT)
+    restart: bool = setting(False, "Delete OUT_DIR's results and start over.", panel=EXIT)
+    retry_errors: bool = setting(False, "Process rows recorded as errors again.", panel=EXIT)
+    dry_run: bool = setting(False, "Read, tokenize, validate and plan; print what the engines would get and why; load "
+                            "no model.", panel=EXIT)
+    telemetry: bool = setting(True, "Record GPU (or CPU) and engine counters once a second into "
+                              "OUT_DIR/telemetry.parquet.", shown="on", panel="Output")
+    report: bool = setting(False, "Write OUT_DIR/report.html (qbatch report) when the run ends.", panel="Output")
+
+
+EMBED = "Embeddings"
 
 
 @dataclass(frozen=True)
 class EmbedSpec:
     """What an embedding job (task "embed") does to each vector; unused by generation."""
 
-    dimensions: int | None = affects_results(None)  # keep the first N (Matryoshka), then re-normalize
-    normalize: bool = affects_results(True)  # unit L2 norm (after the truncation)
-    instruction: str | None = affects_results(None)  # query side: "Instruct: {instruction}\nQuery:{text}" (Qwen3-Embedding)
-    truncate: bool = affects_results(False)  # over-long inputs keep their first max_model_len tokens, else error rows
-    embedding_dtype: str = affects_results("float32")  # float16 halves the output
+    dimensions: int | None = setting(  # then re-normalized
+        None, "Keep the first N values of each vector (Matryoshka: Qwen3-Embedding), then normalize.", panel=EMBED,
+        shown="all, the model's hidden size", low=1, results=True)  # at most the model's hidden size: Job.setup
+    normalize: bool = setting(True, "Scale each vector to unit L2 norm.", shown="normalize", panel=EMBED,
+                              results=True)  # after the truncation
+    instruction: str | None = setting(None, "Query-side task instruction, in Qwen3-Embedding's format "
+                                      "'Instruct: {instruction}\\nQuery:{text}'. Leave it out for documents.",
+                                      panel="Prompt and template", results=True)
+    truncate: bool = setting(False, "Embed the first max_model_len tokens of over-long inputs (else they become "
+                             "prompt_too_long error rows).", panel=EMBED, results=True)
+    embedding_dtype: Literal["float32", "float16"] = setting(
+        "float32", "Type of the stored vectors: float16 halves the output.", panel=EMBED, results=True)
 
 
 # vLLM's LoRA settings (vllm/config/lora.py): the ranks its LoRAConfig takes, and qbatch's names for them
@@ -235,14 +371,19 @@ LORA_SETTINGS = ("lora", "max_loras", "max_lora_rank", "max_cpu_loras")
 # (none: an `adapter` column is plain data). A job whose adapters differ gets an engine of its own.
 JOB_OWN_ENGINE_SETTINGS = frozenset({"seed", *LORA_SETTINGS})
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# The settings a Session(...) and `qbatch serve` take for their engines; a run's or a batch's are the others.
+ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
+# `qbatch serve`'s flags: its engine's, and the job settings every batch runs with (`serve=True`).
+SERVE_SETTINGS = ENGINE_SETTINGS | {f.name for cls in (InputSpec, SamplingSpec, PlanSpec, OutputSpec, EmbedSpec)
+                                    for f in dataclasses.fields(cls) if declared(f).serve}
 
 
 # Settings of one task only: an embedding job takes none of generation's (chat turns, sampling,
 # constraints, thinking), a generation job none of embedding's. `qbatch embed` has no flags for the
 # first; fingerprints and reports leave out whichever does not apply.
-GENERATION_ONLY = frozenset({"messages_column", "system_prompt", "raw", "thinking", "reasoning_parser", "quantize",
-                             "structured_outputs_backend", "disable_any_whitespace", *LORA_SETTINGS,
-                             *(f.name for f in dataclasses.fields(SamplingSpec))})
+GENERATION_ONLY = frozenset({*(f.name for f in dataclasses.fields(SamplingSpec)),
+                             *(f.name for cls in (InputSpec, EngineSpec) for f in dataclasses.fields(cls)
+                               if declared(f).task == GENERATE)})
 EMBEDDING_ONLY = frozenset(f.name for f in dataclasses.fields(EmbedSpec))
 
 
@@ -292,19 +433,17 @@ class JobSpec:
         return out
 
     def validate(self) -> None:
-        _check_choice("shape", self.input.shape, SHAPES)
-        if self.input.format is not None:
-            _check_choice("format", self.input.format, FORMATS)
-        _check_choice("output_format", self.output.output_format, OUTPUT_FORMATS)
-        _check_choice("progress", self.output.progress, PROGRESS)
-        _check_choice("on_bad_line", self.input.on_bad_line, ON_BAD_LINE)
-        _check_min("max_tokens", self.sampling.max_tokens, 1)
+        """Each setting's choices and range (its declaration), then the rules between settings."""
+        for section in SECTIONS:
+            part = getattr(self, section)
+            for f in dataclasses.fields(part):
+                value, allowed = getattr(part, f.name), _CHOICES[f.name]
+                if allowed is not None and value is not None and value not in allowed:
+                    raise SpecError(f"{f.name} must be one of {', '.join(map(str, allowed))}; got '{value}'"
+                                    if len(allowed) > 1 else f"{f.name} must be {allowed[0]!r}, got {value!r}")
+                declared(f).check(f.name, value)
         self._check_sampling()
         self.sampling.structured_outputs()
-        _check_min("sort_window", self.plan.sort_window, 1)
-        _check_choice("order", self.plan.order, ORDERS)
-        _check_min("tensor_parallel_size", self.engine.tensor_parallel_size, 1)
-        _check_min("data_parallel_size", self.engine.data_parallel_size, 1)
         if self.engine.gpus is not None:
             twice = sorted({g for g in self.engine.gpus if self.engine.gpus.count(g) > 1})
             if twice:
@@ -313,31 +452,9 @@ class JobSpec:
             if self.engine.data_parallel_size != len(self.engine.gpus):
                 raise SpecError(f"--gpus lists {len(self.engine.gpus)} GPUs but data_parallel_size is "
                                 f"{self.engine.data_parallel_size}; give one GPU per engine")
-        for name in ("chunk_tokens", "engines_per_gpu", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                     "kv_cache_memory_bytes", "limit", "max_loras", "max_cpu_loras"):
-            value = next(getattr(part, name) for part in (self.engine, self.plan, self.input) if hasattr(part, name))
-            if value is not None:
-                _check_min(name, value, 1)
-        share = self.output.max_unusable
-        if share is not None and not 0 <= share <= 1:
-            raise SpecError(f"max_unusable must be a share of the rows in [0, 1], got {share}",
-                            hint="e.g. --max-unusable 0.05 fails the run when more than 5% of rows have no answer")
-        price = self.output.price_per_gpu_hour
-        if price is not None and price < 0:
-            raise SpecError(f"price_per_gpu_hour must be >= 0, got {price}")
-        util = self.engine.gpu_memory_utilization
-        if util is not None and not 0 < util <= 1:
-            raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {util}")
-        _check_choice("backend", self.engine.backend, BACKENDS)
-        self._check_embed()
         self._check_lora()
         self._check_ray()
-        if self.engine.compilation_mode not in (None, 0, 1, 2, 3):
-            raise SpecError(f"compilation_mode must be 0, 1, 2 or 3 (vLLM's CompilationMode), "
-                            f"got {self.engine.compilation_mode}")
         self._check_structured_outputs_config()
-        if self.engine.quantize not in (None, "awq"):
-            raise SpecError(f"quantize must be 'awq', got '{self.engine.quantize}'")
         if self.input.raw and self.input.system_prompt:
             raise SpecError("--system-prompt needs the chat template; it cannot be combined with --raw")
         if self.input.shard is not None:
@@ -349,9 +466,9 @@ class JobSpec:
             raise SpecError("--restart starts over; --retry-errors resumes: choose one")
 
     def result_settings(self) -> dict[str, Any]:
-        """The settings marked `affects_results`, by name: what a rerun may not change."""
+        """The settings declared `results=True`, by name: what a rerun may not change."""
         settings = {f.name: getattr(part, f.name) for part in (getattr(self, name) for name in SECTIONS)
-                    for f in dataclasses.fields(part) if f.metadata.get("affects_results")}
+                    for f in dataclasses.fields(part) if declared(f).results}
         # Folders written before per-row seeds recorded the engine's seed, 0 by default: no seed is
         # still that (they resume); a seed now seeds every row, which an old folder's value never did.
         settings["seed"] = 0 if self.engine.seed is None else f"row seeds from {self.engine.seed}"
@@ -373,17 +490,9 @@ class JobSpec:
             raise SpecError(exc.message,
                             hint=f"set --{key.replace('_', '-')} (job file: {key}) to a value the rule allows") from None
 
-    def _check_embed(self) -> None:
-        _check_choice("task", self.engine.task, TASKS)
-        _check_choice("embedding_dtype", self.embed.embedding_dtype, EMBEDDING_DTYPES)
-        if self.embed.dimensions is not None:
-            _check_min("dimensions", self.embed.dimensions, 1)  # at most the model's hidden size: Job.setup
-
     def _check_structured_outputs_config(self) -> None:
         """vLLM's StructuredOutputsConfig rules, checked before the model loads (vLLM raises them at start)."""
         backend = self.engine.structured_outputs_backend
-        if backend is not None:
-            _check_choice("structured_outputs_backend", backend, STRUCTURED_OUTPUTS_BACKENDS)
         if self.engine.disable_any_whitespace and backend not in (None, "xgrammar", "guidance"):
             raise SpecError("disable_any_whitespace works with the xgrammar and guidance backends only (vLLM's rule), "
                             f"got structured_outputs_backend {backend}",
@@ -503,22 +612,21 @@ def _did_you_mean(key: str, known: typing.Iterable[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def _field_types() -> dict[str, typing.Any]:
-    """Each setting's type, from the dataclass annotations: the one place that declares them."""
-    return {key: hint for cls in SECTIONS.values() for key, hint in typing.get_type_hints(cls).items()}
-
-
-_FIELD_TYPES = _field_types()
+# Each setting's type, from the dataclass annotations (the one place that declares them), and a Literal's values
+_FIELD_TYPES = {key: hint for cls in SECTIONS.values() for key, hint in typing.get_type_hints(cls).items()}
+_CHOICES = {key: choices(hint) for key, hint in _FIELD_TYPES.items()}
 
 
 def _typed(raw_key: str, key: str, value: Any, source: str) -> Any:
     """The value as its field's type says (an int is a float where a float is meant), else a SpecError
     naming the key, the type and the value: TOML's "false" or "a,b" must not pass as true or a list."""
     hint = _FIELD_TYPES[key]
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    options = typing.get_args(hint) if typing.get_origin(hint) in (types.UnionType, typing.Union) else (hint,)
     if value is None and type(None) in options:
         return None
     kind = next(option for option in options if option is not type(None))
+    if typing.get_origin(kind) is Literal:  # a choice: of its values' type here, one of them in validate()
+        kind = type(typing.get_args(kind)[0])
     if kind is bool:
         ok, expected = isinstance(value, bool), "true or false"
     elif kind is int:
@@ -574,13 +682,3 @@ def _file_or_text(value: str, name: str) -> str:
         raise SpecError(f"the {name.replace('_', ' ')} file does not exist", where=value,
                         hint=f"check the path, or pass the {name.replace('_', ' ')} itself")
     return value
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise SpecError(f"{name} must be one of {', '.join(choices)}; got '{value}'")
-
-
-def _check_min(name: str, value: Any, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise SpecError(f"{name} must be an integer >= {minimum}, got {value!r}")

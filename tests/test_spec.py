@@ -24,6 +24,17 @@ def test_flat_keys_accept_dashes_and_route_to_sections():
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5"),
         ({"flavour": 1}, "unknown setting 'flavour'"),  # no setting is close to it (colour: lora)
         ({"shard": "3/2"}, "shard must satisfy 0 <= I < N, got '3/2'"),
+        # the choices and ranges declared with each setting (spec.py), checked for every door
+        ({"backend": "gpu"}, "backend must be one of vllm, ray, null; got 'gpu'"),
+        ({"embedding_dtype": "int8"}, "embedding_dtype must be one of float32, float16; got 'int8'"),
+        ({"quantize": "gptq"}, "quantize must be 'awq', got 'gptq'"),
+        ({"compilation_mode": 4}, "compilation_mode must be 0, 1, 2 or 3 (vLLM's CompilationMode), got 4"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization must be in (0, 1], got 0.0"),  # 0 is out
+        ({"max_unusable": 1.5}, "max_unusable must be a share of the rows in [0, 1], got 1.5"),
+        ({"price_per_gpu_hour": -1}, "price_per_gpu_hour must be >= 0, got -1.0"),
+        ({"max_cpu_loras": 0}, "max_cpu_loras must be an integer >= 1, got 0"),
+        ({"dimensions": 0}, "dimensions must be an integer >= 1, got 0"),
+        ({"format": 3}, "format must be a string, got 3"),
     ],
 )
 def test_invalid_settings_state_the_rule(values, message):

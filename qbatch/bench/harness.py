@@ -561,7 +561,8 @@ def _run_job(spec: Any, pool: EnginePool) -> Any:
 def _run_session(spec: Any, workload: Workload, pool: EnginePool) -> Any:
     """One call of a Session on the engines these settings already run (the bench's pool keeps
     them, as a notebook's Session would): what a second call in a notebook costs."""
-    from qbatch.session.session import ENGINE_SETTINGS, Session
+    from qbatch.session.session import Session
+    from qbatch.spec import ENGINE_SETTINGS
 
     session = Session.for_spec(spec, pool=pool, engine_log=vllm_output.current())  # vLLM's lines stay in the bench's log
     rows = [{"id": f"{workload.name}-{i}", "prompt": text, "max_tokens": max_tokens}

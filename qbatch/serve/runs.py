@@ -41,8 +41,7 @@ from qbatch.serve.config import ServeSettings, is_loopback
 from qbatch.serve.objects import ApiError
 from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunRequest, canonical, line
 from qbatch.serve.worker import BatchWorker
-from qbatch.session.session import ENGINE_SETTINGS
-from qbatch.spec import JOB_OWN_ENGINE_SETTINGS, LORA_SETTINGS, JobSpec
+from qbatch.spec import ENGINE_SETTINGS, JOB_OWN_ENGINE_SETTINGS, LORA_SETTINGS, JobSpec
 from qbatch.versions import __version__
 
 BAR_EVERY_S = 0.25  # the bar's state goes to the client at most this often (and when it closes)

@@ -37,12 +37,11 @@ from qbatch.session.keywords import keyword_errors
 from qbatch.session.progress import notebook_bar, shows_notebook_bar
 from qbatch.session.reply import Reply
 from qbatch.session.result import Frames, RunResult, as_frames, frames_of, read_result
-from qbatch.spec import DEFAULT_MODEL, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec
+from qbatch.spec import DEFAULT_MODEL, ENGINE_SETTINGS, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec
 
 if TYPE_CHECKING:
     from qbatch.plan import Plan
 
-ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
 SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to each run(...) call"
 # One call at a time in this process: an engine serves one run at a time, and threads calling a
 # chat model at once (LangChain's RunnableParallel, thread pools) would otherwise share it.
