@@ -44,7 +44,7 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
 
     errors = _scan(out.part_files(ERROR_PREFIX) if error_parts is None else error_parts)
     if errors is None:
-        errors_frame = pl.from_arrow(ERROR_SCHEMA.empty_table()).lazy()
+        errors_frame = pl.DataFrame(ERROR_SCHEMA.empty_table()).lazy()
     else:
         ok_ids = pl.scan_parquet(out.path / "results.parquet").select("id", _ok=pl.lit(True))
         # A row retried with --retry-errors that now succeeded leaves its old error behind: drop it.
@@ -96,7 +96,7 @@ def _sink_results(parts: list[Path], schema: Any, path: Path) -> None:
         return
 
     def frame_of(paths: list[Path]) -> pl.LazyFrame:
-        frame = _scan(paths, check=False)
+        frame = _concat(paths)
         return frame if schema is None else conform(frame, schema)
 
     sink_by_ranges(parts, frame_of, path)
@@ -112,6 +112,10 @@ def _scan(paths: list[Path], *, check: bool = True) -> pl.LazyFrame | None:
     for path in paths if check else ():
         with reading(path, PART_HINT):
             pq.ParquetFile(path).close()
+    return _concat(paths)
+
+
+def _concat(paths: list[Path]) -> pl.LazyFrame:
     return pl.concat([pl.scan_parquet(p) for p in paths], how="diagonal_relaxed")
 
 
@@ -217,7 +221,8 @@ def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> d
 def openai_body(rows: list[dict[str, Any]], model: str | None, created: int) -> dict[str, Any]:
     """The response body of one id's result rows (its samples, in order), as a batch's output line holds
     it: the online routes (serve/online.py) answer with the same object."""
-    return _openai_ok(rows, model, created)["response"]["body"]
+    body: dict[str, Any] = _openai_ok(rows, model, created)["response"]["body"]
+    return body
 
 
 def _openai_error(row: dict[str, Any]) -> dict[str, Any]:

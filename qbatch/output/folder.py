@@ -137,10 +137,12 @@ class OutputDir:
 
     def _write_lock(self, text: str) -> None:
         # The new text first, then the length: a reader sees the whole line or an unreadable one, never none.
-        data = text.encode()
+        data, fd = text.encode(), self._lock_fd
+        if fd is None:  # closed
+            return
         try:
-            os.pwrite(self._lock_fd, data, 0)
-            os.ftruncate(self._lock_fd, len(data))
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
         except OSError as exc:
             raise output_error("write the lock file", self.path / LOCK_NAME, exc) from None
 

@@ -77,14 +77,14 @@ def from_manifest(manifest: dict[str, Any] | None) -> pa.Schema | None:
 
 def empty_results(schema: pa.Schema) -> pl.LazyFrame:
     """No results, in the schema's columns and types (with the parts' source_index)."""
-    frame = pl.from_arrow(schema.empty_table())
+    frame = pl.DataFrame(schema.empty_table())
     return frame.lazy().with_columns(pl.lit(None, dtype=pl.Int32).alias("source_index"))
 
 
 def conform(results: pl.LazyFrame, schema: pa.Schema) -> pl.LazyFrame:
     """The parts' rows in the schema's columns and order, a column no part holds null (no row asked
     for it, or none that did succeeded); the columns rows added on their own, and source_index, after."""
-    types = pl.from_arrow(schema.empty_table()).schema
+    types = pl.DataFrame(schema.empty_table()).schema
     present = results.collect_schema().names()
     wanted = [pl.col(name) if name in present else pl.lit(None, dtype=kind).alias(name) for name, kind in types.items()]
     added = sorted((name for name in present if name not in types), key=_canonical_position)

@@ -103,8 +103,8 @@ def _engine_rate(engine: Any, column: str) -> float:
 
     ends = engine.group_by("device").agg(pl.col(column).first().alias("a"), pl.col(column).last().alias("b"),
                                          pl.col("time").first().alias("t0"), pl.col("time").last().alias("t1"))
-    return sum((b - a) / (t1 - t0).total_seconds() for _, a, b, t0, t1 in ends.iter_rows()
-               if (t1 - t0).total_seconds() > 0 and a is not None and b is not None and b >= a)
+    return float(sum((b - a) / (t1 - t0).total_seconds() for _, a, b, t0, t1 in ends.iter_rows()
+               if (t1 - t0).total_seconds() > 0 and a is not None and b is not None and b >= a))
 
 
 def _part_rates(folder: OutputDir) -> dict[str, Any]:
