@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal, overload
 
 from qbatch._fs import OUTPUT_LOCK
 from qbatch.errors import InputError
@@ -111,8 +111,16 @@ def stable_path(path: Path) -> Path:
     return path.parent.resolve() / path.name
 
 
+@overload
+def detect_format(path: Path, override: str | None, *, strict: Literal[True] = True) -> str: ...
+
+
+@overload
+def detect_format(path: Path, override: str | None, *, strict: bool) -> str | None: ...
+
+
 def detect_format(path: Path, override: str | None, *, strict: bool = True) -> str | None:
-    """'jsonl' or 'parquet' from `--format` or the file name."""
+    """'jsonl' or 'parquet' from `--format` or the file name (None, unless `strict`, for neither)."""
     if override:
         return override
     name = _name(path)

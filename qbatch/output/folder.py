@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 from qbatch._fs import OUTPUT_LOCK, TMP_MARK, atomic_write, atomic_write_json, normal_path, output_error, output_os_errors
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
 from qbatch.output.fingerprint import Fingerprint
-from qbatch.output.reading import PART_HINT, read_manifest, reading
+from qbatch.output.manifest import Manifest
+from qbatch.output.reading import PART_HINT, reading
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
 
 LOCK_NAME = OUTPUT_LOCK
@@ -169,17 +170,17 @@ class OutputDir:
             os.close(fd)
 
     # -- manifest ----------------------------------------------------------
-    def manifest(self) -> dict[str, Any] | None:
+    def manifest(self) -> Manifest | None:
         """manifest.json, its fields checked (reading.py); None when there is none."""
-        return read_manifest(self.manifest_path)
+        return Manifest.read(self.manifest_path)
 
-    def write_manifest(self, manifest: dict[str, Any]) -> None:
-        atomic_write_json(self.manifest_path, manifest)
+    def write_manifest(self, manifest: Manifest) -> None:
+        atomic_write_json(self.manifest_path, manifest.save())
 
     def write_stats(self, stats: dict[str, Any]) -> None:
         atomic_write_json(self.path / "stats.json", stats)
 
-    def check_fingerprint(self, fingerprint: Fingerprint, *, restart: bool) -> dict[str, Any] | None:
+    def check_fingerprint(self, fingerprint: Fingerprint, *, restart: bool) -> Manifest | None:
         """The previous manifest if it matches; raise CheckpointMismatch if not; wipe on restart."""
         previous = self.manifest()
         if restart:
@@ -190,7 +191,7 @@ class OutputDir:
                 raise CheckpointMismatch("output folder has parts but no manifest.json", where=str(self.path),
                                          hint="rerun with --restart to start over")
             return None
-        changes = Fingerprint.of_manifest(previous).changes(fingerprint)
+        changes = previous.fingerprint.changes(fingerprint)
         if changes:
             raise CheckpointMismatch(
                 "output folder holds results of a different configuration: " + "; ".join(changes),

@@ -65,14 +65,15 @@ def _asked_columns(spec: JobSpec) -> list[str]:
     return [name for name in COLUMN_TYPES if asked[name]]
 
 
-def to_manifest(schema: pa.Schema) -> dict[str, Any]:
-    return {MANIFEST_KEY: encode_schema(schema)}
+def to_manifest(schema: pa.Schema) -> str:
+    """The schema as the manifest's `result_schema` records it."""
+    return encode_schema(schema)
 
 
-def from_manifest(manifest: dict[str, Any] | None) -> pa.Schema | None:
-    """The schema a run recorded; None for folders written before the record (their parts decide)."""
-    text = (manifest or {}).get(MANIFEST_KEY)
-    return decode_schema(text) if isinstance(text, str) else None
+def from_manifest(result_schema: str | None) -> pa.Schema | None:
+    """The schema a run recorded (its manifest's `result_schema`); None for folders written before the
+    record (their parts decide)."""
+    return decode_schema(result_schema) if isinstance(result_schema, str) else None
 
 
 def empty_results(schema: pa.Schema) -> pl.LazyFrame:

@@ -29,6 +29,7 @@ from qbatch.jobs.events import StopRequest
 from qbatch.log import log
 from qbatch.output.assemble import assemble, flag_counts, json_line, write_openai_jsonl
 from qbatch.output.folder import OutputDir
+from qbatch.output.manifest import Manifest
 from qbatch.output.flags import flag_lines
 from qbatch.serve.config import ServeSettings
 from qbatch.serve.objects import TERMINAL, client_text, new_file_id, now, usage
@@ -228,8 +229,8 @@ class BatchWorker(threading.Thread):
         folder = self._folder(batch_id)
         out = folder / "out"
         folder.mkdir(parents=True, exist_ok=True)
-        if not (out / "manifest.json").exists() or json.loads((out / "manifest.json").read_text()).get(
-                "status") != "completed":
+        manifest = Manifest.read(out / "manifest.json")
+        if manifest is None or manifest.status != "completed":
             od = OutputDir(out).open()
             try:
                 assemble(od)
