@@ -288,7 +288,7 @@ class ClientRun:
         except Stopped as exc:
             self._put({"error": _stopped(exc).fields()})
         except QbatchError as exc:
-            if made:  # a run refused before it wrote anything leaves no folder, as a local one does
+            if made and spec.output.output_dir:  # a run refused before it wrote anything leaves no folder, as a local one does
                 with contextlib.suppress(OSError):
                     Path(spec.output.output_dir).rmdir()
             self._put({"error": ErrorInfo.of(exc).fields()})
