@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import io
 import logging
 import os
@@ -39,7 +38,7 @@ from qbatch.jobs.summary import exit_code
 from qbatch.log import current_job, log
 from qbatch.serve.config import ServeSettings, is_loopback
 from qbatch.serve.objects import ApiError
-from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunRequest, canonical, line
+from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunEnd, RunRequest, canonical, line
 from qbatch.serve.worker import BatchWorker
 from qbatch.session.session import ENGINE_SETTINGS
 from qbatch.spec import JOB_OWN_ENGINE_SETTINGS, LORA_SETTINGS, JobSpec
@@ -284,7 +283,7 @@ class ClientRun:
                 summary = self.worker.session.run_spec(spec, self.events)
             code = exit_code(summary, fail_on_row_errors=spec.output.fail_on_row_errors,
                              max_unusable=spec.output.max_unusable)
-            self._put({"summary": dataclasses.asdict(summary), "exit_code": code})
+            self._put(RunEnd(summary, code).save())
         except Stopped as exc:
             self._put({"error": _stopped(exc).fields()})
         except QbatchError as exc:
