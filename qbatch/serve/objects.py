@@ -93,24 +93,24 @@ class RequestCounts:
     failed: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Batch:
-    """An `openai.types.Batch`, as the store holds it and the API answers it (`save`: its JSON object, keys in
-    OpenAI's order)."""
+    """An `openai.types.Batch`, as the store holds it and the API answers it (`save`: its JSON object, the
+    fields in OpenAI's order)."""
 
     id: str
+    object: Literal["batch"] = "batch"
     endpoint: str
     model: str
+    errors: dict[str, Any] | None = None  # batch_errors()
     input_file_id: str
     completion_window: str
-    created_at: int
-    expires_at: int
     status: BatchStatus = "validating"
-    object: Literal["batch"] = "batch"
-    errors: dict[str, Any] | None = None  # batch_errors()
     output_file_id: str | None = None
     error_file_id: str | None = None
+    created_at: int
     in_progress_at: int | None = None
+    expires_at: int
     finalizing_at: int | None = None
     completed_at: int | None = None
     failed_at: int | None = None
@@ -126,31 +126,24 @@ class Batch:
         return cls(**{**data, "request_counts": RequestCounts(**data["request_counts"])})
 
     def save(self) -> dict[str, Any]:
-        saved = dataclasses.asdict(self)
-        return {key: saved[key] for key in BATCH_KEYS}
+        return dataclasses.asdict(self)
 
     def changed(self, status: BatchStatus | None = None, **changes: Any) -> Batch:
         """The batch with `changes`; with `status`, at its time now (`<status>_at`, where the object has one)."""
         if status is not None:
             changes["status"] = status
-            if f"{status}_at" in BATCH_KEYS:
+            if hasattr(self, f"{status}_at"):
                 changes[f"{status}_at"] = now()
         return dataclasses.replace(self, **changes)
-
-
-# The object's keys in the order OpenAI's (and the service's JSON until the record) lists them
-BATCH_KEYS = ("id", "object", "endpoint", "model", "errors", "input_file_id", "completion_window", "status",
-              "output_file_id", "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at",
-              "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at", "request_counts",
-              "metadata", "usage")
 
 
 def new_batch(input_file_id: str, endpoint: str, completion_window: str, window_s: float,
               metadata: dict[str, str] | None, model: str) -> Batch:
     """A new batch, status `validating`."""
     created = now()
-    return Batch(new_batch_id(), endpoint, model, input_file_id, completion_window, created,
-                 created + int(window_s), metadata=metadata)
+    return Batch(id=new_batch_id(), endpoint=endpoint, model=model, input_file_id=input_file_id,
+                 completion_window=completion_window, created_at=created, expires_at=created + int(window_s),
+                 metadata=metadata)
 
 
 def usage(input_tokens: int = 0, output_tokens: int = 0, cached_tokens: int = 0) -> dict[str, Any]:
