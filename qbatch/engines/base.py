@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from enum import Enum
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol
 
 from qbatch.records import Completion, Embedding, Request, Sample
 
@@ -48,22 +48,6 @@ class Engine(Protocol):
     carries its request), or now and then `None` while no row finished (the consumer's clock)."""
 
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, FinishedRows] | None]: ...
-
-
-@runtime_checkable
-class ClosableEngine(Engine, Protocol):
-    """An engine a pool keeps (it holds processes or a model): closed when the pool lets it go."""
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class LocalEngine(ClosableEngine, Protocol):
-    """An engine in this process (VllmEngine): its engine core may die under it, and it aborts what it holds."""
-
-    def is_alive(self) -> bool: ...
-
-    def abort_unfinished(self) -> None: ...
 
 
 class NullEngine:

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from qbatch.engines.base import ClosableEngine, Engine, LocalEngine, NullEngine, vector_size
+from qbatch.engines.base import Engine, NullEngine, vector_size
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.processes import DataParallelEngine
 from qbatch.engines.ray_actors import RayEngine
@@ -62,18 +62,17 @@ class EnginePool:
         self.max_engines = max_engines
         self.kept = kept
         self._start = start
-        self._engines: OrderedDict[EngineConfig, ClosableEngine] = OrderedDict()  # least recently used first
+        self._engines: OrderedDict[EngineConfig, Engine] = OrderedDict()  # least recently used first
         # Closes the engines when the pool is dropped or at exit; created before the first engine starts,
         # so at exit it runs after that engine's own exit hooks (its watchdog stops first).
         self._finalizer = weakref.finalize(self, _close_engines, self._engines)
 
     def get(self, config: EngineConfig) -> Engine:
         """The engine of this configuration, started now unless the pool has it; once it is ready."""
-        kept = self._engines.get(config)
-        if kept is None:
+        engine = self._engines.get(config)
+        if engine is None:
             engine = self._new(config, wait=True)
         else:
-            engine = kept
             self._engines.move_to_end(config)
         try:
             getattr(engine, "wait_ready", lambda: None)()  # one started early may still be loading
@@ -119,14 +118,15 @@ class EnginePool:
         process group) and it shuts down, seconds after the run has stopped.
         """
         for key, engine in list(self._engines.items()):
-            if not isinstance(engine, LocalEngine):  # engines in this process (VllmEngine)
+            is_alive = getattr(engine, "is_alive", None)  # engines in this process (VllmEngine)
+            if is_alive is None:
                 continue
-            if not engine.is_alive():
+            if not is_alive():
                 self._engines.pop(key, None)
                 with contextlib.suppress(Exception):
-                    engine.close()
+                    engine.close()  # type: ignore[attr-defined]
             else:
-                engine.abort_unfinished()
+                engine.abort_unfinished()  # type: ignore[attr-defined]
 
     def close_all(self) -> None:
         """Shut down every engine of the pool (it stays usable: a later get() starts anew)."""
@@ -147,7 +147,7 @@ class EnginePool:
             self._make_room()
         with main_hidden_from_children():
             engine = self._start(config, wait=wait)
-        if isinstance(engine, ClosableEngine):
+        if hasattr(engine, "close"):
             self._engines[config] = engine
         return engine
 
@@ -155,10 +155,10 @@ class EnginePool:
         """Close the least recently used engines until one more fits max_engines."""
         while self.max_engines is not None and len(self._engines) >= self.max_engines:
             _, engine = self._engines.popitem(last=False)
-            engine.close()
+            engine.close()  # type: ignore[attr-defined]
 
 
-def _close_engines(engines: OrderedDict[EngineConfig, ClosableEngine]) -> None:
+def _close_engines(engines: OrderedDict[EngineConfig, Any]) -> None:
     """Close every engine of `engines` and forget it (a pool's, also from its finalizer: never the pool itself)."""
     while engines:
         _, engine = engines.popitem()
