@@ -49,6 +49,7 @@ ENGINE_TESTS := -m "slow and not bench" -n 2 --dist loadfile --no-loadscope-reor
 
 test: setup
 	$(BIN)/lint-imports
+	$(BIN)/mypy  # strict on qbatch/ ([tool.mypy] in pyproject.toml)
 	$(BIN)/python -m pytest $(FAST_TESTS) --durations=15 $(PYTEST_ARGS)
 	$(BIN)/python -m pytest $(ENGINE_TESTS) --durations=30 $(PYTEST_ARGS)
 
@@ -66,4 +67,4 @@ docs-serve: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 clean:
-	rm -rf out/ site/ .pytest_cache
+	rm -rf out/ site/ .pytest_cache .mypy_cache

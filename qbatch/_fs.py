@@ -56,7 +56,7 @@ def _has_link(parts: list[str]) -> bool:
                if parts[end - 1] not in ("", ".", ".."))
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Write through `write(tmp_path)`, fsync, rename into place, fsync the folder. Whatever stops it, the
     temporary file goes; an OS error (a full disk, a read-only folder) is an OutputError naming `path`."""
     tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")

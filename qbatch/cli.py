@@ -290,7 +290,7 @@ def _hand_over(spec: JobSpec, values: dict[str, Any], url: str, api_key: str | N
 @server_options
 @VERBOSE_OPTION
 @click.pass_context
-def run(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
+def run(ctx: click.Context, /, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
     """Generate for every row of INPUT files (JSONL/Parquet, folders, globs; - for stdin) into OUT_DIR.
 
     \b
@@ -373,7 +373,7 @@ def _run_job(spec: JobSpec) -> None:
 @server_options
 @VERBOSE_OPTION
 @click.pass_context
-def embed(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
+def embed(ctx: click.Context, /, job: str | None, inputs: tuple[str, ...], **_: Any) -> None:
     """Embed the text of every row of INPUT files (JSONL/Parquet, folders, globs; - for stdin) into OUT_DIR.
 
     Rows are text (--prompt-column, --template) or OpenAI batch lines with url /v1/embeddings.
@@ -407,7 +407,7 @@ def embed(ctx: click.Context, job: str | None, inputs: tuple[str, ...], **_: Any
 @setting_options("serve")
 @VERBOSE_OPTION
 @click.pass_context
-def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str | None, max_upload_bytes: int,
+def serve(ctx: click.Context, /, data_dir: str, host: str, port: int, api_key: str | None, max_upload_bytes: int,
           max_requests: int, completion_window_s: float, **_: Any) -> None:
     """Serve OpenAI's Batch API (files, batches, models) over HTTP on a warm engine, batches run FIFO.
 
@@ -501,7 +501,8 @@ def report(output_dir: str, path: str | None) -> None:
         if path is None or is_url(path):
             target = Url.parse(path) if path else view.url.child(REPORT_NAME)
             Store(target).upload(page, target)
-            page = target
+            click.echo(str(target))
+            return
     click.echo(str(page))
 
 
@@ -574,12 +575,13 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
     import shlex
 
     from qbatch.bench import harness as benchmarks
+    from qbatch.bench.settings import BenchSettings
     from qbatch.bench.workloads import DEFAULT_WORKLOADS
 
     run_settings = {k: v for k, v in (("model", model), ("load_format", load_format)) if v}
     for pairs in settings:
         run_settings.update(pairs)
-    spec = benchmarks.BenchSettings(list(workloads or DEFAULT_WORKLOADS), modes or [], run_settings, rows=rows,
+    spec = BenchSettings(list(workloads or DEFAULT_WORKLOADS), modes or [], run_settings, rows=rows,
                                     hf_rows=hf_rows, repeats=repeats, length_scale=length_scale,
                                     seed=workload_seed if legacy_seed is None else legacy_seed,
                                     vllm_defaults=vllm_defaults, variants=variant, work_dir=work_dir)

@@ -47,7 +47,7 @@ class Request:
     @property
     def cost(self) -> int:
         """The most tokens this row can occupy: what chunk budgets count."""
-        return len(self.prompt_token_ids) + self.sampling["max_tokens"] * self.sampling.get("n", 1)
+        return len(self.prompt_token_ids) + int(self.sampling["max_tokens"]) * int(self.sampling.get("n", 1))
 
 
 @dataclass(slots=True)

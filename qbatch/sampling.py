@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from qbatch.errors import RowError
@@ -71,7 +72,7 @@ def check_logit_bias(value: Any) -> dict[int, float]:
 
 # The ranges vLLM's SamplingParams enforces (sampling_params.py, _verify_args), so a value vLLM would
 # refuse is refused here first, with the rule: per row as an error row, per job (spec.py) before loading.
-RANGE_RULES = (  # built once: most rows have no sampling overrides, and this runs for every row
+RANGE_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (  # built once: most rows have no sampling overrides, and this runs for every row
     ("max_tokens", lambda v: v >= 1, ">= 1"),
     ("temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
     ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),

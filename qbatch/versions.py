@@ -49,9 +49,12 @@ def _vllm_module_version() -> str | None:
         path = Path(folder) / "_version.py"
         if path.is_file():
             module_spec = importlib.util.spec_from_file_location("_qbatch_vllm_version", path)
+            if module_spec is None or module_spec.loader is None:
+                return None
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
-            return getattr(module, "__version__", None)
+            version = getattr(module, "__version__", None)
+            return str(version) if version is not None else None
     return None
 
 

@@ -75,7 +75,8 @@ class SimulatedEngines(Dispatcher):
             return None
         self.wire.messages_in += 1
         self.wire.bytes_in += len(data)
-        return pickle.loads(data)
+        message: Message = pickle.loads(data)
+        return message
 
     def _is_alive(self, worker: Worker) -> bool:
         return self._process.is_alive()

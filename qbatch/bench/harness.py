@@ -163,7 +163,8 @@ def _run_engine_modes(settings: BenchSettings, llm: Any | None, workloads: dict[
             # Alternate the order: on the H200 the first mode after start ran fastest, so a
             # fixed order would favour one mode; forward then backward cancels a steady drift.
             for i in [i for i in range(len(sequence)) if i not in own][::-1 if repeat % 2 else 1]:
-                llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
+                if llm is not None:  # (None: no mode runs on it)
+                    llm.reset_prefix_cache()  # each mode starts cold: the same prompts ran just before
                 if sequence[i][0] in QBATCH_MODES:
                     runs[workload.name, i].append(_run_qbatch(specs[workload.name, i], workload, sequence[i],
                                                               pool.engines))
@@ -243,7 +244,7 @@ def on_shared_engine(spec: Any, shared: Any, pool: EnginePool) -> bool:
     --variant with compilation_mode or max_num_seqs, torch.compile chosen for the job's shape) gets
     engines of its own, started before its timing."""
     with _quiet():
-        return resolved_job(spec, pool).plan.engine == shared
+        return bool(resolved_job(spec, pool).plan.engine == shared)
 
 
 def resolved_job(spec: Any, pool: EnginePool, machine: Any = None) -> Any:
@@ -261,7 +262,7 @@ def resolved_job(spec: Any, pool: EnginePool, machine: Any = None) -> Any:
 def _engine_processes(spec: Any, pool: EnginePool) -> int:
     """The engines a run of this spec would start."""
     with _quiet():
-        return resolved_job(spec, pool).plan.engine.engine_count()
+        return int(resolved_job(spec, pool).plan.engine.engine_count())
 
 
 @contextmanager
@@ -371,7 +372,7 @@ def _workloads(settings: BenchSettings, tokenizer: Any, work: Path, log: Callabl
 
 def _vllm_modes(settings: BenchSettings) -> list[tuple[str, dict[str, Any]]]:
     """The modes on the shared engine (and qbatch's own engines), in MODES' order, then the variants."""
-    modes = [(mode, {}) for mode in MODES if mode in settings.modes and mode in SHARED_ENGINE_MODES]
+    modes: list[tuple[str, dict[str, Any]]] = [(mode, {}) for mode in MODES if mode in settings.modes and mode in SHARED_ENGINE_MODES]
     return modes + [("qbatch", variant) for variant in settings.variants]
 
 
@@ -381,6 +382,7 @@ def _engine(settings: BenchSettings, spec: Any, job: Any, pool: EnginePool) -> t
     from qbatch.plan import resolve
 
     started = time.monotonic()
+    engine: Any
     if settings.vllm_defaults:
         engine = VllmEngine(resolve(spec, job.plan.machine, tuned=False).engine)
     else:
@@ -454,9 +456,9 @@ def _run_vllm(llm: Any, workload: Workload, mode: str, base_sampling: dict[str, 
     from vllm import SamplingParams
 
     if workload.task == "embed":
-        prompts = workload.prompts if mode == "vllm-text" else [{"prompt_token_ids": i} for i in workload.prompt_token_ids]
+        inputs = workload.prompts if mode == "vllm-text" else [{"prompt_token_ids": i} for i in workload.prompt_token_ids]
         started = time.monotonic()
-        outputs = llm.embed(prompts, use_tqdm=False)
+        outputs = llm.embed(inputs, use_tqdm=False)
         wall = time.monotonic() - started
         return Measurement(workload.name, mode, len(outputs), wall, sum(len(o.prompt_token_ids) for o in outputs), 0)
 

@@ -24,6 +24,7 @@ from qbatch.bench.settings import BenchSettings, environment, qbatch_spec, work_
 from qbatch.bench.workloads import encode_ids, render_chat, word_pool
 from qbatch.engines.pool import EnginePool
 from qbatch.errors import SpecError
+from qbatch.output.done import DoneIds
 
 BATCH_ROWS = 8192
 DEFAULT_ROWS = 100_000
@@ -82,7 +83,7 @@ def pipeline_bench(settings: BenchSettings, engines: EnginePool, *, prompts_file
 
         job = Job.setup(spec)
         started = time.monotonic()
-        job.count_todo(set())
+        job.count_todo(DoneIds())
         prescan_s = time.monotonic() - started
         stages = _stage_times(path, job.preparer.tokenizer)
     result = {

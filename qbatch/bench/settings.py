@@ -160,7 +160,7 @@ class work_dir:
 
     def __init__(self, path: str | None):
         self.path = path
-        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def __enter__(self) -> Path:
         if self.path:

@@ -82,7 +82,7 @@ def sample_rows(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.0
     if name in DOCQA_SHAPES:
         return _docqa_rows(name, num_rows, seed, scale)
     rng = random.Random(f"{name.split('-')[0]}:{seed}")
-    rows = []
+    rows: list[tuple[tuple[Segment, ...], int]] = []
     for i in range(num_rows):
         if name == "uniform":
             prompt, output = 512, 256
@@ -120,7 +120,7 @@ def _docqa_rows(name: str, num_rows: int, seed: int, scale: float) -> list[tuple
     rng = random.Random(f"{name}:{seed}")
     num_docs = -(-num_rows // questions)
     docs = [_scaled(rng.randint(mean * 3 // 4, mean * 5 // 4), scale) for _ in range(num_docs)]
-    rows = [(((f"document{i // questions}", docs[i // questions]), (f"question{i}", _scaled(rng.randint(15, 25), scale))),
+    rows: list[tuple[tuple[Segment, ...], int]] = [(((f"document{i // questions}", docs[i // questions]), (f"question{i}", _scaled(rng.randint(15, 25), scale))),
              _scaled(16, scale)) for i in range(num_rows)]
     random.Random(f"{name}:{seed}:order").shuffle(rows)
     return rows

@@ -14,16 +14,26 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from enum import Enum
+from typing import Any, Final, Protocol
 
 from qbatch.records import Completion, Embedding, Request, Sample
 
-END = object()  # end of a chunk stream
+
+
+class _End(Enum):
+    END = "end"
+
+
+END: Final = _End.END  # end of a chunk stream
 STARTUP_TIMEOUT_S = 1800.0  # an engine worker or actor that has not started by then is given up
 # An engine yields the rows finished since its last yield about this often (None when there are
 # none): the progress bar moves with them, the runner writes parts on time (jobs/parts.py), and the
 # rows' texts are still decoded, and sent back by worker processes, in batches.
 REPORT_S = 0.5
+
+
+FinishedRows = list[Completion] | list[Embedding]  # a chunk's rows an engine has finished
 
 
 @dataclass(slots=True)
@@ -37,7 +47,7 @@ class Engine(Protocol):
     as they finish: `(chunk, completions)` with the completions of some of the chunk's rows (each
     carries its request), or now and then `None` while no row finished (the consumer's clock)."""
 
-    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]: ...
+    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, FinishedRows] | None]: ...
 
 
 class NullEngine:
@@ -57,17 +67,17 @@ class NullEngine:
             if chunk is None:
                 continue
             if self.embedding_size is not None:
-                yield chunk, self._embed(chunk.requests)
+                yield chunk, self._embed(chunk.requests, self.embedding_size)
             else:
                 yield chunk, [self._complete(r) for r in chunk.requests]
 
-    def _embed(self, requests: list[Request]) -> list[Embedding]:
+    def _embed(self, requests: list[Request], size: int) -> list[Embedding]:
         """Sine waves whose phase is a hash of the token ids: one numpy call a chunk, no per-row generator."""
         import numpy as np
 
         phases = np.array([zlib.crc32(array("I", r.prompt_token_ids).tobytes()) for r in requests],
                           dtype=np.float64) / 2**32 * 2 * np.pi
-        waves = np.arange(1, self.embedding_size + 1, dtype=np.float64)
+        waves = np.arange(1, size + 1, dtype=np.float64)
         vectors = (3.0 * np.sin(np.outer(phases + 0.1, waves) + waves)).astype(np.float32)
         return [Embedding(r, vectors[i]) for i, r in enumerate(requests)]
 

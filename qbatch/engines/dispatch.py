@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from qbatch.engines.base import END, REPORT_S, Chunk
+from qbatch.engines.base import END, REPORT_S, Chunk, FinishedRows
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.messages import (Drop, EngineSample, Failed, Finished, Message, Ready, Stats, Stop, Want, pack,
                                      unpack)
@@ -95,7 +95,7 @@ class Dispatcher:
         """Each live worker's latest engine counters, by its label (sent about once a second)."""
         return [(w.label, self._samples[rank]) for rank, w in list(self._workers.items()) if rank in self._samples]
 
-    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]:
+    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, FinishedRows] | None]:
         self._abandon()  # what a run that stopped early left (its consumer may not have closed it)
         try:
             yield from self._run(iter(chunks))
@@ -103,7 +103,7 @@ class Dispatcher:
             self._abandon()
             raise
 
-    def _run(self, source: Iterator[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]:
+    def _run(self, source: Iterator[Chunk | None]) -> Iterator[tuple[Chunk, FinishedRows] | None]:
         retry: deque[Chunk] = deque()
         exhausted, reaped = False, time.monotonic()
         reported = reaped
@@ -128,7 +128,7 @@ class Dispatcher:
                                       hint=RESUME_HINT)
                 case Finished(chunk_index=number, positions=positions, outputs=outputs):
                     held = worker.outstanding.get(number) if worker else None
-                    if held is None:  # a late answer of a worker given up, or of an earlier run
+                    if worker is None or held is None:  # a late answer of a worker given up, or of an earlier run
                         continue
                     held.answered.update(positions)
                     if not held.num_left:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbatch.errors import QbatchError
-from qbatch.records import Completion, Embedding, Sample
+from qbatch.records import Completion, Embedding, Request, Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +21,7 @@ class Output:
     num_completion_tokens: int
     num_cached_tokens: int
     error: str | None
-    logprobs: list[dict] | None = None
+    logprobs: list[dict[str, Any]] | None = None
     more_samples: tuple[Sample, ...] = ()  # with n > 1: samples 1..n-1
 
     @classmethod
@@ -125,12 +125,18 @@ Message = Want | Ready | Finished | Failed | Stats
 
 def pack(completions: list[Completion] | list[Embedding]) -> list[Output] | list[EmbeddingOutput]:
     """Completions (or embeddings) without their requests: the coordinator still holds those."""
-    return [EmbeddingOutput.of(c) if isinstance(c, Embedding) else Output.of(c) for c in completions]
+    if completions and isinstance(completions[0], Embedding):
+        return [EmbeddingOutput.of(c) for c in completions if isinstance(c, Embedding)]
+    return [Output.of(c) for c in completions if isinstance(c, Completion)]
 
 
-def unpack(requests: list, outputs: list[Output] | list[EmbeddingOutput]) -> list[Completion] | list[Embedding]:
+def unpack(requests: list[Request], outputs: list[Output] | list[EmbeddingOutput]) -> list[Completion] | list[Embedding]:
     """The completions (or embeddings) of requests from the outputs a worker sent back for them, in their order."""
-    return [Embedding(request, o.vector, o.num_cached_tokens, o.error) if isinstance(o, EmbeddingOutput) else
-            Completion(request, o.text, o.finish_reason, o.num_completion_tokens, o.num_cached_tokens, o.error,
+    if len(requests) != len(outputs):
+        raise ValueError(f"{len(outputs)} outputs for {len(requests)} requests")
+    if outputs and isinstance(outputs[0], EmbeddingOutput):
+        return [Embedding(request, o.vector, o.num_cached_tokens, o.error)
+                for request, o in zip(requests, outputs) if isinstance(o, EmbeddingOutput)]
+    return [Completion(request, o.text, o.finish_reason, o.num_completion_tokens, o.num_cached_tokens, o.error,
                        o.logprobs, list(o.more_samples))
-            for request, o in zip(requests, outputs, strict=True)]
+            for request, o in zip(requests, outputs) if isinstance(o, Output)]

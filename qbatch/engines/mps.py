@@ -95,7 +95,8 @@ def acquire(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | 
         if _daemon is None or _daemon.watcher.poll() is not None:
             _daemon, _users = start(devices, log_path), 0
         elif problem := _probe(_daemon, devices):  # the running one serves the engines on other GPUs
-            return _turns(problem)
+            _turns(problem)
+            return None
         if _daemon is not None:
             _users += 1
         return _daemon
@@ -120,7 +121,8 @@ def start(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | No
     engines then take turns)."""
     program = shutil.which(CONTROL)
     if program is None:
-        return _turns(f"{CONTROL} not found")
+        _turns(f"{CONTROL} not found")
+        return None
     folder = Path(tempfile.mkdtemp(prefix="mps-", dir=scratch_folder()))  # a socket's path is short
     (folder / "pipe").mkdir()
     (folder / "log").mkdir()
@@ -131,12 +133,14 @@ def start(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | No
                                        stderr=subprocess.STDOUT, start_new_session=True,
                                        env={**env, **_folders_env(folder)})
     except OSError as exc:
-        return _turns(str(exc))
+        _turns(str(exc))
+        return None
     daemon = Daemon(folder, watcher)
     problem = _wait_listening(daemon) or _probe(daemon, devices)
     if problem:
         daemon.stop()
-        return _turns(problem)
+        _turns(problem)
+        return None
     log.debug("CUDA MPS daemon running for the engines (%s)", folder)
     return daemon
 

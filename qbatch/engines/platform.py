@@ -14,7 +14,7 @@ CORES_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 def on_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    return current_platform.is_cpu()
+    return bool(current_platform.is_cpu())
 
 
 def bind_cpu_cores(rank: int = 0, engines: int = 1) -> None:

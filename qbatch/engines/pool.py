@@ -180,7 +180,7 @@ def main_hidden_from_children() -> Iterator[None]:
     if main is None:
         yield
         return
-    saved = {name: vars(main)[name] for name in ("__file__", "__spec__") if name in vars(main)}
+    saved: dict[str, Any] = {name: vars(main)[name] for name in ("__file__", "__spec__") if name in vars(main)}
     main.__dict__.pop("__file__", None)
     main.__spec__ = None  # multiprocessing reads it (a module run with -m is imported again by its name)
     try:

@@ -120,12 +120,13 @@ class DataParallelEngine(Dispatcher):
 
     def _receive(self, timeout: float) -> Message | None:
         try:
-            return self._results.get(timeout=timeout)
+            message: Message = self._results.get(timeout=timeout)
         except queue.Empty:
             return None
+        return message
 
     def _is_alive(self, worker: Worker) -> bool:
-        return worker.handle[0].is_alive()
+        return bool(worker.handle[0].is_alive())
 
     def close(self) -> None:
         for worker in self._workers.values():

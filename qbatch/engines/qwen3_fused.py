@@ -31,7 +31,7 @@ HEAD_SIZES = (64, 128, 256)  # the kernel's (vLLM's SUPPORTED_FUSED_QK_NORM_ROPE
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-class FusedQkNormRopeAttention(Qwen3Attention):
+class FusedQkNormRopeAttention(Qwen3Attention):  # type: ignore[misc]  # vLLM's class, not followed (pyproject)
     """Qwen3's attention with q/k norms and RoPE in one kernel; `fused_op` is set when a layer becomes one."""
 
     fused_op: Any
@@ -48,7 +48,7 @@ class FusedQkNormRopeAttention(Qwen3Attention):
         return output
 
 
-class FusedQkQwen3ForCausalLM(Qwen3ForCausalLM):
+class FusedQkQwen3ForCausalLM(Qwen3ForCausalLM):  # type: ignore[misc]  # vLLM's class, not followed
     """vLLM's Qwen3ForCausalLM, its attention layers fused where the kernel takes them."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:

@@ -93,7 +93,8 @@ class RayEngine(Dispatcher):
         """ray.get for start-up calls; a failing actor becomes the error it raised, or a ModelError."""
         ray = self._ray
         try:
-            return ray.get(refs, timeout=STARTUP_TIMEOUT_S)
+            results: list[Any] = ray.get(refs, timeout=STARTUP_TIMEOUT_S)
+            return results
         except ray.exceptions.GetTimeoutError:
             raise ModelError(f"the engine actors did not start within {STARTUP_TIMEOUT_S:.0f}s",
                              hint="the cluster may lack the GPUs or CPUs asked for: see `ray status`") from None
@@ -170,8 +171,8 @@ class EngineActor:
     def __init__(self, config: EngineConfig, start: StartWorkerEngine = start_engine):
         self._config = config
         self._start = start
-        self._tasks: queue.Queue = queue.Queue()
-        self._events: queue.Queue = queue.Queue()
+        self._tasks: queue.Queue[Any] = queue.Queue()
+        self._events: queue.Queue[Any] = queue.Queue()
         self._open = 0  # chunks submitted and not yet done
         self._engine: Any = None
         self._thread: threading.Thread | None = None
@@ -195,7 +196,7 @@ class EngineActor:
         self._engine = self._start(config, local_rank, local_world)
         self._thread = threading.Thread(target=self._generate, name="qbatch-engine", daemon=True)
         self._thread.start()
-        return self._engine.max_num_seqs
+        return int(self._engine.max_num_seqs)
 
     def submit(self, chunk: Chunk) -> None:
         self._open += 1
@@ -286,7 +287,7 @@ def short_id(node: str) -> str:
 def _local_ranks(nodes: list[str]) -> list[tuple[int, int]]:
     """(rank on its node, engines on its node) for each actor, given each actor's node."""
     per_node = Counter(nodes)
-    seen: Counter = Counter()
+    seen: Counter[str] = Counter()
     ranks = []
     for node in nodes:
         ranks.append((seen[node], per_node[node]))

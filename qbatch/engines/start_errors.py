@@ -123,7 +123,11 @@ def _spawned_log_to(path: str, folder: str) -> Callable[[], None]:
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump(config, handle, default=str)
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = config_path
-    return lambda: os.environ.pop("VLLM_LOGGING_CONFIG_PATH", None)
+    return lambda: _unset("VLLM_LOGGING_CONFIG_PATH")
+
+
+def _unset(name: str) -> None:
+    os.environ.pop(name, None)
 
 
 class _AppendHandler(logging.Handler):

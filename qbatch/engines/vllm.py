@@ -64,7 +64,7 @@ class OpenChunk:
     remaining: int
     finished: list[Completion | Embedding] = dataclasses.field(default_factory=list)
     # 4 bytes a token: a Python list costs ~36 (2,000 rows of 2,048 tokens: 16 MB, not 150)
-    undecoded: list[tuple[Completion, array]] = dataclasses.field(default_factory=list)
+    undecoded: list[tuple[Completion, array[int]]] = dataclasses.field(default_factory=list)
 
 
 class VllmEngine:
@@ -147,7 +147,7 @@ class VllmEngine:
     def _shutdown(self) -> None:
         shutdown_llm(self.llm)
 
-    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Completion]] | None]:
+    def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, list[Any]] | None]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -213,7 +213,7 @@ class VllmEngine:
         self._log.show_tail()
         return EngineError(f"the engine failed: {cause}", hint="finished parts are kept; rerun the same command to resume")
 
-    def _add(self, engine, SamplingParams, RequestOutputKind, state: OpenChunk, pos: int,
+    def _add(self, engine: Any, SamplingParams: Any, RequestOutputKind: Any, state: OpenChunk, pos: int,
              in_flight: dict[str, tuple[OpenChunk, int]]) -> int:
         """Add one row of a chunk to the engine; its prompt tokens (what it adds to the engine's work).
         A row vLLM rejects fails alone (finished with its error); a dead engine stops the run."""
@@ -232,7 +232,7 @@ class VllmEngine:
                                lora_request=self._loras.get(request.adapter))
         except _engine_dead_errors() as exc:  # the engine died between steps: no row's fault
             raise self._failed(exc) from exc
-        except (ValueError, TypeError, *_request_errors()) as exc:  # a row vLLM rejects fails alone
+        except _rejected_errors() as exc:  # a row vLLM rejects fails alone
             error = f"vLLM rejected the request: {first_line(exc)}"
             state.finished.append(Embedding(request, None, error=error) if self.embeds else
                                   Completion(request, "", None, 0, error=error))
@@ -271,7 +271,7 @@ class VllmEngine:
             yield None
             return
         undecoded = [item for s in states for item in s.undecoded]
-        if undecoded:
+        if undecoded and self._decoder is not None:  # rows qbatch decodes (none without a decoder)
             texts = self._decoder.decode([c.request.prompt_token_ids for c, _ in undecoded], [ids for _, ids in undecoded])
             for (completion, _), text in zip(undecoded, texts, strict=True):
                 completion.text = text
@@ -382,8 +382,8 @@ class EngineWatchdog:
         queue = getattr(self._client, "outputs_queue", None)
         if queue is not None:
             queue.put_nowait(RuntimeError("engine core process died"))
-        else:
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        elif (main := threading.main_thread().ident) is not None:  # None only for a thread not started
+            signal.pthread_kill(main, signal.SIGINT)
 
 
 # vLLM's Prometheus names for its scheduler stats (kv_cache_usage_perc was gpu_cache_usage_perc before 0.10)
@@ -409,7 +409,7 @@ def _running(process: Any) -> bool:
     import psutil
 
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        return bool(process.is_running()) and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -469,6 +469,10 @@ def _engine_dead_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         return ()
     return (EngineDeadError,)
+
+
+def _rejected_errors() -> tuple[type[BaseException], ...]:
+    return (ValueError, TypeError, *_request_errors())
 
 
 def _request_errors() -> tuple[type[BaseException], ...]:

@@ -61,7 +61,7 @@ def set_verbosity(level: int) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")  # read by vLLM at its import
 
 
-def use(path: str | os.PathLike | None) -> None:
+def use(path: str | os.PathLike[str] | None) -> None:
     """vLLM's output in this process goes to `path` from now on, and that of the engines started from
     now on; None, verbose, or a logging setup of the user's own: to the terminal."""
     global _target

@@ -29,7 +29,7 @@ def encode_within(texts: list[str], encode: Callable[[list[str]], list[Any]], to
     prompt fewer (its output needs room)."""
     limit = max_token_chars(tokenizer) if max_tokens is not None else None
     refused: dict[int, RowError] = {}
-    if limit is not None:
+    if limit is not None and max_tokens is not None:
         for index, text in enumerate(texts):
             floor = len(text) // limit
             if floor > max_tokens or (floor == max_tokens and not embeds):

@@ -51,6 +51,14 @@ class Draft:
     adapter: str | None = None  # the LoRA adapter the row names (None: the base model)
 
 
+
+def _rendered(draft: Draft) -> str:
+    """A draft's text to encode: a chat's is rendered first (Preparer.render)."""
+    if draft.text is None:
+        raise ValueError(f"row {draft.id}: encoded before its prompt was rendered")
+    return draft.text
+
+
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(path: str, revision: str | None = None) -> Any:
     """The model's fast tokenizer (no engine needed).
@@ -81,9 +89,10 @@ def generation_defaults(model_path: str) -> dict[str, Any]:
 def _chat_template(tokenizer: Any) -> str | None:
     """The template `apply_chat_template` uses when given no tools, or None if there is no single one."""
     try:
-        return tokenizer.get_chat_template()
+        template: str | None = tokenizer.get_chat_template()
     except (ValueError, AttributeError):
         return None
+    return template
 
 
 def _failure(row: Row, rid: str, exc: RowError) -> Failure:
@@ -346,12 +355,12 @@ class Preparer:
         """
         kinds = [None if d.ids is not None else d.messages is not None for d in drafts]  # None: ids given
         if len(set(kinds)) == 1 and kinds[0] is not None:  # one batch call: the usual window
-            return self._encode([d.text for d in drafts], add_special_tokens=not kinds[0])
+            return self._encode([_rendered(d) for d in drafts], add_special_tokens=not kinds[0])
         encoded: list[Encoded | RowError] = [d.ids for d in drafts]
         for templated in (True, False):
             group = [i for i, kind in enumerate(kinds) if kind is templated]
             if group:
-                texts = [drafts[i].text for i in group]
+                texts = [_rendered(drafts[i]) for i in group]
                 for i, item in zip(group, self._encode(texts, add_special_tokens=not templated), strict=True):
                     encoded[i] = item
         return encoded
@@ -399,9 +408,12 @@ class Preparer:
             self._backend_agrees[add_special_tokens] = (
                 [e.ids for e in backend.encode_batch(sample, add_special_tokens=add_special_tokens)]
                 == self.tokenizer(sample, add_special_tokens=add_special_tokens)["input_ids"])
+        encoded: list[Encoded]
         if backend is not None and self._backend_agrees[add_special_tokens]:
-            return backend.encode_batch(texts, add_special_tokens=add_special_tokens)
-        return self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+            encoded = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        else:
+            encoded = self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+        return encoded
 
     def _render(self, conversations: list[Any], thinking: bool | None) -> list[str | RowError]:
         """Jinja renders of conversations (one list or several): the template's own output."""
@@ -412,7 +424,8 @@ class Preparer:
 
     def _render_one(self, conversation: Any, thinking: bool | None) -> str | RowError:
         try:
-            return self._apply_template(conversation, thinking)
+            rendered: str = self._apply_template(conversation, thinking)
+            return rendered
         except Exception as exc:  # templates raise anything (jinja errors, raise_exception(...))
             return RowError("template_error", f"the chat template rejected the messages: {exc}")
 
@@ -503,8 +516,8 @@ class Preparer:
     @functools.cached_property
     def _special_suffix(self) -> list[int]:
         """The special tokens the tokenizer appends to a text (none for most decoders)."""
-        plain = self.tokenizer("a", add_special_tokens=False)["input_ids"]
-        full = self.tokenizer("a")["input_ids"]
+        plain: list[int] = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        full: list[int] = self.tokenizer("a")["input_ids"]
         for start in range(len(full) - len(plain) + 1):
             if full[start:start + len(plain)] == plain:
                 return full[start + len(plain):]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal, overload
 
 from qbatch._fs import OUTPUT_LOCK
 from qbatch.errors import InputError
@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
 try:  # parses a typical line several times faster than json (the input is parsed twice: pre-scan and run)
-    from orjson import JSONDecodeError as FastJSONError, loads as fast_loads
+    from orjson import JSONDecodeError as FastJSONError, loads as orjson_loads
+
+    fast_loads: Callable[[bytes], Any] | None = orjson_loads
 except ImportError:  # json alone gives the same rows
     fast_loads = None
 
@@ -74,7 +76,12 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
             raise InputError("the input's file name is not valid UTF-8: results could not name their source",
                              where=escaped(str(file)), hint="rename the file")
     seen: set[Path] = set()
-    return [stable_path(f) for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+    unique = []
+    for file in files:
+        if file.resolve() not in seen:
+            seen.add(file.resolve())
+            unique.append(stable_path(file))
+    return unique
 
 
 def _folder_format(path: Path) -> bool:
@@ -104,8 +111,16 @@ def stable_path(path: Path) -> Path:
     return path.parent.resolve() / path.name
 
 
+@overload
+def detect_format(path: Path, override: str | None, *, strict: Literal[True] = True) -> str: ...
+
+
+@overload
+def detect_format(path: Path, override: str | None, *, strict: bool) -> str | None: ...
+
+
 def detect_format(path: Path, override: str | None, *, strict: bool = True) -> str | None:
-    """'jsonl' or 'parquet' from `--format` or the file name."""
+    """'jsonl' or 'parquet' from `--format` or the file name (None, unless `strict`, for neither)."""
     if override:
         return override
     name = _name(path)
@@ -277,7 +292,7 @@ def parse_line(raw: bytes) -> ParsedLine:
     return ParsedLine(*_parse_line(raw))
 
 
-def _parse_line(raw: bytes) -> tuple[dict | None, str | None, str | None]:
+def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None, str | None]:
     """(data, error, bad_text) as ParsedLine holds them; a tuple, since every line of every run takes this path."""
     if fast_loads is not None:
         try:
@@ -307,8 +322,9 @@ def _parse_line(raw: bytes) -> tuple[dict | None, str | None, str | None]:
     return data, None, lone_surrogate(data) if SURROGATE_ESCAPE.search(raw) else None
 
 
-def _has_huge_number(value: dict | list) -> bool:
-    for item in value.values() if type(value) is dict else value:
+def _has_huge_number(value: dict[str, Any] | list[Any]) -> bool:
+    items: Iterable[Any] = value.values() if type(value) is dict else value
+    for item in items:
         kind = type(item)
         if kind is float:
             if abs(item) >= HUGE_FLOAT:
@@ -338,7 +354,7 @@ def _read_parquet(path: Path, source_index: int) -> Iterator[Row]:
     row_index = 0
     for batch in reader.iter_batches(batch_size=PARQUET_BATCH_ROWS):
         try:
-            rows, bad = batch.to_pylist(), {}
+            rows, bad = batch.to_pylist(), dict[int, str]()
         except UnicodeDecodeError:  # text that is not UTF-8 (Arrow checks none when it reads): those rows fail
             rows, bad = _rows_with_bad_text(batch)
         for index, data in enumerate(rows):

@@ -70,10 +70,10 @@ def own_id(data: dict[str, Any], spec: InputSpec) -> str | None:
     elif spec.id_column:
         column, hint = spec.id_column, "set by --id-column"
     else:
-        column = next((name for name in ("id", "custom_id") if name in data), None)
-        hint = ID_HINT
-        if column is None:
+        found = next((name for name in ("id", "custom_id") if name in data), None)
+        if found is None:
             return None
+        column, hint = found, ID_HINT
     return id_text(data.get(column), column, data, hint=hint)
 
 

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jinja2 import nodes
 
 PLACEHOLDER = "\ue000qbatch-text\ue001"  # private-use characters: in no template, no trigger
 MAX_KEYS = 64  # (system prompt, thinking) pairs learned; others are rendered by jinja
@@ -183,7 +186,7 @@ class _Found:
         else:
             raise _Refused(f"content compared with {op.op}")
 
-    def _method(self, attr: Any, derived: bool) -> Any:
+    def _method(self, attr: nodes.Getattr, derived: bool) -> Any:
         """A method called on a content: the node whose value is the content again, or None if used up."""
         from jinja2 import nodes
 
@@ -193,7 +196,7 @@ class _Found:
             raise _Refused(f"content attribute {attr.attr}")
         if not all(isinstance(a, nodes.Const) and isinstance(a.value, str) for a in call.args):
             raise _Refused(f"{attr.attr} with a non-constant argument")
-        args = [a.value for a in call.args]
+        args = [a.value for a in call.args if isinstance(a, nodes.Const)]
         if attr.attr in STRIP_METHODS and all(a.isspace() for a in args) and len(args) <= 1:
             return call  # changes no spliced text: none has whitespace at either end
         if derived:

@@ -56,7 +56,10 @@ def lone_surrogate(data: dict[str, Any]) -> str | None:
     if found is None:
         return None
     place, value = found
-    char = SURROGATE.search(value).group()  # type: ignore[union-attr]
+    match = SURROGATE.search(value)
+    if match is None:  # not reached: find_bad_text found `value` by this pattern
+        return None
+    char = match.group()
     return (f"{place} holds the lone surrogate \\u{ord(char):04x} (half of a UTF-16 pair), which is not a "
             "character; fix the line's \\u escapes")
 

@@ -75,8 +75,9 @@ def check_messages(value: Any, column: str) -> list[dict[str, Any]]:
         if role not in ROLES:
             raise RowError("bad_messages", f"{column}[{i}].role must be one of {', '.join(sorted(ROLES))}; got {role!r}")
         if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+            parts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"
+                     and isinstance(p.get("text"), str)]
+            if len(parts) != len(content):
                 raise RowError("bad_messages", f"{column}[{i}].content: only text parts are supported")
             content = "".join(parts)
         if not isinstance(content, str):

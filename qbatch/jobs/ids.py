@@ -29,7 +29,7 @@ class DigestLog:
     """Digests, in the order they come: 8 bytes each, in blocks."""
 
     def __init__(self) -> None:
-        self._blocks: list[array] = [array("Q")]
+        self._blocks: list[array[int]] = [array("Q")]
 
     def add(self, digest: int) -> None:
         block = self._blocks[-1]

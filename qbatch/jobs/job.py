@@ -32,6 +32,7 @@ from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint, input_identity, may_grow
 from qbatch.output.folder import DUPLICATE_ID
+from qbatch.output.manifest import Manifest
 from qbatch.plan import Machine, Plan, probe, resolve
 from qbatch.plan.placement import no_gpu_notes
 from qbatch.records import Failure, Request, Row
@@ -176,7 +177,7 @@ class Job:
         return Preparer(spec, tokenizer, max_model_len=self.max_model_len, base_sampling=base,
                         positional_prefix=len(self.files) > 1, unusable_adapters=self.unusable_adapters)
 
-    def fingerprint(self, previous: dict[str, Any] | None = None) -> Fingerprint:
+    def fingerprint(self, previous: Manifest | None = None) -> Fingerprint:
         """What the results depend on; hashes every input once (with the prefix the `previous`
         manifest's fingerprint saw of each input, so that appended rows can resume)."""
         settings = self.spec.result_settings()
@@ -192,7 +193,7 @@ class Job:
             settings["lora"] = adapters_identity(self.spec.engine.lora)
         if settings["backend"] == "ray":  # the same vLLM engine, run elsewhere: a run may change backend and resume
             settings["backend"] = "vllm"
-        seen = Fingerprint.of_manifest(previous).seen_sizes()
+        seen = previous.fingerprint.seen_sizes() if previous is not None else {}
         formats = [detect_format(p, self.spec.input.format) for p in self.files]
         inputs = [replace(input_identity(p, f, seen_size=seen.get(self.input_name(p)), size=size), path=self.input_name(p))
                   for p, f, size in zip(self.files, formats, self.sizes, strict=True)]
@@ -308,7 +309,7 @@ class Job:
         groups = order_groups(requests, self.spec.plan.order)
         if self.spec.engine.lora and self.spec.plan.order != "input":
             groups = by_adapter(groups, batch_adapters(self.spec.engine))
-        chunks = cut_group_chunks(groups, self.spec.plan.chunk_tokens)
+        chunks = cut_group_chunks(groups, self.plan.chunk_tokens)
         return PlannedWindow(window.failures + refused, list(chunks))
 
     def count_todo(self, done: DoneIds) -> int:

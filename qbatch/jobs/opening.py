@@ -25,6 +25,7 @@ from qbatch.output.columns import ColumnTypes, from_manifest, keep_recorded, to_
 from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.folder import OutputDir
+from qbatch.output.manifest import Manifest
 from qbatch.output.schema import own_names, result_schema
 from qbatch.output.schema import to_manifest as schema_to_manifest
 from qbatch.output.widening import widen_parts
@@ -35,7 +36,7 @@ class Found:
     """What OUT_DIR held before the run: the previous run's manifest, the rows done, and this run's
     fingerprint (checked against the previous one's)."""
 
-    previous: dict[str, Any] | None
+    previous: Manifest | None
     fingerprint: Fingerprint
     done: DoneIds
 
@@ -61,21 +62,22 @@ def pre_scan(job: Job, found: Found) -> InputScan:
 
 
 def open_manifest(job: Job, out: OutputDir, found: Found, scan: InputScan, engine_choice: str | None
-                  ) -> tuple[dict[str, Any], ColumnTypes]:
+                  ) -> tuple[Manifest, ColumnTypes]:
     """Write this run's manifest (status running, the rows to do, the results' schema); it and the column
     types the results keep (those the folder's earlier runs recorded win)."""
     spec = job.spec
-    recorded = from_manifest(found.previous)
+    recorded = from_manifest(found.previous.column_schema if found.previous is not None else None)
     column_types = scan.column_types if recorded is None else keep_recorded(recorded, scan.column_types)
     if recorded is not None:  # rows appended to the input may widen a column: the parts written so far follow
         widen_parts(out, recorded, column_types, own=own_names(spec))
     manifest = new_manifest(spec, job.model_path, found.previous, found.fingerprint, status="running")
-    manifest.update(engine_choice=engine_choice)
-    manifest.update(rows_total=scan.num_todo + len(found.done), input_rows=input_rows([job.input_name(p) for p in job.files], scan.rows_read),
-                    covered_inputs=False)
-    manifest.update(to_manifest(column_types))
+    manifest.engine_choice = engine_choice
+    manifest.rows_total = scan.num_todo + len(found.done)
+    manifest.input_rows = input_rows([job.input_name(p) for p in job.files], scan.rows_read)
+    manifest.covered_inputs = False
+    manifest.columns, manifest.column_schema = to_manifest(column_types)
     vectors = vector_size(job.model_path, spec.engine.backend) if spec.engine.task == "embed" else None
-    manifest.update(schema_to_manifest(result_schema(spec, column_types, vectors)))
+    manifest.result_schema = schema_to_manifest(result_schema(spec, column_types, vectors))
     out.write_manifest(manifest)
     return manifest, column_types
 

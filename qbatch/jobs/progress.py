@@ -31,7 +31,7 @@ class Progress:
     def __init__(self, mode: str, total: int, events: RunEvents | None = None):
         events = events or RunEvents()
         stream = events.stream or sys.stderr
-        self._bar = None
+        self._bar: Any = None  # tqdm's, or the caller's own
         self._new_bar = events.bar  # the caller draws its own (a notebook's)
         if mode in ("auto", "bar") and events.bar is not None:
             mode = "bar"

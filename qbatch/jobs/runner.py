@@ -35,16 +35,17 @@ from qbatch.jobs.opening import Found, Opened, check_not_empty, open_manifest, p
 from qbatch.jobs.parts import PartWriter
 from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
-from qbatch.jobs.summary import Summary, stats_dict
+from qbatch.jobs.summary import Summary
 from qbatch.jobs.telemetry import Telemetry
 from qbatch.jobs.yardstick import estimate, measure
 from qbatch.log import log
 from qbatch.output.assemble import assemble
 from qbatch.output.done import DoneIds
 from qbatch.output.folder import OutputDir
+from qbatch.output.manifest import Manifest
 from qbatch.plan import Plan
 from qbatch.plan.roofline import Work
-from qbatch.records import Failure
+from qbatch.records import Failure, Request
 from qbatch.spec import JobSpec
 from qbatch.storage.stage import StagedFolder
 from qbatch.storage.urls import Url, is_remote
@@ -90,6 +91,7 @@ def _run_staged(spec: JobSpec, pool: EnginePool, events: RunEvents) -> Summary:
     """A run whose output folder is in an object store: on a local copy that the store is kept in step with
     (storage/stage.py), under the folder's lock there; the summary names the store's folder."""
     url = spec.output.output_dir
+    assert url is not None  # run() chose this path for an output folder given as a URL
     staged = StagedFolder(Url.parse(url), locked=True).open()
     try:
         with staged.naming_errors():
@@ -139,7 +141,7 @@ class _Run:
         self.job, self.out, self.pool, self.events, self.started = job, out, pool, events, started
         self.summary = Summary(str(out.path), "running", task=job.spec.engine.task,
                                adapters={} if job.spec.engine.lora else None)
-        self.manifest: dict[str, Any] | None = None  # once written: a stop from then on is recorded in it
+        self.manifest: Manifest | None = None  # once written: a stop from then on is recorded in it
         self.opened: Opened | None = None
         self._parts: PartWriter | None = None
         self._tallies: dict[int, _ChunkTally] = {}  # chunks with rows still out
@@ -160,7 +162,7 @@ class _Run:
                 with self._recording_stop():
                     if not engine_up:  # the pre-scan while the engine starts (one up scans beside its first chunks)
                         self._open(found)
-                    if engine_up or self.opened.todo:
+                    if engine_up or (self.opened is not None and self.opened.todo):
                         self.summary.setup_s = time.monotonic() - self.started
                         stopped = self._generate(windows, found, started_early)
             finally:
@@ -169,7 +171,7 @@ class _Run:
         self._stop_telemetry(compact=not stopped)  # a stopped run leaves compacting to the next
         if stopped:
             return self._stopped()
-        with recording_stop(self.out, self.manifest):
+        with recording_stop(self.out, self._opened()[0]):
             return self._finish()
 
     # -- the phases, in order ---------------------------------------------------
@@ -187,7 +189,7 @@ class _Run:
         self.summary.rows_skipped = len(found.done)
         self.summary.engine_choice = choice.reason if choice else None
         started_early = None
-        if previous is None or previous.get("status") != "completed":  # a completed job most likely has nothing left
+        if previous is None or previous.status != "completed":  # a completed job most likely has nothing left
             started_early = self.pool.start_early(self.job.plan.engine)
         self.job.preparer  # the tokenizer loads here (in this thread, once), while engines started early load too
         return found, started_early
@@ -223,7 +225,7 @@ class _Run:
             if self.opened is None:  # an engine that was up: the pre-scan runs beside its first chunks
                 finished = self._hand_over_first_window(outputs)
                 self._open(found)
-            self._parts.column_types = self.opened.column_types
+            self.parts.column_types = self._opened()[1].column_types
             self._begin_reporting(engine, ready, generating_since)
             held, self._held = self._held, []
             self._record_failures(held)
@@ -244,19 +246,21 @@ class _Run:
         spec, summary = self.job.spec, self.summary
         release_freed_memory()
         t0 = time.monotonic()
-        counts = assemble(self.out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
+        assembled = assemble(self.out, openai_jsonl=spec.output.output_format == "jsonl-openai", model=spec.engine.model)
         summary.assemble_s = time.monotonic() - t0
-        summary.total_ok, summary.total_failed = counts["rows_ok"], counts["rows_failed"]
-        summary.total_samples = counts.get("samples_ok", counts["rows_ok"])
-        summary.flags = counts.pop("flags")  # stats.json says them; the manifest counts rows
+        summary.total_ok, summary.total_failed = assembled.rows_ok, assembled.rows_failed
+        summary.total_samples = assembled.samples_ok
+        summary.flags = assembled.flags  # stats.json says them; the manifest counts rows
         measure(self.job, summary)
         summary.status = "completed"
         summary.wall_s = time.monotonic() - self.started
-        self.out.write_stats(stats_dict(summary))
-        covered = covered_inputs(spec.input.limit, self.opened.scan.rows_read)
-        self.manifest.update(status="completed", updated_at=now(), counts=counts, covered_inputs=covered)
-        self.manifest["runs"][-1].update(finished_at=now(), rows_ok=summary.rows_ok, rows_failed=summary.rows_failed)
-        self.out.write_manifest(self.manifest)
+        self.out.write_stats(summary.save())
+        manifest, opened = self._opened()
+        manifest.status, manifest.updated_at, manifest.counts = "completed", now(), assembled.counts
+        manifest.covered_inputs = covered_inputs(spec.input.limit, opened.scan.rows_read)
+        run = manifest.runs[-1]
+        run.finished_at, run.rows_ok, run.rows_failed = now(), summary.rows_ok, summary.rows_failed
+        self.out.write_manifest(manifest)
         if spec.output.report:
             from qbatch.report.page import write_report
 
@@ -265,7 +269,7 @@ class _Run:
 
     def _stopped(self) -> Summary:
         """The caller's stop: the run is recorded interrupted (by the stop's reason), its parts kept for a resume."""
-        record_interrupted(self.out, self.manifest, self.events.stop_reason)
+        record_interrupted(self.out, self._opened()[0], self.events.stop_reason)
         self.summary.status = "interrupted"
         self.summary.wall_s = time.monotonic() - self.started
         return self.summary
@@ -298,7 +302,7 @@ class _Run:
         (looked at each time the engine reports)."""
         for item in outputs:
             chunk_done = item is not None and self._take(*item)
-            if self._parts.due(chunk_done=chunk_done):
+            if self.parts.due(chunk_done=chunk_done):
                 self._write_part()
             if self.events.stop.is_set():
                 return True
@@ -307,7 +311,7 @@ class _Run:
     def _take(self, chunk: Chunk, completions: list[Any]) -> bool:
         """Rows of `chunk` that finished (Completions, or for an embedding job Embeddings), some or all of
         its rows: counted, and handed to the next part; True when they were the chunk's last."""
-        summary, parts = self.summary, self._parts
+        summary, parts = self.summary, self.parts
         ok = [c for c in completions if c.error is None]
         refused = [Failure(c.request.id, parts.sources[c.request.source_index], c.request.row_index, None,
                            "engine_rejected", c.error) for c in completions if c.error is not None]
@@ -322,7 +326,7 @@ class _Run:
         summary.cached_tokens += sum(c.num_cached_tokens for c in ok)
         summary.count_adapters(ok)
         summary.count_work(ok)
-        self.opened.progress.update(len(ok), tokens=prompt_tokens if parts.embed is not None else completion_tokens)
+        self._opened()[1].progress.update(len(ok), tokens=prompt_tokens if parts.embed is not None else completion_tokens)
         tally = self._tallies[chunk.index]
         tally.rows += len(ok)
         tally.prompt_tokens += prompt_tokens
@@ -341,12 +345,12 @@ class _Run:
         if self.opened is None:
             self._held += failures
             return
-        self._parts.add([], failures)
+        self.parts.add([], failures)
         self.summary.count_failures(failures)
         self.opened.progress.update(len(failures), failed=len(failures))
 
     def _write_part(self, *, on_stop: bool = False) -> None:
-        record = self._parts.write_on_stop() if on_stop else self._parts.write()
+        record = self.parts.write_on_stop() if on_stop else self.parts.write()
         if record is not None:
             self.summary.parts.append(record)
         if time.monotonic() - self._trimmed >= TRIM_EVERY_S:
@@ -357,13 +361,26 @@ class _Run:
     def _begin_reporting(self, engine: Any, ready: str, generating_since: float) -> None:
         """The engine is ready (`ready` says so) and the run open: rates count from the generation's start,
         telemetry samples from now."""
-        progress = self.opened.progress
+        progress = self._opened()[1].progress
         progress.log(ready)
         progress.start_clock(generating_since)
         self._phase(f"generating: {progress.total:,} rows to process")
         if self.job.spec.output.telemetry:
             self._telemetry = Telemetry(self.out.path, self.summary, progress.total).__enter__()
             self._telemetry.engine = engine
+
+    def _opened(self) -> tuple[Manifest, Opened]:
+        """The run's manifest and what its opening found: both there once `_open` ran."""
+        if self.manifest is None or self.opened is None:
+            raise RuntimeError("the run is not open yet")
+        return self.manifest, self.opened
+
+    @property
+    def parts(self) -> PartWriter:
+        """The writer of the run's parts, there once the generation started."""
+        if self._parts is None:
+            raise RuntimeError("the generation has not started")
+        return self._parts
 
     def _phase(self, phase: str) -> None:
         """What the run is doing now, for `qbatch status` (OutputDir.set_phase)."""
@@ -402,17 +419,18 @@ def dry_run(job: Job, started: float) -> Summary:
     work = Work()
     check_not_empty(job, job.scan(DoneIds()))
     for item in job.work(DoneIds()):
-        if item and isinstance(item[0], Failure):
-            summary.count_failures(item)
+        if failures := [f for f in item if isinstance(f, Failure)]:
+            summary.count_failures(failures)
             continue
-        summary.rows_ok += len(item)
-        summary.prompt_tokens += sum(r.num_prompt_tokens for r in item)
-        summary.chunks.append({"index": summary.num_chunks, "rows": len(item),
-                               "prompt_tokens": sum(r.num_prompt_tokens for r in item),
-                               "max_completion_tokens": sum(r.sampling["max_tokens"] for r in item)})
+        chunk = [r for r in item if isinstance(r, Request)]
+        summary.rows_ok += len(chunk)
+        summary.prompt_tokens += sum(r.num_prompt_tokens for r in chunk)
+        summary.chunks.append({"index": summary.num_chunks, "rows": len(chunk),
+                               "prompt_tokens": sum(r.num_prompt_tokens for r in chunk),
+                               "max_completion_tokens": sum(r.sampling["max_tokens"] for r in chunk)})
         summary.num_chunks += 1
         work = work.plus(Work.of_rows([(r.num_prompt_tokens, r.sampling["max_tokens"] * r.sampling.get("n", 1))
-                                       for r in item]))
+                                       for r in chunk]))
     summary.estimate = estimate(job, work).as_dict()
     summary.wall_s = time.monotonic() - started
     return summary

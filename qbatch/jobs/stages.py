@@ -39,7 +39,7 @@ class Stages(Iterator[Any]):
         self._threads: list[threading.Thread] = []
         inbox: Iterable[Any] = source
         for name, function in stages:
-            outbox: queue.Queue = queue.Queue(maxsize=depth)
+            outbox: queue.Queue[Any] = queue.Queue(maxsize=depth)
             # the job's lines from these threads are the job's (log.current_job)
             self._threads.append(threading.Thread(target=carried(self._run), args=(inbox, function, outbox),
                                                   name=name, daemon=True))
@@ -70,7 +70,7 @@ class Stages(Iterator[Any]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, inbox: Iterable[Any], function: Callable[[Any], Any], outbox: queue.Queue) -> None:
+    def _run(self, inbox: Iterable[Any], function: Callable[[Any], Any], outbox: queue.Queue[Any]) -> None:
         try:
             for item in inbox:
                 if not self._put(outbox, function(item)):
@@ -83,7 +83,7 @@ class Stages(Iterator[Any]):
             if close is not None:  # the source's files
                 close()
 
-    def _put(self, outbox: queue.Queue, item: Any) -> bool:
+    def _put(self, outbox: queue.Queue[Any], item: Any) -> bool:
         while not self._stop.is_set():
             try:
                 outbox.put(item, timeout=POLL_S)
@@ -92,7 +92,7 @@ class Stages(Iterator[Any]):
                 continue
         return False
 
-    def _drain(self, outbox: queue.Queue) -> Iterator[Any]:
+    def _drain(self, outbox: queue.Queue[Any]) -> Iterator[Any]:
         while not self._stop.is_set():
             try:
                 item = outbox.get(timeout=POLL_S)

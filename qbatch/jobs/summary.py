@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from qbatch.errors import EXIT_ROW_ERRORS, EXIT_UNUSABLE
@@ -91,15 +92,22 @@ class Summary:
     def output_tok_s(self) -> float:
         return self.completion_tokens / self.generate_s if self.generate_s else 0.0
 
+    def save(self) -> dict[str, Any]:
+        """As stats.json holds it: every field but a dry run's plan (which writes no stats), then the rates."""
+        stats = asdict(self)
+        stats.pop("plan")
+        total = self.prompt_tokens + self.completion_tokens
+        stats.update(output_tok_s=round(self.output_tok_s, 1),
+                     total_tok_s=round(total / self.generate_s, 1) if self.generate_s else 0.0,
+                     rows_per_s=round(self.rows_ok / self.generate_s, 2) if self.generate_s else 0.0)
+        return stats
 
-def stats_dict(summary: Summary) -> dict[str, Any]:
-    stats = asdict(summary)
-    stats.pop("plan")  # a dry run's, which writes no stats
-    total = summary.prompt_tokens + summary.completion_tokens
-    stats.update(output_tok_s=round(summary.output_tok_s, 1),
-                 total_tok_s=round(total / summary.generate_s, 1) if summary.generate_s else 0.0,
-                 rows_per_s=round(summary.rows_ok / summary.generate_s, 2) if summary.generate_s else 0.0)
-    return stats
+    @classmethod
+    def load(cls, data: Mapping[str, Any]) -> Summary:
+        """A summary as stats.json or the service's answer (wire.py) holds it: keys that are no field (the
+        rates, or a newer qbatch's fields) are left out."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
 
 
 def exit_code(summary: Summary, *, fail_on_row_errors: bool, max_unusable: float | None = None) -> int:

@@ -16,7 +16,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from qbatch.errors import SpecError
 from qbatch.log import log
@@ -125,7 +125,7 @@ def _shape(config: dict[str, Any], where: str) -> AdapterShape:
     return AdapterShape(rank, pattern, names)
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 

@@ -13,11 +13,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbatch.errors import InputError
-from qbatch.records import Request
+from qbatch.records import Request, Row
 from qbatch.spec import InputSpec, JobSpec
+
+if TYPE_CHECKING:
+    from qbatch.inputs.prepare import Preparer
 
 CALIB_FILE = Path(__file__).resolve().parents[2] / "sample_data" / "calib.jsonl"
 WINDOW_ROWS = 256
@@ -97,7 +100,7 @@ def _requests(files: list[Path], tokenizer: Any, calibration: Calibration) -> It
     spec = JobSpec(input=InputSpec(inputs=[str(f) for f in files], raw=not getattr(tokenizer, "chat_template", None)))
     preparer = Preparer(spec, tokenizer, max_model_len=sys.maxsize, base_sampling={"max_tokens": 1},
                         positional_prefix=len(files) > 1)
-    window: list = []
+    window: list[tuple[Row, str]] = []
     for row in read_rows(files):
         window.append((row, preparer.row_id(row)))
         if len(window) == WINDOW_ROWS:
@@ -107,7 +110,7 @@ def _requests(files: list[Path], tokenizer: Any, calibration: Calibration) -> It
         yield from _prepare(preparer, window, calibration)
 
 
-def _prepare(preparer: Any, window: list, calibration: Calibration) -> list[Request]:
+def _prepare(preparer: Preparer, window: list[tuple[Row, str]], calibration: Calibration) -> list[Request]:
     requests, failures = preparer.prepare(window)
     calibration.num_rows_failed += len(failures)
     return requests

@@ -217,13 +217,13 @@ def check_model(path: str, settings: AwqSettings) -> Any:
                          hint="quantize the original model; to run this one, pass it to `qbatch run --model` "
                               "without --quantize")
     text = config.get_text_config()
-    sizes = {"hidden_size": getattr(text, "hidden_size", None),
+    found = {"hidden_size": getattr(text, "hidden_size", None),
              "intermediate_size": getattr(text, "intermediate_size", None),
              "moe_intermediate_size": getattr(text, "moe_intermediate_size", None)}
     heads, head_dim = getattr(text, "num_attention_heads", None), getattr(text, "head_dim", None)
     if heads and head_dim:
-        sizes["num_attention_heads * head_dim"] = heads * head_dim
-    sizes = {name: size for name, size in sizes.items() if isinstance(size, int)}
+        found["num_attention_heads * head_dim"] = heads * head_dim
+    sizes = {name: size for name, size in found.items() if isinstance(size, int)}
     bad = {name: size for name, size in sizes.items() if size % settings.group_size}
     if bad:
         listed = ", ".join(f"{name} is {size}" for name, size in bad.items())

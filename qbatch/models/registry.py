@@ -205,8 +205,8 @@ def model_max_len(model_path: str, revision: str | None) -> int:
     seconds, which would delay the engines' start (they start right after this).
     """
     config = text_config(model_path)
-    if config is not None and isinstance(config.get("max_position_embeddings"), int):
-        return config["max_position_embeddings"]
+    if config is not None and isinstance(length := config.get("max_position_embeddings"), int):
+        return length
     from transformers import AutoConfig  # not a local folder with a plain config: Transformers knows more layouts
 
     try:
@@ -235,7 +235,7 @@ def weights_bytes(model_path: str) -> int | None:
                                                                                             config["num_attention_heads"]))
         mlp = 3 * hidden * config.get("intermediate_size", 4 * hidden)
         embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
-        return 2 * (embeddings + layers * (attention + mlp))  # 16-bit weights
+        return int(2 * (embeddings + layers * (attention + mlp)))  # 16-bit weights
     except (KeyError, TypeError, ValueError, AttributeError):  # a config without these sizes, or odd values
         return None
 

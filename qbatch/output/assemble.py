@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from qbatch.output.ranges import sink_by_ranges
 from qbatch.output.folder import DUPLICATE_ID, ERROR_PREFIX, RESULT_PREFIX, OutputDir
 from qbatch.output.reading import PART_HINT, reading
 from qbatch.output.schema import conform, empty_results
+from qbatch.output.manifest import Manifest
 from qbatch.output.schema import from_manifest as result_schema_of
 from qbatch.output.tables import ERROR_SCHEMA
 
@@ -28,22 +30,39 @@ COMPLETIONS_URL = "/v1/completions"
 STAND_IN_ID_ERRORS = ("missing_id", "bad_line")  # error rows whose id qbatch made up: the request's key is unknown
 
 
+@dataclass(frozen=True)
+class Assembled:
+    """What results.parquet and errors.parquet hold once assembled."""
+
+    rows_ok: int  # ids (input rows) with results
+    rows_failed: int
+    samples_ok: int  # result rows: rows_ok, or more with n > 1 (a result row a sample)
+    flags: dict[str, int]  # result rows by flag (output/flags.py)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """As the manifest's `counts` records them: samples_ok only where it differs from rows_ok."""
+        counts = {"rows_ok": self.rows_ok, "rows_failed": self.rows_failed}
+        return counts if self.samples_ok == self.rows_ok else {**counts, "samples_ok": self.samples_ok}
+
+
 def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[Path] | None = None,
              error_parts: list[Path] | None = None, model: str | None = None,
-             manifest: dict[str, Any] | None = None) -> dict[str, int]:
+             manifest: Manifest | None = None) -> Assembled:
     """Write results.parquet / errors.parquet (and results.jsonl); return row counts.
 
     The parts default to OUT_DIR's own; `qbatch merge` passes those of several shards, and the
     `manifest` of the first (default: OUT_DIR's), whose recorded schema the results take (schema.py).
     `model` (the job's --model as given) is the `model` of results.jsonl's responses.
     """
-    schema = result_schema_of(out.manifest() if manifest is None else manifest)
+    recorded = out.manifest() if manifest is None else manifest
+    schema = result_schema_of(recorded.result_schema if recorded is not None else None)
     parts = out.part_files(RESULT_PREFIX) if result_parts is None else result_parts
     atomic_write(out.path / "results.parquet", lambda tmp: _sink_results(parts, schema, tmp))
 
     errors = _scan(out.part_files(ERROR_PREFIX) if error_parts is None else error_parts)
     if errors is None:
-        errors_frame = pl.from_arrow(ERROR_SCHEMA.empty_table()).lazy()
+        errors_frame = pl.DataFrame(ERROR_SCHEMA.empty_table()).lazy()
     else:
         ok_ids = pl.scan_parquet(out.path / "results.parquet").select("id", _ok=pl.lit(True))
         # A row retried with --retry-errors that now succeeded leaves its old error behind: drop it.
@@ -62,16 +81,10 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     samples = "sample_index" in written.collect_schema().names()
     first = (pl.col("sample_index").fill_null(0) == 0).sum() if samples else pl.len()
     num_ids, num_samples = written.select(first.alias("ids"), pl.len().alias("rows")).collect().row(0)
-    counts = {
-        "rows_ok": num_ids,
-        "rows_failed": pl.scan_parquet(out.path / "errors.parquet").select(pl.len()).collect().item(),
-    }
-    if num_samples != num_ids:
-        counts["samples_ok"] = num_samples
-    counts["flags"] = flag_counts(out.path / "results.parquet")
+    num_failed = pl.scan_parquet(out.path / "errors.parquet").select(pl.len()).collect().item()
     if openai_jsonl:
         write_openai_jsonl(out.path, model)
-    return counts
+    return Assembled(num_ids, num_failed, num_samples, flag_counts(out.path / "results.parquet"))
 
 
 def flag_counts(path: Path) -> dict[str, int]:
@@ -95,7 +108,7 @@ def _sink_results(parts: list[Path], schema: Any, path: Path) -> None:
         return
 
     def frame_of(paths: list[Path]) -> pl.LazyFrame:
-        return _scan(paths, check=False)
+        return _concat(paths)
 
     sink_by_ranges(parts, frame_of, path, conform=None if schema is None else lambda frame: conform(frame, schema))
 
@@ -110,6 +123,10 @@ def _scan(paths: list[Path], *, check: bool = True) -> pl.LazyFrame | None:
     for path in paths if check else ():
         with reading(path, PART_HINT):
             pq.ParquetFile(path).close()
+    return _concat(paths)
+
+
+def _concat(paths: list[Path]) -> pl.LazyFrame:
     return pl.concat([pl.scan_parquet(p) for p in paths], how="diagonal_relaxed")
 
 
@@ -215,7 +232,8 @@ def _openai_ok(rows: list[dict[str, Any]], model: str | None, created: int) -> d
 def openai_body(rows: list[dict[str, Any]], model: str | None, created: int) -> dict[str, Any]:
     """The response body of one id's result rows (its samples, in order), as a batch's output line holds
     it: the online routes (serve/online.py) answer with the same object."""
-    return _openai_ok(rows, model, created)["response"]["body"]
+    body: dict[str, Any] = _openai_ok(rows, model, created)["response"]["body"]
+    return body
 
 
 def _openai_error(row: dict[str, Any]) -> dict[str, Any]:

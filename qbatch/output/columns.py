@@ -161,19 +161,19 @@ def describe(kind: pa.DataType | None) -> str:
     return "json" if kind is JSON_TEXT else str(kind)
 
 
-def to_manifest(types: ColumnTypes) -> dict[str, Any]:
-    """The manifest's record of the decision: readable names, and the exact types."""
+def to_manifest(types: ColumnTypes) -> tuple[dict[str, str], str]:
+    """The manifest's record of the decision (its `columns` and `column_schema`): readable names, and the exact types."""
     fields = [pa.field(name, pa.string(), metadata=JSON_MARK) if kind is JSON_TEXT else pa.field(name, kind)
               for name, kind in types.items()]
-    return {"columns": {name: describe(kind) for name, kind in types.items()},
-            "column_schema": encode_schema(pa.schema(fields))}
+    return {name: describe(kind) for name, kind in types.items()}, encode_schema(pa.schema(fields))
 
 
-def from_manifest(manifest: dict[str, Any] | None) -> ColumnTypes | None:
-    """The decision an earlier run recorded, or None (no earlier run, or one from before the record)."""
-    if not manifest or not manifest.get("column_schema"):
+def from_manifest(column_schema: str | None) -> ColumnTypes | None:
+    """The decision an earlier run recorded (its manifest's `column_schema`), or None (no earlier run, or
+    one from before the record)."""
+    if not column_schema:
         return None
-    schema = decode_schema(manifest["column_schema"])
+    schema = decode_schema(column_schema)
     return {field.name: JSON_TEXT if field.metadata == JSON_MARK else field.type for field in schema}
 
 

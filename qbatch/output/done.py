@@ -95,7 +95,7 @@ class DoneIds:
         found = (right - left == 1) & (self._lo[np.minimum(left, len(self._lo) - 1)] == lo)
         for i in np.flatnonzero(right - left > 1):
             found[i] = bool((self._lo[left[i]:right[i]] == lo[i]).any())
-        return found
+        return np.asarray(found, dtype=bool)
 
     def __repr__(self) -> str:
         return f"DoneIds({len(self)} ids)"

@@ -164,8 +164,8 @@ def input_identity(path: Path, fmt: str, *, seen_size: int | None = None, size: 
             whole.update(block)
             read += len(block)
             last_byte = block[-1:]
-        if head_sha256 is not None and seen_size != read:
-            handle.seek(seen_size)  # type: ignore[arg-type]
+        if head_sha256 is not None and seen_size is not None and seen_size != read:
+            handle.seek(seen_size)
             line_ended = handle.read(2).startswith((b"\n", b"\r\n"))
     prefix = InputPrefix(seen_size, head_sha256, line_ended) \
         if head_sha256 is not None and seen_size is not None and seen_size != read else None

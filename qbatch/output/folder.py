@@ -35,7 +35,8 @@ from qbatch._fs import OUTPUT_LOCK, TMP_MARK, atomic_write, atomic_write_json, n
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError
 from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint
-from qbatch.output.reading import PART_HINT, read_manifest, reading
+from qbatch.output.manifest import Manifest
+from qbatch.output.reading import PART_HINT, reading
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
 
 LOCK_NAME = OUTPUT_LOCK
@@ -140,10 +141,12 @@ class OutputDir:
 
     def _write_lock(self, text: str) -> None:
         # The new text first, then the length: a reader sees the whole line or an unreadable one, never none.
-        data = text.encode()
+        data, fd = text.encode(), self._lock_fd
+        if fd is None:  # closed
+            return
         try:
-            os.pwrite(self._lock_fd, data, 0)
-            os.ftruncate(self._lock_fd, len(data))
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
         except OSError as exc:
             raise output_error("write the lock file", self.path / LOCK_NAME, exc) from None
 
@@ -170,17 +173,17 @@ class OutputDir:
             os.close(fd)
 
     # -- manifest ----------------------------------------------------------
-    def manifest(self) -> dict[str, Any] | None:
+    def manifest(self) -> Manifest | None:
         """manifest.json, its fields checked (reading.py); None when there is none."""
-        return read_manifest(self.manifest_path)
+        return Manifest.read(self.manifest_path)
 
-    def write_manifest(self, manifest: dict[str, Any]) -> None:
-        atomic_write_json(self.manifest_path, manifest)
+    def write_manifest(self, manifest: Manifest) -> None:
+        atomic_write_json(self.manifest_path, manifest.save())
 
     def write_stats(self, stats: dict[str, Any]) -> None:
         atomic_write_json(self.path / "stats.json", stats)
 
-    def check_fingerprint(self, fingerprint: Fingerprint, *, restart: bool) -> dict[str, Any] | None:
+    def check_fingerprint(self, fingerprint: Fingerprint, *, restart: bool) -> Manifest | None:
         """The previous manifest if it matches; raise CheckpointMismatch if not; wipe on restart."""
         previous = self.manifest()
         if restart:
@@ -191,7 +194,7 @@ class OutputDir:
                 raise CheckpointMismatch("output folder has parts but no manifest.json", where=str(self.path),
                                          hint="rerun with --restart to start over")
             return None
-        changes = Fingerprint.of_manifest(previous).changes(fingerprint)
+        changes = previous.fingerprint.changes(fingerprint)
         if changes:
             raise CheckpointMismatch(
                 "output folder holds results of a different configuration: " + "; ".join(changes),
@@ -252,7 +255,8 @@ class OutputDir:
     def _failed_ids(self, path: Path) -> list[str]:
         table = self._read_part(path, ["id", "error"])
         kept = pc.invert(pc.fill_null(pc.equal(table.column("error"), DUPLICATE_ID), False))
-        return table.column("id").filter(kept).to_pylist()
+        ids: list[str] = table.column("id").filter(kept).to_pylist()
+        return ids
 
     @staticmethod
     def _read_part(path: Path, columns: list[str]) -> pa.Table:

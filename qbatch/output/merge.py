@@ -17,7 +17,7 @@ from typing import Any
 from qbatch.output.assemble import assemble
 from qbatch.output.fingerprint import Fingerprint, InputIdentity, input_change, input_identity, paths_change
 from qbatch.output.folder import ERROR_PREFIX, RESULT_PREFIX, OutputDir
-from qbatch.output.reading import read_manifest
+from qbatch.output.manifest import InputRows, Manifest
 from qbatch.output.schema import from_manifest as result_schema_of
 from qbatch.output.schema import to_manifest as schema_to_manifest
 from qbatch.errors import CheckpointMismatch, LockedError, OutputError, SpecError
@@ -31,13 +31,17 @@ class Shard:
     """One shard's output folder as its manifest describes it."""
 
     folder: str
-    manifest: dict[str, Any]
+    manifest: Manifest
     index: int
     total: int
 
     @property
     def fingerprint(self) -> Fingerprint:
-        return Fingerprint.of_manifest(self.manifest)
+        return self.manifest.fingerprint
+
+    @property
+    def input_rows(self) -> list[InputRows]:
+        return self.manifest.input_rows or []  # checked by _check_finished
 
     @property
     def name(self) -> str:
@@ -60,21 +64,20 @@ def merge(shard_dirs: list[str], output_dir: str, *, openai_jsonl: bool = False,
     folders = [OutputDir(s.folder) for s in shards]
     out = OutputDir(output_dir).open()
     try:
-        counts = assemble(
+        assembled = assemble(
             out, openai_jsonl=openai_jsonl,
             result_parts=[p for s in folders for p in s.part_files(RESULT_PREFIX)],
             error_parts=[p for s in folders for p in s.part_files(ERROR_PREFIX)],
-            model=shards[0].manifest.get("spec", {}).get("model"), manifest=shards[0].manifest,
+            model=shards[0].manifest.model, manifest=shards[0].manifest,
         )
-        counts.pop("flags")  # the manifest counts rows; results.parquet's flag column holds the flags
         first = shards[0].manifest
-        schema = result_schema_of(first)
-        fingerprint = shards[0].fingerprint.without_shard()
-        out.write_manifest({"status": "completed", "merged_from": _names(shards, shard_dirs, shard_names),
-                            "fingerprint": fingerprint.save(), "counts": counts, "spec": first.get("spec", {}),
-                            "input_rows": first["input_rows"], "limit": None, "covered_inputs": True,
-                            **({} if schema is None else schema_to_manifest(schema))})
-        return counts
+        schema = result_schema_of(first.result_schema)
+        out.write_manifest(Manifest(
+            status="completed", merged_from=_names(shards, shard_dirs, shard_names),
+            fingerprint=shards[0].fingerprint.without_shard(), counts=assembled.counts, spec=first.spec,
+            input_rows=first.input_rows, limit=None, covered_inputs=True,
+            result_schema=None if schema is None else schema_to_manifest(schema)))
+        return assembled.counts  # the manifest counts rows; results.parquet's flag column holds the flags
     finally:
         out.close()
 
@@ -87,8 +90,8 @@ def _check_output_folder(output_dir: str, shard_dirs: list[str]) -> None:
         if target == shard or shard in target.parents:
             raise SpecError(f"the merge output {output_dir} is a shard's folder or inside one",
                             where=folder, hint="pass another -o/--output-dir, e.g. a sibling of the shards' folders")
-    manifest = read_manifest(target / "manifest.json")
-    if manifest is not None and "merged_from" not in manifest:
+    manifest = Manifest.read(target / "manifest.json")
+    if manifest is not None and manifest.merged_from is None:
         raise OutputError("the merge output folder holds a qbatch run, not a merge", where=output_dir,
                           hint="pass an empty folder (or an earlier merge's folder) with -o/--output-dir")
 
@@ -97,11 +100,11 @@ def _read_shards(shard_dirs: list[str]) -> list[Shard]:
     """The shards, in shard order (then folder), whatever the order they were passed in."""
     shards = []
     for folder in sorted(shard_dirs):
-        manifest = read_manifest(Path(folder) / "manifest.json")
+        manifest = Manifest.read(Path(folder) / "manifest.json")
         if manifest is None:
             raise OutputError("not a qbatch output folder (no manifest.json)", where=folder,
                               hint="pass the -o folders of `qbatch run --shard I/N` runs")
-        shard = Fingerprint.of_manifest(manifest).shard
+        shard = manifest.fingerprint.shard
         if shard is None:
             raise CheckpointMismatch("a folder was not run with --shard", where=folder,
                                      hint="merge only the outputs of one job's --shard I/N runs")
@@ -132,13 +135,13 @@ def _check_finished(shard: Shard) -> None:
         raise LockedError(f"a qbatch run is using {shard.name} ({holder})",
                           hint="wait for it to finish, then merge again")
     manifest = shard.manifest
-    if manifest.get("status") != "completed":
-        raise CheckpointMismatch(f"{shard.name} has not completed (status: {manifest.get('status')})", hint=RERUN)
-    if "covered_inputs" not in manifest or "input_rows" not in manifest:
+    if manifest.status != "completed":
+        raise CheckpointMismatch(f"{shard.name} has not completed (status: {manifest.status})", hint=RERUN)
+    if manifest.covered_inputs is None or manifest.input_rows is None:
         raise CheckpointMismatch(f"{shard.name} was run by a qbatch that did not record whether it read all its "
                                  "inputs", hint=RERUN)
-    if not manifest["covered_inputs"]:
-        raise CheckpointMismatch(f"{shard.name} ran with --limit {manifest.get('limit')}, so it did not cover its "
+    if not manifest.covered_inputs:
+        raise CheckpointMismatch(f"{shard.name} ran with --limit {manifest.limit}, so it did not cover its "
                                  "inputs", hint="rerun its command without --limit (it resumes), then merge again")
 
 
@@ -156,18 +159,18 @@ def _check_same_job(shards: list[Shard]) -> None:
 
 
 def _input_paths(shard: Shard) -> list[str]:
-    return [entry["path"] for entry in shard.manifest["input_rows"]]
+    return [entry.path for entry in shard.input_rows]
 
 
 def _check_same_inputs(shards: list[Shard]) -> None:
     """Every shard read each input in the same state; else name the shards that read it in another."""
-    for position in range(len(shards[0].manifest["input_rows"])):
+    for position in range(len(shards[0].input_rows)):
         # The reference is the shard that read the most rows of this input (the first such shard).
         ahead = max(shards, key=lambda s: _rows(s, position))
         behind = [s for s in shards if _identity(s, position) != _identity(ahead, position)]
         if not behind:
             continue
-        name = Path(ahead.manifest["input_rows"][position]["path"]).name
+        name = Path(ahead.input_rows[position].path).name
         missing = {s.index: _rows(ahead, position) - _rows(s, position) for s in behind}
         if all(missing[s.index] > 0 and _only_appended(_identity(s, position), _identity(ahead, position))
                for s in behind):
@@ -202,7 +205,7 @@ def _only_appended(old: InputIdentity, new: InputIdentity) -> bool:
 
 
 def _rows(shard: Shard, position: int) -> int:
-    return shard.manifest["input_rows"][position]["rows"]
+    return shard.input_rows[position].rows
 
 
 def _identity(shard: Shard, position: int) -> InputIdentity:
@@ -212,7 +215,7 @@ def _identity(shard: Shard, position: int) -> InputIdentity:
 
 def _check_parts(shard: Shard) -> None:
     """The results a shard completed with are still in its parts (the merge reads the parts)."""
-    expected = shard.manifest.get("counts", {}).get("rows_ok")
+    expected = (shard.manifest.counts or {}).get("rows_ok")
     found = len(OutputDir(shard.folder).result_ids())
     if found != expected:
         raise CheckpointMismatch(f"{shard.name} holds {found} results in parts/ but completed with {expected}",

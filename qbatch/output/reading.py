@@ -84,11 +84,6 @@ KINDS = [(dict, "an object"), (list, "a list"), (str, "text"), (bool, "a boolean
          (float, "a number")]  # bool before int: True is an int to Python, not to a reader of JSON
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    """manifest.json, checked; None when the folder has none."""
-    return read_checked(path, MANIFEST_SHAPE, MANIFEST_HINT)
-
-
 def read_stats(path: Path) -> dict[str, Any] | None:
     """stats.json, checked; None when the folder has none."""
     return read_checked(path, STATS_SHAPE, STATS_HINT)
@@ -99,7 +94,8 @@ def read_checked(path: Path, shape: Shape, hint: str) -> dict[str, Any] | None:
     problem = None if data is None else shape_problem(data, shape, "")
     if problem is not None:
         raise OutputError(f"{path.name} is damaged: {problem}", where=str(path), hint=hint)
-    return data
+    checked: dict[str, Any] | None = data  # an object: the shapes are objects
+    return checked
 
 
 def shape_problem(value: Any, shape: Shape, field: str) -> str | None:

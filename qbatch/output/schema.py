@@ -65,26 +65,27 @@ def _asked_columns(spec: JobSpec) -> list[str]:
     return [name for name in COLUMN_TYPES if asked[name]]
 
 
-def to_manifest(schema: pa.Schema) -> dict[str, Any]:
-    return {MANIFEST_KEY: encode_schema(schema)}
+def to_manifest(schema: pa.Schema) -> str:
+    """The schema as the manifest's `result_schema` records it."""
+    return encode_schema(schema)
 
 
-def from_manifest(manifest: dict[str, Any] | None) -> pa.Schema | None:
-    """The schema a run recorded; None for folders written before the record (their parts decide)."""
-    text = (manifest or {}).get(MANIFEST_KEY)
-    return decode_schema(text) if isinstance(text, str) else None
+def from_manifest(result_schema: str | None) -> pa.Schema | None:
+    """The schema a run recorded (its manifest's `result_schema`); None for folders written before the
+    record (their parts decide)."""
+    return decode_schema(result_schema) if isinstance(result_schema, str) else None
 
 
 def empty_results(schema: pa.Schema) -> pl.LazyFrame:
     """No results, in the schema's columns and types (with the parts' source_index)."""
-    frame = pl.from_arrow(schema.empty_table())
+    frame = pl.DataFrame(schema.empty_table())
     return frame.lazy().with_columns(pl.lit(None, dtype=pl.Int32).alias("source_index"))
 
 
 def conform(results: pl.LazyFrame, schema: pa.Schema) -> pl.LazyFrame:
     """The parts' rows in the schema's columns and order, a column no part holds null (no row asked
     for it, or none that did succeeded); the columns rows added on their own, and source_index, after."""
-    types = pl.from_arrow(schema.empty_table()).schema
+    types = pl.DataFrame(schema.empty_table()).schema
     present = results.collect_schema().names()
     wanted = [pl.col(name) if name in present else pl.lit(None, dtype=kind).alias(name) for name, kind in types.items()]
     added = sorted((name for name in present if name not in types), key=_canonical_position)

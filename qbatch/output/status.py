@@ -22,21 +22,20 @@ def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None 
     if manifest is None and holder is None:
         raise OutputError("not a qbatch output folder (no manifest.json)", where=output_dir,
                           hint="pass the -o folder of a qbatch run")
-    manifest = manifest or {}
-    status, hint = _run_state(manifest.get("status"), holder)
-    merged_from = manifest.get("merged_from")
+    status, hint = _run_state(manifest.status if manifest else None, holder)
+    merged_from = manifest.merged_from if manifest else None
     done, failed = _merged_counts(folder) if merged_from else _part_counts(folder)
     if status == "completed":
         _check_final_files(folder)
     stats = read_stats(folder.path / "stats.json") or {}
-    total = done + failed if merged_from else manifest.get("rows_total")
+    total = done + failed if merged_from else (manifest.rows_total if manifest else None)
     return {
         "output_dir": str(folder.path),
         "status": status,
         "completed": status == "completed",
         "running": holder,
         "hint": hint,
-        "model": manifest.get("spec", {}).get("model") or said.get("model"),
+        "model": (manifest.model if manifest else None) or said.get("model"),
         "rows_total": total,
         "rows_done": done,
         "rows_failed": failed,
@@ -45,7 +44,7 @@ def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None 
         "merged_from": merged_from,
         "last_run": {key: stats.get(key) for key in ("rows_ok", "rows_failed", "prompt_tokens", "completion_tokens",
                                                     "generate_s", "wall_s", "output_tok_s", "total_tok_s")},
-        "updated_at": manifest.get("updated_at"),
+        "updated_at": manifest.updated_at if manifest else None,
         "live": _live(folder, total, done, failed, said.get("phase")) if holder is not None else None,
         "flags": stats.get("flags"),  # counted over results.parquet's rows, not the last run's alone
         "result_rows": stats.get("total_samples") or stats.get("total_ok"),
@@ -104,8 +103,8 @@ def _engine_rate(engine: Any, column: str) -> float:
 
     ends = engine.group_by("device").agg(pl.col(column).first().alias("a"), pl.col(column).last().alias("b"),
                                          pl.col("time").first().alias("t0"), pl.col("time").last().alias("t1"))
-    return sum((b - a) / (t1 - t0).total_seconds() for _, a, b, t0, t1 in ends.iter_rows()
-               if (t1 - t0).total_seconds() > 0 and a is not None and b is not None and b >= a)
+    return float(sum((b - a) / (t1 - t0).total_seconds() for _, a, b, t0, t1 in ends.iter_rows()
+               if (t1 - t0).total_seconds() > 0 and a is not None and b is not None and b >= a))
 
 
 def _part_rates(folder: OutputDir) -> dict[str, Any]:

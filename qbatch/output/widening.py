@@ -48,8 +48,8 @@ def widen_parts(out: OutputDir, recorded: ColumnTypes, types: ColumnTypes, *, ow
 
 def _holds(field: pa.Field, kind: pa.DataType | None) -> bool:
     if kind is JSON_TEXT:
-        return field.metadata == JSON_MARK
-    return field.type == kind
+        return bool(field.metadata == JSON_MARK)
+    return bool(field.type == kind)
 
 
 def _rewrite(path: Path, columns: dict[str, pa.DataType | None]) -> None:

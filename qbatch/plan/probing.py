@@ -72,7 +72,7 @@ def probe_model(spec: JobSpec) -> ModelFacts:
                       models.reasoning_parser(path),
                       # a hub name: the models qbatch serves are decoders
                       architectures is None or any(a.endswith("ForCausalLM") for a in architectures),
-                      _fast_tokenizer(engine.tokenizer or path), (architectures or [None])[0])
+                      _fast_tokenizer(engine.tokenizer or path), architectures[0] if architectures else None)
 
 
 def extra_engine_args() -> dict[str, Any]:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from qbatch.output.folder import OutputDir
-from qbatch.output.reading import FINAL_HINT, PART_HINT, read_manifest, read_stats, reading
+from qbatch.output.manifest import Manifest
+from qbatch.output.reading import FINAL_HINT, PART_HINT, read_stats, reading
 from qbatch.output.telemetry import read as read_telemetry
 from qbatch.report.answers import summarize as summarize_answers
 from qbatch.report.glance import glance, run_numbers
@@ -36,11 +37,11 @@ RATE_WINDOW_S = 10
 def collect(output_dir: str | Path) -> dict[str, Any]:
     """Every section's data; None for what the folder does not hold."""
     folder = Path(output_dir)
-    manifest = read_manifest(folder / "manifest.json") or {}
+    manifest = Manifest.read(folder / "manifest.json") or Manifest()
     stats = read_stats(folder / "stats.json") or {}
     telemetry = read_telemetry(folder)
     timeline = Timeline.of(manifest, telemetry, live=OutputDir(folder).lock_holder() is not None)
-    embeds = (manifest.get("spec") or {}).get("task") == "embed"
+    embeds = manifest.task == "embed"
     for run in timeline.drawn():
         run.update(run_numbers(timeline, run, embeds=embeds))
     return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qbatch.output.manifest import Manifest
 from qbatch.report.timeline import Timeline, increments
 
 
@@ -46,7 +47,7 @@ def run_numbers(timeline: Timeline, run: dict[str, Any], *, embeds: bool) -> dic
     return out
 
 
-def glance(manifest: dict[str, Any], stats: dict[str, Any], timeline: Timeline) -> dict[str, Any]:
+def glance(manifest: Manifest, stats: dict[str, Any], timeline: Timeline) -> dict[str, Any]:
     """What someone who judges a deployment by nvidia-smi looks for first, for one run (the last that
     generated): mean GPU (or CPU) utilization while it generated, output tok/s (per GPU too), GPU
     power and energy, peak GPU memory; and the phase split of stats.json (the last completed run).
@@ -54,7 +55,7 @@ def glance(manifest: dict[str, Any], stats: dict[str, Any], timeline: Timeline) 
     tok/s is stats.json's (what the run printed) when stats.json is that run's, else the engines'
     counters over its samples (`tok_s_source` says which).
     """
-    embeds = (manifest.get("spec") or {}).get("task") == "embed"
+    embeds = manifest.task == "embed"
     run = timeline.last_run()
     out: dict[str, Any] = {"run": None, "runs": len(timeline.runs), "tokens_of": "input" if embeds else "output",
                            "generate_s": None, "tok_s": None, "tok_s_source": None, "gpus": 0}
@@ -71,15 +72,15 @@ def glance(manifest: dict[str, Any], stats: dict[str, Any], timeline: Timeline) 
     return out
 
 
-def _stats_are_of(stats: dict[str, Any], manifest: dict[str, Any], run: dict[str, Any] | None) -> bool:
+def _stats_are_of(stats: dict[str, Any], manifest: Manifest, run: dict[str, Any] | None) -> bool:
     """Whether stats.json (written when a run completes) is this run's: the folder's last run, which completed
     and generated. A run that found nothing to do writes a stats.json without generation; one that stopped
     writes none, leaving an earlier run's."""
     if not stats.get("generate_s"):
         return False
     if run is None:  # no telemetry: stats.json is all there is
-        return manifest.get("status") == "completed"
-    return run["is_last"] and run["status"] == "completed"
+        return manifest.status == "completed"
+    return bool(run["is_last"] and run["status"] == "completed")
 
 
 def _round(value: Any, digits: int, scale: float = 1.0) -> float | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from qbatch._fs import atomic_write, normal_path
 from qbatch.errors import OutputError
+from qbatch.output.manifest import Manifest
 from qbatch.report import charts, data as report_data
 from qbatch.report.answers import answers_section
 from qbatch.report.charts import NO_ENGINE, NO_TELEMETRY
@@ -87,12 +88,11 @@ def render(info: dict[str, Any]) -> str:
 def _glance(info: dict[str, Any]) -> str:
     """The header: status and rows, then one card per number a deployment is judged by, then the phase split."""
     manifest, stats, g = info["manifest"], info["stats"], info["glance"]
-    counts = manifest.get("counts") or {}
-    spec = manifest.get("spec") or {}
-    facts = [("status", manifest.get("status", "unknown")), ("model", spec.get("model")),
+    counts = manifest.counts or {}
+    facts = [("status", manifest.status), ("model", manifest.spec.get("model")),
              ("rows ok / failed", f"{_count(counts.get('rows_ok', stats.get('rows_ok')))} / "
                                   f"{_count(counts.get('rows_failed', stats.get('rows_failed')))}"),
-             ("updated", manifest.get("updated_at"))]
+             ("updated", manifest.updated_at)]
     cards = []
     if g["gpus"]:
         by_gpu = g.get("gpu_util_by_gpu") or {}
@@ -211,11 +211,11 @@ def _errors_section(kinds: list[dict[str, Any]] | None) -> str:
     return f"<section><h2>Errors</h2>{body}</section>"
 
 
-def _settings_section(manifest: dict[str, Any]) -> str:
+def _settings_section(manifest: Manifest) -> str:
     """The run's settings that were set and apply to its task (an embedding job's sampling does not), and versions."""
-    spec = manifest.get("spec") or {}
-    task = spec.get("task") or "generate"
-    versions = manifest.get("versions") or {}
+    spec = manifest.spec
+    task = manifest.task or "generate"
+    versions = manifest.versions or {}
     shown = [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in sorted(spec.items())
              if v is not None and applies_to(k, task)]
     settings = _table(shown) if spec else '<p class="missing">not recorded</p>'

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from qbatch.output.manifest import Manifest, RunRecord
+
 MAX_POINTS = 600  # per series: a day-long run is drawn from 600 buckets, not 86,400 samples
 GAP_BUCKETS = 5  # no sample for this many buckets inside a run: the line breaks there
 RUN_SPACE = 0.015  # the space between two runs on the axis, as a share of the axis
@@ -32,16 +34,16 @@ class Timeline:
     unit: tuple[str, int]  # the axis' unit and its seconds
 
     @classmethod
-    def of(cls, manifest: dict[str, Any], telemetry: Any, *, live: bool) -> Timeline:
+    def of(cls, manifest: Manifest, telemetry: Any, *, live: bool) -> Timeline:
         """The runs of `manifest` (labelled by how each ended; `live`: a run holds the folder now) and the
         telemetry rows split among them by their start times."""
         import polars as pl
 
-        records = manifest.get("runs") or [{}]
-        runs = [_describe(record, i, len(records), manifest.get("status"), live) for i, record in enumerate(records)]
+        records: list[RunRecord | None] = [*manifest.runs] or [None]  # None: a run the manifest does not list
+        runs = [_describe(record, i, len(records), manifest.status, live) for i, record in enumerate(records)]
         if telemetry is None or telemetry.height == 0:
             return cls(None, runs, 1, ("s", 1))
-        starts = [_parse(record.get("started_at")) for record in records]
+        starts = [_parse(record.started_at if record else None) for record in records]
         earlier = (pl.col("time") < starts[0]) if starts[0] is not None else pl.lit(False)
         index = pl.sum_horizontal([pl.lit(1) if s is None else (pl.col("time") >= s).cast(pl.Int32) for s in starts]) - 1
         frame = telemetry.with_columns(pl.when(earlier).then(-1).otherwise(index).alias("run"))
@@ -145,25 +147,25 @@ def increments(rows: Any) -> Any:
                                            for c in COUNTERS])
 
 
-def _describe(record: dict[str, Any], index: int, count: int, status: str | None, live: bool) -> dict[str, Any]:
+def _describe(record: RunRecord | None, index: int, count: int, status: str | None, live: bool) -> dict[str, Any]:
     """One run of the manifest: its name, how it ended, whether it resumed an earlier one."""
-    if "finished_at" in record:
+    name = f"run {index + 1}" if record is not None else "run"
+    record = record or RunRecord()
+    if record.finished_at is not None:
         ended = "completed"
-    elif "interrupted_at" in record:
-        ended = f"interrupted by {record.get('interrupted_by') or 'a signal'}"
+    elif record.interrupted_at is not None:
+        ended = f"interrupted by {record.interrupted_by or 'a signal'}"
     elif index < count - 1:
         ended = "stopped (failed or killed)"  # the next run started: this one left no end
     elif status == "running":
         ended = "running" if live else "killed (no end recorded)"
     else:
         ended = status or "unknown"
-    name = f"run {index + 1}" if record else "run"
     resumed = index > 0
     return {"index": index, "name": name, "status": ended, "resumed": resumed,
             "label": f"{name}{' (resumed)' if resumed else ''}: {ended}", "is_last": index == count - 1,
-            "started_at": record.get("started_at"),
-            "ended_at": record.get("finished_at") or record.get("interrupted_at"),
-            "rows_ok": record.get("rows_ok"), "rows_failed": record.get("rows_failed")}
+            "started_at": record.started_at, "ended_at": record.finished_at or record.interrupted_at,
+            "rows_ok": record.rows_ok, "rows_failed": record.rows_failed}
 
 
 def _parse(text: str | None) -> datetime | None:

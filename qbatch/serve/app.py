@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -148,10 +148,10 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
             finally:
                 tmp.unlink(missing_ok=True)
         store.add_file(record)
-        log.info(f"serve: file {record['id']} uploaded ({record['num_requests']} requests, {record['bytes']} bytes)")
-        return objects.file_object(record)
+        log.info(f"serve: file {record.id} uploaded ({record.num_requests} requests, {record.bytes} bytes)")
+        return record.openai()
 
-    def _store_upload(file_id: str, tmp: Path, filename: str, size: int) -> dict[str, Any]:
+    def _store_upload(file_id: str, tmp: Path, filename: str, size: int) -> objects.StoredFile:
         """Check the received file's lines, then rename it into place."""
         try:
             num_requests, _ = check_batch_lines(tmp, max_requests=settings.max_requests)
@@ -161,24 +161,24 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         final = files_dir / f"{file_id}.jsonl"
         os.replace(tmp, final)
         fsync_dir(files_dir)
-        return {"id": file_id, "purpose": "batch", "filename": Path(filename).name[:255], "bytes": size,
-                "created_at": objects.now(), "path": str(final), "num_requests": num_requests}
+        return objects.StoredFile(file_id, "batch", Path(filename).name[:255], size, objects.now(), str(final),
+                                  num_requests)
 
     @app.get("/v1/files")
     def list_files(purpose: str | None = None, limit: int = MAX_FILE_PAGE, after: str | None = None) -> dict[str, Any]:
         if after is not None:
             _check_id(after, objects.FILE_ID, "after")
         rows, more = store.files(purpose=purpose, limit=max(1, min(limit, MAX_FILE_PAGE)), after=after)
-        return objects.page([objects.file_object(r) for r in rows], more)
+        return objects.page([r.openai() for r in rows], more)
 
     @app.get("/v1/files/{file_id}")
     def retrieve_file(file_id: str) -> dict[str, Any]:
-        return objects.file_object(_file(file_id))
+        return _file(file_id).openai()
 
     @app.get("/v1/files/{file_id}/content")
     def file_content(file_id: str) -> FileResponse:
         record = _file(file_id)
-        return FileResponse(record["path"], media_type="application/octet-stream", filename=record["filename"])
+        return FileResponse(record.path, media_type="application/octet-stream", filename=record.filename)
 
     @app.delete("/v1/files/{file_id}")
     def delete_file(file_id: str) -> dict[str, Any]:
@@ -188,11 +188,11 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
             raise ApiError(409, f"file {file_id} is the input of batch {readers[0]}, which has not finished",
                            param="file_id")
         store.delete_file(file_id)
-        Path(record["path"]).unlink(missing_ok=True)
+        Path(record.path).unlink(missing_ok=True)
         log.info(f"serve: file {file_id} deleted")
         return {"id": file_id, "object": "file", "deleted": True}
 
-    def _file(file_id: str) -> dict[str, Any]:
+    def _file(file_id: str) -> objects.StoredFile:
         return _lookup(file_id, objects.FILE_ID, "file_id", store.file, "file")
 
     # -- batches ---------------------------------------------------------------------
@@ -219,46 +219,43 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         if not isinstance(input_file_id, str):
             raise ApiError(400, "input_file_id is required", param="input_file_id")
         source = _file(input_file_id)
-        if source["purpose"] != "batch":
-            raise ApiError(400, f"file {input_file_id} has purpose {source['purpose']!r}, not 'batch'",
+        if source.purpose != "batch":
+            raise ApiError(400, f"file {input_file_id} has purpose {source.purpose!r}, not 'batch'",
                            param="input_file_id")
         batch = objects.new_batch(input_file_id, endpoint, window, settings.window_s, metadata, settings.model)
         store.add_batch(batch)
-        log.info(f"serve: batch {batch['id']} validating (file {input_file_id})")
-        errors = await run_in_threadpool(lines_not_for, source["path"], endpoint)
+        log.info(f"serve: batch {batch.id} validating (file {input_file_id})")
+        errors = await run_in_threadpool(lines_not_for, source.path, endpoint)
         if errors:
-            batch = store.update_batch(batch["id"], {"status": "failed", "failed_at": objects.now(),
-                                                     "errors": objects.batch_errors(errors)})
-            log.info(f"serve: batch {batch['id']} failed ({len(errors)} lines for another endpoint)")
-            return batch
-        counts = {"total": source["num_requests"], "completed": 0, "failed": 0}
-        batch = store.update_batch(batch["id"], {"status": "in_progress", "in_progress_at": objects.now(),
-                                                 "request_counts": counts})
-        log.info(f"serve: batch {batch['id']} in_progress (queued, {counts['total']} requests)")
+            batch = store.update_batch(batch.id, lambda b: b.changed("failed", errors=objects.batch_errors(errors)))
+            log.info(f"serve: batch {batch.id} failed ({len(errors)} lines for another endpoint)")
+            return batch.save()
+        counts = objects.RequestCounts(total=source.num_requests or 0)
+        batch = store.update_batch(batch.id, lambda b: b.changed("in_progress", request_counts=counts))
+        log.info(f"serve: batch {batch.id} in_progress (queued, {counts.total} requests)")
         worker.wake()
-        return batch
+        return batch.save()
 
     @app.get("/v1/batches")
     def list_batches(limit: int = 20, after: str | None = None) -> dict[str, Any]:
         if after is not None:
             _check_id(after, objects.BATCH_ID, "after")
         rows, more = store.batches(limit=max(1, min(limit, MAX_BATCH_PAGE)), after=after)
-        return objects.page(rows, more)
+        return objects.page([r.save() for r in rows], more)
 
     @app.get("/v1/batches/{batch_id}")
     def retrieve_batch(batch_id: str) -> dict[str, Any]:
-        return _batch(batch_id)
+        return _batch(batch_id).save()
 
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel_batch(batch_id: str) -> dict[str, Any]:
         _batch(batch_id)
         batch = worker.cancel(batch_id)
         if batch is None:  # it had ended before: nothing to cancel, as OpenAI answers
-            status = store.batch(batch_id)["status"]
-            raise ApiError(409, f"Cannot cancel a batch with status '{status}'.", param="batch_id")
-        return batch
+            raise ApiError(409, f"Cannot cancel a batch with status '{_batch(batch_id).status}'.", param="batch_id")
+        return batch.save()
 
-    def _batch(batch_id: str) -> dict[str, Any]:
+    def _batch(batch_id: str) -> objects.Batch:
         return _lookup(batch_id, objects.BATCH_ID, "batch_id", store.batch, "batch")
 
     online.install(app, settings, worker)  # /v1/chat/completions, /v1/completions on the batches' engines
@@ -296,8 +293,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _lookup(value: str, pattern: re.Pattern[str], param: str, find: Callable[[str], dict[str, Any] | None],
-            what: str) -> dict[str, Any]:
+Stored = TypeVar("Stored", objects.Batch, objects.StoredFile)
+
+
+def _lookup(value: str, pattern: re.Pattern[str], param: str, find: Callable[[str], Stored | None],
+            what: str) -> Stored:
     """The stored object of a checked id, or a 404 in OpenAI's shape."""
     _check_id(value, pattern, param)
     record = find(value)

@@ -26,7 +26,7 @@ from qbatch.jobs.summary import Summary
 from qbatch.log import log
 from qbatch.output.folder import OutputDir
 from qbatch.serve.config import is_loopback
-from qbatch.serve.wire import FOLDER_SETTINGS, RUN_ROUTE, ErrorInfo, RunRequest, canonical
+from qbatch.serve.wire import FOLDER_SETTINGS, RUN_ROUTE, ErrorInfo, RunEnd, RunRequest, canonical
 from qbatch.spec import SETTING_FILE_SUFFIXES
 from qbatch.versions import __version__
 
@@ -172,7 +172,8 @@ def _follow(response: http.client.HTTPResponse, url: str) -> tuple[Summary, int]
                 bar.show(item["progress"])
             elif "summary" in item:
                 bar.close()
-                return Summary(**item["summary"]), int(item["exit_code"])
+                end = RunEnd.load(item)
+                return end.summary, end.exit_code
             elif "error" in item:
                 bar.close()
                 info = ErrorInfo.load(item["error"], 1)

@@ -25,12 +25,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from qbatch.engines.base import Chunk
+from qbatch.engines.base import Chunk, FinishedRows
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.pool import EnginePool
 from qbatch.errors import EngineError, first_line
 from qbatch.log import log
-from qbatch.records import Completion, Request
+from qbatch.records import Completion, Embedding, Request
 
 GATHER_S = 0.005  # how long the idle driver waits for more requests once one arrived: a few ms of latency
 SLICE_ROWS = 64  # a run's chunk goes to the engine in slices of this many rows, online rows between them
@@ -43,14 +43,14 @@ class Ticket:
     """One online request's rows (one Request, n samples inside), and the future its route awaits."""
 
     requests: list[Request]
-    future: Future = field(default_factory=Future)
-    completions: dict[str, Completion] = field(default_factory=dict)
+    future: Future[list[Any]] = field(default_factory=Future)  # its Completions (Embeddings for an embedding request)
+    completions: dict[str, Completion | Embedding] = field(default_factory=dict)
     cancelled: bool = False  # the client went away: its rows not yet in an engine never go
 
     def missing(self) -> list[Request]:
         return [r for r in self.requests if r.id not in self.completions]
 
-    def add(self, completion: Completion) -> None:
+    def add(self, completion: Completion | Embedding) -> None:
         self.completions[completion.request.id] = completion
         if not self.missing() and not self.future.done():
             self.future.set_result([self.completions[r.id] for r in self.requests])
@@ -132,7 +132,7 @@ class Feeder:
                 self.stats.in_runs += 1
             yield online
 
-    def deliver(self, chunk: Chunk, completions: list[Completion]) -> None:
+    def deliver(self, chunk: Chunk, completions: FinishedRows) -> None:
         with self._lock:
             tickets = self._out.get(chunk.index, {})
             for completion in completions:
@@ -274,12 +274,14 @@ class SharedEngine:
         return getattr(self.engine, name)
 
 
-def _sliced(chunks: Iterable[Chunk], parents: dict[int, Chunk]) -> Iterator[Chunk]:
+def _sliced(chunks: Iterable[Chunk | None], parents: dict[int, Chunk]) -> Iterator[Chunk]:
     """A run's chunks in slices of at most SLICE_ROWS rows, each with an index of its own (its rows come back
     under the run's chunk): an engine takes the next chunk only once it has added the last one's rows, so
     online rows wait behind one slice, not behind a whole chunk (thousands of rows in a large batch)."""
     next_index = SLICE_INDEX
     for chunk in chunks:
+        if chunk is None:  # a run's stream waits for nothing: its chunks are all there
+            continue
         if len(chunk.requests) <= SLICE_ROWS:
             yield chunk
             continue

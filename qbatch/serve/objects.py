@@ -8,17 +8,21 @@ never a server path or a CLI flag (`client_text`): the client cannot see the one
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{24}$")
+BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                      "cancelled"]
 # Statuses after which a batch never changes again.
-TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+TERMINAL: frozenset[BatchStatus] = frozenset({"completed", "failed", "expired", "cancelled"})
 # Statuses the worker still has to act on, after a restart too.
-PENDING = ("in_progress", "cancelling", "finalizing")
+PENDING: tuple[BatchStatus, ...] = ("in_progress", "cancelling", "finalizing")
 
 
 # A CLI flag in a message (`--max-model-len`), and a clause (after "; ") that tells the CLI user what to run.
@@ -61,24 +65,85 @@ def now() -> int:
     return int(time.time())
 
 
-def file_object(row: dict[str, Any]) -> dict[str, Any]:
-    """A stored file as `openai.types.FileObject`."""
-    return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
-            "filename": row["filename"], "purpose": row["purpose"], "status": "processed",
-            "expires_at": None, "status_details": None}
+@dataclass(frozen=True)
+class StoredFile:
+    """A file the service holds, as its store records it (`path` and `num_requests` are the service's own)."""
+
+    id: str
+    purpose: str
+    filename: str
+    bytes: int
+    created_at: int
+    path: str
+    num_requests: int | None
+
+    def openai(self) -> dict[str, Any]:
+        """As `openai.types.FileObject`."""
+        return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
+                "filename": self.filename, "purpose": self.purpose, "status": "processed",
+                "expires_at": None, "status_details": None}
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """`Batch.request_counts` (`BatchRequestCounts`)."""
+
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Batch:
+    """An `openai.types.Batch`, as the store holds it and the API answers it (`save`: its JSON object, the
+    fields in OpenAI's order)."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    model: str
+    errors: dict[str, Any] | None = None  # batch_errors()
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus = "validating"
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts = field(default_factory=RequestCounts)
+    metadata: dict[str, str] | None = None
+    usage: dict[str, Any] = field(default_factory=lambda: usage())
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> Batch:
+        return cls(**{**data, "request_counts": RequestCounts(**data["request_counts"])})
+
+    def save(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def changed(self, status: BatchStatus | None = None, **changes: Any) -> Batch:
+        """The batch with `changes`; with `status`, at its time now (`<status>_at`, where the object has one)."""
+        if status is not None:
+            changes["status"] = status
+            if hasattr(self, f"{status}_at"):
+                changes[f"{status}_at"] = now()
+        return dataclasses.replace(self, **changes)
 
 
 def new_batch(input_file_id: str, endpoint: str, completion_window: str, window_s: float,
-              metadata: dict[str, str] | None, model: str) -> dict[str, Any]:
-    """A new `openai.types.Batch`, status `validating`."""
+              metadata: dict[str, str] | None, model: str) -> Batch:
+    """A new batch, status `validating`."""
     created = now()
-    return {"id": new_batch_id(), "object": "batch", "endpoint": endpoint, "model": model, "errors": None,
-            "input_file_id": input_file_id, "completion_window": completion_window, "status": "validating",
-            "output_file_id": None, "error_file_id": None, "created_at": created,
-            "in_progress_at": None, "expires_at": created + int(window_s), "finalizing_at": None,
-            "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
-            "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": metadata, "usage": usage()}
+    return Batch(id=new_batch_id(), endpoint=endpoint, model=model, input_file_id=input_file_id,
+                 completion_window=completion_window, created_at=created, expires_at=created + int(window_s),
+                 metadata=metadata)
 
 
 def usage(input_tokens: int = 0, output_tokens: int = 0, cached_tokens: int = 0) -> dict[str, Any]:

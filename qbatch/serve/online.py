@@ -23,12 +23,13 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from qbatch.engines.pool import EnginePool
 from qbatch.errors import EngineError, QbatchError
 from qbatch.inputs.prepare import Preparer
 from qbatch.inputs.validate import EMBEDDINGS_URL
@@ -52,7 +53,8 @@ def install(app: FastAPI, settings: ServeSettings, worker: BatchWorker) -> None:
     """The online routes on `app`, their requests fed to `worker`'s engines beside its batches."""
     feeders = {task: Feeder(worker.session.pool, ready=worker.ready, failed=lambda: worker.failed)
                for task in ("generate", "embed")}
-    worker.session.pool = SharedPool(worker.session.pool, feeders)  # runs on the service's engines feed online rows
+    # runs on the service's engines feed online rows; SharedPool wraps the pool, passing through what it does not change
+    worker.session.pool = cast(EnginePool, SharedPool(worker.session.pool, feeders))
     online = Online(settings, worker, feeders)
     app.state.online = online
 
@@ -174,7 +176,7 @@ class Online:
     # -- answering -------------------------------------------------------------------
     async def _wait(self, ticket: Ticket) -> list[Completion]:
         try:
-            completions = await asyncio.wrap_future(ticket.future)
+            completions: list[Completion] = await asyncio.wrap_future(ticket.future)
         except EngineError as exc:
             raise ApiError(503, client_text(exc.message), kind="server_error", code="engine_error") from None
         except asyncio.CancelledError:
@@ -192,7 +194,8 @@ class Online:
     async def _stream(self, events: Any, ticket: Ticket, url: str, rid: str, created: int,
                       usage_chunk: bool) -> AsyncIterator[str]:
         model = ticket.requests[0].adapter or self.settings.model
-        head = {"id": f"{'chatcmpl' if url == CHAT_URL else 'cmpl'}-{rid}", "created": created, "model": model}
+        head: dict[str, Any] = {"id": f"{'chatcmpl' if url == CHAT_URL else 'cmpl'}-{rid}", "created": created,
+                                "model": model}
         try:
             if url == CHAT_URL:  # the role at once: the client knows the answer is on its way
                 n = ticket.requests[0].sampling.get("n", 1)

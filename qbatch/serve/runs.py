@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import io
 import logging
 import os
@@ -39,7 +38,7 @@ from qbatch.jobs.summary import exit_code
 from qbatch.log import current_job, log
 from qbatch.serve.config import ServeSettings, is_loopback
 from qbatch.serve.objects import ApiError
-from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunRequest, canonical, line
+from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunEnd, RunRequest, canonical, line
 from qbatch.serve.worker import BatchWorker
 from qbatch.spec import ENGINE_SETTINGS, JOB_OWN_ENGINE_SETTINGS, LORA_SETTINGS, JobSpec
 from qbatch.versions import __version__
@@ -283,11 +282,11 @@ class ClientRun:
                 summary = self.worker.session.run_spec(spec, self.events)
             code = exit_code(summary, fail_on_row_errors=spec.output.fail_on_row_errors,
                              max_unusable=spec.output.max_unusable)
-            self._put({"summary": dataclasses.asdict(summary), "exit_code": code})
+            self._put(RunEnd(summary, code).save())
         except Stopped as exc:
             self._put({"error": _stopped(exc).fields()})
         except QbatchError as exc:
-            if made:  # a run refused before it wrote anything leaves no folder, as a local one does
+            if made and spec.output.output_dir:  # a run refused before it wrote anything leaves no folder, as a local one does
                 with contextlib.suppress(OSError):
                     Path(spec.output.output_dir).rmdir()
             self._put({"error": ErrorInfo.of(exc).fields()})

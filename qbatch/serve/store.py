@@ -8,13 +8,15 @@ state or the new one. A batch row holds its OpenAI object as JSON next to the co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
+from collections.abc import Callable, Sequence
 import threading
 from pathlib import Path
 from typing import Any
 
-from qbatch.serve.objects import PENDING, TERMINAL
+from qbatch.serve.objects import PENDING, TERMINAL, Batch, StoredFile
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -41,18 +43,19 @@ class Store:
             self._db.close()
 
     # -- files -------------------------------------------------------------
-    def add_file(self, record: dict[str, Any]) -> None:
+    def add_file(self, record: StoredFile) -> None:
         with self._lock:
             self._db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, path, num_requests) "
-                             "VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, :num_requests)", record)
+                             "VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, :num_requests)",
+                             dataclasses.asdict(record))
 
-    def file(self, file_id: str) -> dict[str, Any] | None:
+    def file(self, file_id: str) -> StoredFile | None:
         with self._lock:
             row = self._db.execute("SELECT id, purpose, filename, bytes, created_at, path, num_requests "
                                    "FROM files WHERE id = ?", (file_id,)).fetchone()
-        return None if row is None else dict(zip(_FILE_COLUMNS, row, strict=True))
+        return None if row is None else StoredFile(*row)
 
-    def files(self, *, purpose: str | None, limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool]:
+    def files(self, *, purpose: str | None, limit: int, after: str | None) -> tuple[list[StoredFile], bool]:
         """Newest first; `after`: the id the previous page ended with."""
         query = f"SELECT {', '.join(_FILE_COLUMNS)} FROM files WHERE 1=1"
         args: list[Any] = []
@@ -65,7 +68,7 @@ class Store:
         query += " ORDER BY seq DESC LIMIT ?"
         args.append(limit + 1)
         with self._lock:
-            rows = [dict(zip(_FILE_COLUMNS, row, strict=True)) for row in self._db.execute(query, args)]
+            rows = [StoredFile(*row) for row in self._db.execute(query, args)]
         return rows[:limit], len(rows) > limit
 
     def delete_file(self, file_id: str) -> None:
@@ -80,48 +83,49 @@ class Store:
             return [row[0] for row in rows]
 
     # -- batches -----------------------------------------------------------
-    def add_batch(self, batch: dict[str, Any]) -> None:
+    def add_batch(self, batch: Batch) -> None:
         with self._lock:
             self._db.execute("INSERT INTO batches (id, status, input_file_id, object) VALUES (?, ?, ?, ?)",
-                             (batch["id"], batch["status"], batch["input_file_id"], json.dumps(batch)))
+                             (batch.id, batch.status, batch.input_file_id, json.dumps(batch.save())))
 
-    def batch(self, batch_id: str) -> dict[str, Any] | None:
+    def batch(self, batch_id: str) -> Batch | None:
         with self._lock:
             row = self._db.execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else Batch.load(json.loads(row[0]))
 
-    def batches(self, *, limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool]:
+    def batches(self, *, limit: int, after: str | None) -> tuple[list[Batch], bool]:
         """Newest first, as OpenAI lists them; `after`: the id the previous page ended with."""
         query, args = "SELECT object FROM batches", []
         if after:
             query += " WHERE seq < (SELECT seq FROM batches WHERE id = ?)"
             args.append(after)
         with self._lock:
-            rows = [json.loads(r[0]) for r in self._db.execute(query + " ORDER BY seq DESC LIMIT ?", (*args, limit + 1))]
+            rows = [Batch.load(json.loads(r[0]))
+                    for r in self._db.execute(query + " ORDER BY seq DESC LIMIT ?", (*args, limit + 1))]
         return rows[:limit], len(rows) > limit
 
-    def pending(self) -> list[dict[str, Any]]:
+    def pending(self) -> list[Batch]:
         """Batches the worker still has to act on, oldest first (the queue, FIFO)."""
         with self._lock:
             rows = self._db.execute(f"SELECT object FROM batches WHERE status IN ({', '.join('?' * len(PENDING))}) "
                                     "ORDER BY seq", PENDING)
-            return [json.loads(r[0]) for r in rows]
+            return [Batch.load(json.loads(r[0])) for r in rows]
 
-    def update_batch(self, batch_id: str, changes: dict[str, Any], *,
-                     new_files: list[dict[str, Any]] = ()) -> dict[str, Any]:
-        """Apply `changes` to a batch's object (and add the files it hands out) in one transaction; a batch
-        that has ended (TERMINAL) is returned as it is when `changes` would change its status."""
+    def update_batch(self, batch_id: str, change: Callable[[Batch], Batch], *,
+                     new_files: Sequence[StoredFile] = ()) -> Batch:
+        """Apply `change` to a batch (and add the files it hands out) in one transaction; a batch that has
+        ended (TERMINAL) is returned as it is when `change` would change its status."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                batch = json.loads(self._db.execute("SELECT object FROM batches WHERE id = ?",
-                                                    (batch_id,)).fetchone()[0])
-                if batch["status"] in TERMINAL and changes.get("status", batch["status"]) != batch["status"]:
+                stored = Batch.load(json.loads(self._db.execute("SELECT object FROM batches WHERE id = ?",
+                                                                (batch_id,)).fetchone()[0]))
+                batch = change(stored)
+                if stored.status in TERMINAL and batch.status != stored.status:
                     self._db.execute("ROLLBACK")  # an ended batch never changes status (nor hands out files)
-                    return batch
-                batch.update(changes)
+                    return stored
                 self._db.execute("UPDATE batches SET status = ?, object = ? WHERE id = ?",
-                                 (batch["status"], json.dumps(batch), batch_id))
+                                 (batch.status, json.dumps(batch.save()), batch_id))
                 for record in new_files:
                     self.add_file(record)
                 self._db.execute("COMMIT")
@@ -131,4 +135,4 @@ class Store:
         return batch
 
 
-_FILE_COLUMNS = ("id", "purpose", "filename", "bytes", "created_at", "path", "num_requests")
+_FILE_COLUMNS = ("id", "purpose", "filename", "bytes", "created_at", "path", "num_requests")  # StoredFile's

@@ -15,10 +15,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 
@@ -125,7 +128,7 @@ class _Parts:
         self._is_file = False
         self._text = bytearray()
 
-    def callbacks(self) -> dict[str, Any]:
+    def callbacks(self) -> MultipartCallbacks:
         return {"on_part_begin": self._begin, "on_header_field": self._header_field,
                 "on_header_value": self._header_value, "on_header_end": self._header_end,
                 "on_headers_finished": self._headers_done, "on_part_data": self._data, "on_part_end": self._end}

@@ -1,5 +1,5 @@
 """What `qbatch run --server` and the service say to each other: the request, and the NDJSON lines of
-the answer. Standard library only: a client needs no web stack (the `serve` extra).
+the answer (RunEnd carries the Summary). No web stack: a client needs none (the `serve` extra).
 
 The client POSTs a RunRequest to RUN_ROUTE; the service answers with one JSON object a line:
 `{"log": {...}}` (a qbatch log line of the run), `{"progress": {...}}` (the bar's state, a few times a
@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qbatch.errors import QbatchError
+from qbatch.jobs.summary import Summary
 
 RUN_ROUTE = "/v1/qbatch/runs"
 # Engine settings that name a folder or a hub name: the client sends a folder of its own by its absolute
@@ -68,6 +69,22 @@ class ErrorInfo:
 
     def fields(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """The answer's last line for a run that ended: its summary, and the command's exit code."""
+
+    summary: Summary
+    exit_code: int
+
+    def save(self) -> dict[str, Any]:
+        return {"summary": asdict(self.summary), "exit_code": self.exit_code}
+
+    @classmethod
+    def load(cls, item: dict[str, Any]) -> RunEnd:
+        """From the line; a newer service's summary fields are left out (Summary.load)."""
+        return cls(Summary.load(item["summary"]), int(item["exit_code"]))
 
 
 def canonical(values: dict[str, Any]) -> dict[str, Any]:

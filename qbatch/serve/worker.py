@@ -18,6 +18,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,10 @@ from qbatch.jobs.events import StopRequest
 from qbatch.log import log
 from qbatch.output.assemble import assemble, flag_counts, json_line, write_openai_jsonl
 from qbatch.output.folder import OutputDir
+from qbatch.output.manifest import Manifest
 from qbatch.output.flags import flag_lines
 from qbatch.serve.config import ServeSettings
-from qbatch.serve.objects import TERMINAL, client_text, new_file_id, now, usage
+from qbatch.serve.objects import TERMINAL, Batch, BatchStatus, StoredFile, client_text, new_file_id, now, usage
 from qbatch.serve.requests import custom_ids
 from qbatch.serve.store import Store
 from qbatch.session import Session
@@ -89,14 +91,14 @@ class BatchWorker(threading.Thread):
         finally:
             self._client_stops.discard(stop)
 
-    def cancel(self, batch_id: str) -> dict[str, Any] | None:
+    def cancel(self, batch_id: str) -> Batch | None:
         """`cancelling`, then `cancelled` at once for a waiting batch, within about a second for the running
         one; a batch already on its way to the end is returned as it is; None: the batch had ended."""
         with self._claim:
-            batch = self.store.batch(batch_id)
-            if batch["status"] in TERMINAL:
+            batch = self._stored(batch_id)
+            if batch.status in TERMINAL:
                 return None
-            if batch["status"] not in ("validating", "in_progress"):
+            if batch.status not in ("validating", "in_progress"):
                 return batch
             batch = self._change(batch_id, "cancelling")
             if self._current == batch_id:
@@ -122,8 +124,8 @@ class BatchWorker(threading.Thread):
             try:
                 self._process(batch)
             except BaseException as exc:  # noqa: BLE001 - one batch never stops the queue
-                log.exception(f"serve: batch {batch['id']} failed: {first_line(exc)}")
-                self._fail(batch["id"], "internal_error", "an internal error stopped the batch")
+                log.exception(f"serve: batch {batch.id} failed: {first_line(exc)}")
+                self._fail(batch.id, "internal_error", "an internal error stopped the batch")
             finally:
                 self._current = None
         self.session.close()
@@ -137,59 +139,59 @@ class BatchWorker(threading.Thread):
         """`Session.run` (`embed`: Session.embed_result, `qbatch embed`'s job)."""
         (self.session.embed_result if embed else self.session.run)(data, **settings)
 
-    def _next(self) -> dict[str, Any] | None:
+    def _next(self) -> Batch | None:
         with self._claim:
             for batch in self.store.pending():
-                if batch["status"] == "in_progress" and now() >= batch["expires_at"]:
+                if batch.status == "in_progress" and now() >= batch.expires_at:
                     self._finalize(batch, "expired")
                     continue
-                self._current = batch["id"]
+                self._current = batch.id
                 self._stop_current = StopRequest()
                 if self._stopping.is_set():
                     self._stop_current.request("shutdown")
                 return batch
         return None
 
-    def _process(self, batch: dict[str, Any]) -> None:
-        if batch["status"] == "cancelling":
+    def _process(self, batch: Batch) -> None:
+        if batch.status == "cancelling":
             self._finalize(batch, "cancelled")
-        elif batch["status"] == "finalizing":
+        elif batch.status == "finalizing":
             self._finalize(batch, "completed")
         else:
             self._run(batch)
 
-    def _run(self, batch: dict[str, Any]) -> None:
-        batch_id = batch["id"]
-        source = self.store.file(batch["input_file_id"])
+    def _run(self, batch: Batch) -> None:
+        batch_id = batch.id
+        source = self.store.file(batch.input_file_id)
         if source is None:
-            self._fail(batch_id, "input_file_missing", f"input file {batch['input_file_id']} was deleted")
+            self._fail(batch_id, "input_file_missing", f"input file {batch.input_file_id} was deleted")
             return
         folder = self._folder(batch_id) / "out"
         before = OutputDir(folder)
         done_ok, done_failed = len(before.result_ids()), len(before.error_ids())
-        log.info(f"serve: batch {batch_id} running ({batch['request_counts']['total']} requests, "
+        log.info(f"serve: batch {batch_id} running ({batch.request_counts.total} requests, "
                  f"{done_ok + done_failed} done before)")
 
         stop = self._stop_current
 
         def on_progress(rows_done: int, rows_failed: int) -> None:
-            counts = dict(batch["request_counts"], completed=done_ok + rows_done - rows_failed,
-                          failed=done_failed + rows_failed)
-            self.store.update_batch(batch_id, {"request_counts": counts})
-            if now() >= batch["expires_at"]:
+            counts = replace(batch.request_counts, completed=done_ok + rows_done - rows_failed,
+                             failed=done_failed + rows_failed)
+            self.store.update_batch(batch_id, lambda b: b.changed(request_counts=counts))
+            if now() >= batch.expires_at:
                 stop.request("expire")
 
         try:
             # /v1/embeddings batches: the service's model as an embedding model, on an engine of its own
             # started by the first such batch (on a GPU, leave it room: --gpu-memory-utilization)
-            self._session_run(source["path"], embed=batch["endpoint"] == EMBEDDINGS_URL, output_dir=folder,
+            self._session_run(source.path, embed=batch.endpoint == EMBEDDINGS_URL, output_dir=folder,
                               on_progress=on_progress, stop_request=stop,
                               **{"progress": "log", **self.settings.job, **BATCH_INPUT})
         except Stopped as stopped:
             if stopped.reason == "shutdown":
                 log.info(f"serve: batch {batch_id} stopped by the shutdown; it resumes on the next start")
             else:
-                self._finalize(self.store.batch(batch_id), "cancelled" if stopped.reason == "cancel" else "expired")
+                self._finalize(self._stored(batch_id), "cancelled" if stopped.reason == "cancel" else "expired")
             return
         except QbatchError as exc:
             log.error(f"serve: batch {batch_id} failed: {exc}" + (f"; {exc.hint}" if exc.hint else ""))
@@ -201,8 +203,14 @@ class BatchWorker(threading.Thread):
     def _folder(self, batch_id: str) -> Path:
         return self.settings.data_dir / "batches" / batch_id
 
-    def _change(self, batch_id: str, status: str, **changes: Any) -> dict[str, Any]:
-        batch = self.store.update_batch(batch_id, {"status": status, f"{status}_at": now(), **changes})
+    def _stored(self, batch_id: str) -> Batch:
+        batch = self.store.batch(batch_id)
+        if batch is None:  # batches are never deleted
+            raise LookupError(f"no batch {batch_id} in the store")
+        return batch
+
+    def _change(self, batch_id: str, status: BatchStatus, **changes: Any) -> Batch:
+        batch = self.store.update_batch(batch_id, lambda b: b.changed(status, **changes))
         log.info(f"serve: batch {batch_id} {status}")
         return batch
 
@@ -212,24 +220,24 @@ class BatchWorker(threading.Thread):
         message = f"{message}; the service's log says why (batch {batch_id})"
         errors = {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
         try:
-            self._finalize(self.store.batch(batch_id), "failed", errors=errors)
+            self._finalize(self._stored(batch_id), "failed", errors=errors)
         except Exception:  # noqa: BLE001 - its parts cannot be read: the batch fails without files
             log.exception(f"serve: batch {batch_id}: its results could not be written")
             self._change(batch_id, "failed", errors=errors)
 
-    def _finalize(self, batch: dict[str, Any], status: str, **changes: Any) -> dict[str, Any]:
+    def _finalize(self, batch: Batch, status: BatchStatus, **changes: Any) -> Batch:
         """Write the output and error files from the batch's folder, hand them out with the final status,
         the counts and the usage (one transaction)."""
-        batch_id = batch["id"]
-        ended = self.store.batch(batch_id)
-        if ended["status"] in TERMINAL:  # its files are handed out: never rewritten, its status never changed
-            log.warning(f"serve: batch {batch_id} has ended ({ended['status']}); it stays so, not {status}")
+        batch_id = batch.id
+        ended = self._stored(batch_id)
+        if ended.status in TERMINAL:  # its files are handed out: never rewritten, its status never changed
+            log.warning(f"serve: batch {batch_id} has ended ({ended.status}); it stays so, not {status}")
             return ended
         folder = self._folder(batch_id)
         out = folder / "out"
         folder.mkdir(parents=True, exist_ok=True)
-        if not (out / "manifest.json").exists() or json.loads((out / "manifest.json").read_text()).get(
-                "status") != "completed":
+        manifest = Manifest.read(out / "manifest.json")
+        if manifest is None or manifest.status != "completed":
             od = OutputDir(out).open()
             try:
                 assemble(od)
@@ -239,27 +247,25 @@ class BatchWorker(threading.Thread):
         write_openai_jsonl(out, self.settings.model, results_path=output_path, errors_path=errors_path)
         self._for_clients(batch, status, out, errors_path)
         files = []
-        counts = dict(batch["request_counts"])
-        for key, path, purpose, count_key in (("output_file_id", output_path, "batch_output", "completed"),
-                                              ("error_file_id", errors_path, "batch_output", "failed")):
-            lines = _count_lines(path)
-            counts[count_key] = lines
-            if lines:
-                record = {"id": new_file_id(), "purpose": purpose, "filename": f"{batch_id}_{path.name}",
-                          "bytes": path.stat().st_size, "created_at": now(), "path": str(path), "num_requests": lines}
+        lines = {"completed": _count_lines(output_path), "failed": _count_lines(errors_path)}
+        counts = replace(batch.request_counts, **lines)
+        for key, path, count_key in (("output_file_id", output_path, "completed"),
+                                     ("error_file_id", errors_path, "failed")):
+            if lines[count_key]:
+                record = StoredFile(new_file_id(), "batch_output", f"{batch_id}_{path.name}", path.stat().st_size,
+                                    now(), str(path), lines[count_key])
                 files.append(record)
-                changes[key] = record["id"]
-        changes.update(status=status, request_counts=counts, usage=batch_usage(out / "results.parquet"),
-                       **{f"{status}_at": now()})
-        batch = self.store.update_batch(batch_id, changes, new_files=files)
-        log.info(f"serve: batch {batch_id} {status} ({counts['completed']} completed, {counts['failed']} failed)")
+                changes[key] = record.id
+        changes.update(request_counts=counts, usage=batch_usage(out / "results.parquet"))
+        batch = self.store.update_batch(batch_id, lambda b: b.changed(status, **changes), new_files=files)
+        log.info(f"serve: batch {batch_id} {status} ({counts.completed} completed, {counts.failed} failed)")
         # the lines stay OpenAI's (finish_reason "length"); the log says what a user must not miss (flags.py)
         # (counted over results.parquet's rows: with n > 1 a request's line holds several)
         for line in flag_lines(flag_counts(out / "results.parquet"), _num_rows(out / "results.parquet")):
             log.warning(f"serve: batch {batch_id}: {line}")
         return batch
 
-    def _for_clients(self, batch: dict[str, Any], status: str, out: Path, errors_path: Path) -> None:
+    def _for_clients(self, batch: Batch, status: BatchStatus, out: Path, errors_path: Path) -> None:
         """The error file as API clients get it: the run's messages in `client_text`, then a line for each
         request the run did not reach (`NOT_RUN`), in input order."""
         lines = []
@@ -269,13 +275,13 @@ class BatchWorker(threading.Thread):
                     line = json.loads(raw)
                     line["error"]["message"] = client_text(line["error"]["message"])
                     lines.append(line)
-        source = self.store.file(batch["input_file_id"])
+        source = self.store.file(batch.input_file_id)
         if status in NOT_RUN and source is not None:
             code, message = NOT_RUN[status]
             done = _ids(out / "results.parquet") | _ids(out / "errors.parquet")
             lines += [{"id": f"batch_req_{cid}", "custom_id": cid, "response": None,
                        "error": {"code": code, "message": message}}
-                      for cid in custom_ids(source["path"]) if cid not in done]
+                      for cid in custom_ids(source.path) if cid not in done]
 
         def write(tmp: Path) -> None:
             with open(tmp, "w", encoding="utf-8") as handle:
@@ -319,4 +325,5 @@ def _num_rows(path: Path) -> int:
     """The rows of a Parquet file, from its footer."""
     import pyarrow.parquet as pq
 
-    return pq.read_metadata(path).num_rows
+    rows: int = pq.read_metadata(path).num_rows
+    return rows

@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from qbatch.errors import InputError, MissingDependency
-from qbatch.session.session import Reply
+from qbatch.session.reply import Reply
 
 try:
     from langchain_core.language_models.chat_models import BaseChatModel

@@ -25,10 +25,12 @@ def in_notebook() -> bool:
 def notebook_bar(total: int) -> Any:
     """tqdm's widget where ipywidgets is installed, else its text bar, which Jupyter redraws in place."""
     try:
-        from tqdm.notebook import IProgress
+        from tqdm import notebook
+
+        widgets = getattr(notebook, "IProgress", None) is not None  # tqdm's None where ipywidgets is missing
     except ImportError:
-        IProgress = None
-    if IProgress is not None:
+        widgets = False
+    if widgets:
         from tqdm.notebook import tqdm as widget_bar
 
         return widget_bar(total=total, unit="row", smoothing=0.1)

@@ -117,7 +117,7 @@ class RemoteSession:
             raise EngineError(f"the service at {self.base_url} answered {status} to GET /models: "
                               f"{(answer.get('error') or {}).get('message')}",
                               hint="check the URL and the API key (api_key=, or QBATCH_API_KEY)")
-        return answer["data"][0]["id"]
+        return str(answer["data"][0]["id"])
 
     def _post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return self._request("POST", path, json.dumps(body).encode())

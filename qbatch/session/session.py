@@ -73,7 +73,7 @@ class Session:
 
         return RemoteSession(server, **({"model": args[0]} if args and args[0] is not None else {}), **settings)
 
-    def __init__(self, model: str | None = None, *, engine_log: str | os.PathLike | None = None,
+    def __init__(self, model: str | None = None, *, engine_log: str | os.PathLike[str] | None = None,
                  pool: EnginePool | None = None, server: None = None, **engine_settings: Any) -> None:
         """`engine_log`: the file vLLM's own output goes to (its log lines, its processes' prints);
         by default this process's session log under qbatch's cache (`session.engine_log` says which).
@@ -94,7 +94,7 @@ class Session:
 
     @classmethod
     def for_spec(cls, spec: JobSpec, *, pool: EnginePool | None = None,
-                 engine_log: str | os.PathLike | None = None) -> Session:
+                 engine_log: str | os.PathLike[str] | None = None) -> Session:
         """A Session on a whole spec's engine settings: the door `qbatch run` goes through. vLLM's output
         goes to `engine_log`, by default the spec's output folder's engine log."""
         settings = dataclasses.asdict(spec.engine)
@@ -117,7 +117,7 @@ class Session:
         self._check_engine(engine)
         return self._run_spec(spec, events=events)
 
-    def run(self, data: Any, *, output_dir: str | os.PathLike | None = None,
+    def run(self, data: Any, *, output_dir: str | os.PathLike[str] | None = None,
             on_progress: Callable[[int, int], None] | None = None, stop_request: threading.Event | None = None,
             frames: Frames | None = None, **job_settings: Any) -> RunResult:
         """Generate for every row of `data`, as `qbatch run` does; see RunResult.
@@ -155,7 +155,7 @@ class Session:
                 values.update(inputs=input_paths(data, folder), output_dir=str(folder))
                 return runner.plan(JobSpec.from_flat(values, source="session.plan(...)"), self.pool)
 
-    def embed(self, data: Any, *, output_dir: str | os.PathLike | None = None, frames: Frames | None = None,
+    def embed(self, data: Any, *, output_dir: str | os.PathLike[str] | None = None, frames: Frames | None = None,
               **job_settings: Any) -> Any:
         """Embedding vectors of every row of `data`, as `qbatch embed` makes them: id, the input's other
         columns, embedding (an Array of floats) and prompt_tokens, in input order.
@@ -178,7 +178,7 @@ class Session:
                                   "returns the rows that worked and an errors frame")
         return as_frames(result.results, kind)
 
-    def embed_result(self, data: Any, *, output_dir: str | os.PathLike | None = None,
+    def embed_result(self, data: Any, *, output_dir: str | os.PathLike[str] | None = None,
                      on_progress: Callable[[int, int], None] | None = None,
                      stop_request: threading.Event | None = None, frames: Frames | None = None,
                      **job_settings: Any) -> RunResult:
@@ -305,7 +305,7 @@ class Session:
         return summary
 
 
-def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike | None = None,
+def run(data: Any, *, model: str | None = None, output_dir: str | os.PathLike[str] | None = None,
         **settings: Any) -> RunResult:
     """One job, as `qbatch run` does it (for scripts and Airflow tasks): a Session for one call.
 
@@ -346,10 +346,10 @@ def _quick_values(column: str, values: Any, settings: dict[str, Any]) -> list[An
             raise SpecError(f"n={value} asks for {value} answers a prompt; the quick paths return one",
                             where="n=", hint="session.run(rows, n=...) returns every sample, one result row "
                                              "each with its sample_index")
-    values = list(values)  # a list, tuple, pandas Series, generator...
-    if column == "messages" and values and all(isinstance(v, dict) for v in values):
+    listed = list(values)  # a list, tuple, pandas Series, generator...
+    if column == "messages" and listed and all(isinstance(v, dict) for v in listed):
         raise InputError("expected a list of conversations, got one conversation (a list of messages)", hint=one)
-    return values
+    return listed
 
 
 _REPLY_COLUMNS = ("id", "text", "reasoning", "finish_reason", "prompt_tokens", "completion_tokens")
@@ -368,7 +368,7 @@ def _texts(replies: list[Reply]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _output_folder(output_dir: str | os.PathLike | None) -> Iterator[Path]:
+def _output_folder(output_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
     """The given output folder, or a temporary one removed afterwards."""
     if output_dir is not None:
         yield Path(output_dir)
@@ -385,8 +385,8 @@ def _default_engine_log() -> Path:
     in qbatch's cache: a Session's engines outlive its runs and their folders."""
     from qbatch.models.registry import cache_dir
 
-    if vllm_output.current() is not None:
-        return vllm_output.current()
+    if (current := vllm_output.current()) is not None:
+        return current
     if not _SESSION_LOG:
         _SESSION_LOG.append(vllm_output.fresh_session_log(cache_dir() / "logs"))
     return _SESSION_LOG[0]

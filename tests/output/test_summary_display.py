@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qbatch.display import print_summary
-from qbatch.jobs.summary import Summary, stats_dict
+from qbatch.jobs.summary import Summary
 
 
 def test_the_summary_says_what_share_of_the_input_the_prefix_cache_served(capsys):
@@ -17,4 +17,4 @@ def test_no_share_is_printed_without_hits_and_stats_json_keeps_the_count(capsys)
     summary = Summary("out", "completed", rows_ok=4, prompt_tokens=1000, completion_tokens=40)
     print_summary(summary)
     assert "prefix cache" not in capsys.readouterr().out
-    assert stats_dict(summary)["cached_tokens"] == 0
+    assert summary.save()["cached_tokens"] == 0

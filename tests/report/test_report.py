@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from qbatch.output.manifest import Manifest
 from qbatch.output.telemetry import compact, write_part
 from qbatch.output.telemetry import read as read_telemetry
 from qbatch.report.data import collect
@@ -225,9 +226,9 @@ def test_a_short_run_reads_in_seconds_with_each_point_marked(tmp_path):
 def test_a_long_run_reads_in_minutes_from_few_hundred_points(tmp_path):
     write_part(tmp_path, [{"time": START + timedelta(seconds=s), "source": "gpu", "device": "0", "gpu_util_pct": 50.0}
                           for s in range(7200)])
-    timeline = Timeline.of({}, read_telemetry(tmp_path), live=False)
+    timeline = Timeline.of(Manifest(), read_telemetry(tmp_path), live=False)
     assert timeline.unit == ("min", 60) and timeline.bucket_s == 12  # 7,199 s: 600 points of 12 s
-    assert glance({}, {}, timeline)["gpu_util_pct"] == 50.0
+    assert glance(Manifest(), {}, timeline)["gpu_util_pct"] == 50.0
     assert timeline.runs[0]["label"] == "run: unknown"  # a folder whose manifest lists no run
 
 

@@ -1,0 +1,120 @@
+"""OUT_DIR/manifest.json as a typed record, read and written the same way by every module: a run's
+(jobs/manifest.py: its fingerprint and spec, its status as it goes, the rows it read, the runs so far)
+or a merge's (merge.py: the shards it was merged from).
+
+The file's keys are the fields' names, in this order; a field that is None is not written (a merge
+records no runs, an unfinished run no counts), except `limit` (null: no --limit) and a run's
+`engine_choice` (null: the engine was not chosen for the job's shape). Keys this qbatch does not know
+(a newer one's) are kept as they were read, after the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qbatch.output.fingerprint import Fingerprint
+from qbatch.output.reading import MANIFEST_HINT, MANIFEST_SHAPE, read_checked
+
+
+@dataclass
+class RunRecord:
+    """One run of the folder's job: when it started and how it ended (finished or interrupted; neither:
+    it failed, was killed, or still runs)."""
+
+    started_at: str | None = None
+    pid: int | None = None
+    finished_at: str | None = None
+    rows_ok: int | None = None
+    rows_failed: int | None = None
+    interrupted_at: str | None = None
+    interrupted_by: str | None = None  # a signal's name, or a caller's stop reason
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> RunRecord:
+        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
+
+    def save(self) -> dict[str, Any]:
+        return {name: value for name, value in vars(self).items() if value is not None}
+
+
+@dataclass
+class InputRows:
+    """Rows read from one input file, for `qbatch merge` to tell which shard read less."""
+
+    path: str
+    rows: int
+
+
+@dataclass
+class Manifest:
+    created_at: str | None = None
+    runs: list[RunRecord] = field(default_factory=list)  # the last MAX_RUNS, latest last
+    qbatch_version: str | None = None
+    status: str = "unknown"  # a run's: running, interrupted, failed, completed; a merge's: completed
+    updated_at: str | None = None
+    fingerprint: Fingerprint = field(default_factory=Fingerprint)
+    spec: dict[str, Any] = field(default_factory=dict)  # JobSpec.flat(), as JSON
+    versions: dict[str, Any] | None = None
+    limit: int | None = None
+    model_path: str | None = None
+    engine_choice: str | None = None
+    rows_total: int | None = None
+    input_rows: list[InputRows] | None = None
+    covered_inputs: bool | None = None  # a completed run read every row of its inputs (no --limit stopped it)
+    columns: dict[str, str] | None = None  # carried columns' types, readable (output/columns.py)
+    column_schema: str | None = None  # ... and exact, as an encoded Arrow schema
+    result_schema: str | None = None  # results.parquet's (output/schema.py)
+    counts: dict[str, int] | None = None  # rows_ok, rows_failed, samples_ok: once completed
+    merged_from: list[str] | None = None  # a merge's: its shards' folders
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this qbatch does not know, as read
+
+    @property
+    def model(self) -> str | None:
+        """The model the spec named (its name or path as given)."""
+        model = self.spec.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def task(self) -> str | None:
+        task = self.spec.get("task")
+        return task if isinstance(task, str) else None
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest | None:
+        """manifest.json, its fields checked (reading.py); None when there is none."""
+        data = read_checked(path, MANIFEST_SHAPE, MANIFEST_HINT)
+        return None if data is None else cls.load(data)
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> Manifest:
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        values = {name: data[name] for name in known if name in data}
+        values["runs"] = [RunRecord.load(run) for run in data.get("runs") or []]
+        values["fingerprint"] = Fingerprint.load(data.get("fingerprint"))
+        if data.get("input_rows") is not None:
+            values["input_rows"] = [InputRows(str(i["path"]), int(i["rows"])) for i in data["input_rows"]]
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+    def save(self) -> dict[str, Any]:
+        """The manifest as manifest.json holds it."""
+        saved: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (value is None and not self._null_written(f.name)):
+                continue
+            if f.name == "runs":
+                if self.merged_from is not None:  # a merge's: no runs
+                    continue
+                value = [run.save() for run in value]
+            elif f.name == "fingerprint":
+                value = value.save()
+            elif f.name == "input_rows":
+                value = [{"path": i.path, "rows": i.rows} for i in value]
+            saved[f.name] = value
+        return {**saved, **self.extra}
+
+    def _null_written(self, name: str) -> bool:
+        return name == "limit" or (name == "engine_choice" and self.merged_from is None)
