@@ -540,12 +540,15 @@ def serve(ctx: click.Context, data_dir: str, host: str, port: int, api_key: str 
 @cli.command()
 @click.argument("output_dir", type=FolderOrUrl(exists=True, file_okay=False), callback=_paths)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def status(output_dir: str, as_json: bool) -> None:
-    """Show what an output folder holds: rows done, failed, remaining, and whether a run is live.
+@click.option("--plan", "full_plan", is_flag=True, help="Show the engines' whole plan: every LLM(...) argument and "
+              "environment variable vLLM got, each with its reason.")
+def status(output_dir: str, as_json: bool, full_plan: bool) -> None:
+    """Show what an output folder holds: rows done, failed, remaining, whether a run is live, and its engines.
 
     \b
     Examples:
       qbatch status out/
+      qbatch status out/ --plan
       qbatch status out/ --json | jq .rows_done
       qbatch status s3://bucket/out/
     """
@@ -565,7 +568,7 @@ def status(output_dir: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
-        print_status(info)
+        print_status(info, full_plan=full_plan)
 
 
 @cli.command()

@@ -27,6 +27,7 @@ from qbatch.output.folder import OutputDir
 from qbatch.output.schema import own_names, result_schema
 from qbatch.output.schema import to_manifest as schema_to_manifest
 from qbatch.output.widening import widen_parts
+from qbatch.plan.record import plan_record
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def pre_scan(job: Job, found: Found) -> InputScan:
 
 def open_manifest(job: Job, out: OutputDir, found: Found, scan: InputScan, engine_choice: str | None
                   ) -> tuple[dict[str, Any], ColumnTypes]:
-    """Write this run's manifest (status running, the rows to do, the results' schema); it and the column
+    """Write this run's manifest (status running, the rows to do, the results' schema, the engines' plan); it and the column
     types the results keep (those the folder's earlier runs recorded win)."""
     spec = job.spec
     recorded = from_manifest(found.previous)
@@ -69,7 +70,7 @@ def open_manifest(job: Job, out: OutputDir, found: Found, scan: InputScan, engin
     if recorded is not None:  # rows appended to the input may widen a column: the parts written so far follow
         widen_parts(out, recorded, column_types, own=own_names(spec))
     manifest = new_manifest(spec, job.model_path, found.previous, found.fingerprint, status="running")
-    manifest.update(engine_choice=engine_choice)
+    manifest.update(engine_choice=engine_choice, plan=plan_record(job.plan))  # what vLLM gets, and why
     manifest.update(rows_total=scan.num_todo + len(found.done), input_rows=input_rows([job.input_name(p) for p in job.files], scan.rows_read),
                     covered_inputs=False)
     manifest.update(to_manifest(column_types))

@@ -41,6 +41,7 @@ class Machine:
     gpu_count: int = 0
     cuda_visible_devices: tuple[str, ...] = ()
     num_cores: int = 1
+    cpu_cores: tuple[int, ...] = ()  # the cores this process may run on (its affinity), ascending
     cpu_has_bf16: bool = True
     vllm_version: str | None = None
     vllm_args: frozenset[str] = field(default=frozenset(), repr=False)  # LLM(...) keyword arguments this vLLM accepts
@@ -50,6 +51,9 @@ class Machine:
     vllm_plugin: bool = False
     mps_control: str | None = None  # the driver's nvidia-cuda-mps-control, where installed (engines/mps.py)
     extra_args: dict[str, Any] = field(default_factory=dict, hash=False)  # $QBATCH_VLLM_ARGS, parsed
+    compile_cache_root: str | None = None  # vLLM's cache folder for the engines (engines/compile_cache.cache_root)
+    # the engine variables the plan decides that the environment already sets (plan/environment.DECIDED_ENV)
+    user_env: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def on_hopper(self) -> bool:

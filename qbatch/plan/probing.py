@@ -20,6 +20,7 @@ from qbatch.engines import compile_cache, mps
 from qbatch.engines.plugin import PLUGIN, PLUGIN_GROUP
 from qbatch.errors import SpecError
 from qbatch.models import registry as models
+from qbatch.plan.environment import DECIDED_ENV
 from qbatch.plan.machine import HOPPER, VLLM_DEFAULT_UTILIZATION, Machine, ModelFacts
 from qbatch.plan.placement import gpu_ids, gpu_memory_bytes, query_gpu_text, query_gpus
 from qbatch.spec import JobSpec
@@ -38,10 +39,12 @@ def probe(spec: JobSpec) -> Machine:
     return Machine(
         model=model, platform=_platform(memory), gpu_name=name, gpu_capability=capability, gpu_memory_bytes=memory,
         gpu_count=_gpu_count() if memory else 0, cuda_visible_devices=visible, num_cores=len(os.sched_getaffinity(0)),
+        cpu_cores=tuple(sorted(os.sched_getaffinity(0))),
         cpu_has_bf16=_cpu_has_bf16(), vllm_version=compile_cache.vllm_version(), vllm_args=_vllm_engine_args(),
         vllm_gpu_memory_utilization=vllm_utilization(), warm_compiles=compile_cache.warm_markers(),
         vllm_plugin=_plugin_installed(), mps_control=shutil.which(mps.CONTROL) if memory else None,
-        extra_args=extra_engine_args())
+        extra_args=extra_engine_args(), compile_cache_root=str(compile_cache.cache_root()),
+        user_env={name: os.environ[name] for name in DECIDED_ENV if name in os.environ})
 
 
 @functools.cache  # what is installed does not change while a process runs

@@ -18,6 +18,7 @@ from qbatch.engines import compile_cache
 from qbatch.engines.config import EngineConfig
 from qbatch.errors import SpecError
 from qbatch.plan.engine_args import COMPILED_MODE, llm_kwargs
+from qbatch.plan.environment import EnvSetting, engine_env
 from qbatch.plan.machine import Machine
 from qbatch.plan.placement import EngineChoice, engines_per_gpu, gpu_ids, shared_gpu_kv_cache_bytes, use_mps
 from qbatch.spec import DEFAULT_CHUNK_TOKENS, EngineSpec, JobSpec
@@ -48,6 +49,7 @@ class Plan:
     requested: JobSpec
     machine: Machine
     choice: EngineChoice | None = None  # the engines the job's shape chose (shape.py), if any
+    env: tuple[EnvSetting, ...] = ()  # the environment the engines' processes get, and why (environment.py)
 
     @property
     def model_path(self) -> str:
@@ -94,12 +96,13 @@ def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = No
                                       "KV cache each, so they start together"))
     chunk_tokens = _chunk_tokens(spec, engine, decisions)
     resolved = dataclasses.replace(spec, engine=engine, plan=dataclasses.replace(spec.plan, chunk_tokens=chunk_tokens))
-    config = engine_config(engine, max_model_len, machine, decisions, tuned=tuned)
-    return Plan(resolved, config, tuple(decisions), spec, machine, choice)
+    env = engine_env(engine, machine, tuple(gpu_ids(engine, machine.cuda_visible_devices)))
+    config = engine_config(engine, max_model_len, machine, decisions, tuned=tuned, env=env)
+    return Plan(resolved, config, tuple(decisions), spec, machine, choice, env)
 
 
 def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisions: list[Decision], *,
-                  tuned: bool = True) -> EngineConfig:
+                  tuned: bool = True, env: tuple[EnvSetting, ...] = ()) -> EngineConfig:
     """The engines' configuration: each engine's LLM(...) arguments (its share of a shared GPU's memory
     included), where they run, and whether engines sharing a GPU start together."""
     share = _memory_share(spec, machine)
@@ -108,7 +111,7 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
     for decision in decisions:
         if decision.name in why:
             why[decision.name] = decision.reason
-    if share is not None and why.get("gpu_memory_utilization") != "$QBATCH_VLLM_ARGS":
+    if share is not None and "gpu_memory_utilization" not in machine.extra_args:
         why["gpu_memory_utilization"] = f"the GPU's share of {spec.engines_per_gpu} engines sharing it"
     compiled = (kwargs.get("compilation_config") or {}).get("mode") == COMPILED_MODE
     marker = compile_cache.marker_settings(spec, machine.model.path, max_model_len, machine.vllm_version) \
@@ -119,7 +122,8 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
         devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
         data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes), mps=bool(spec.mps),
         ray_address=spec.ray_address, compile_marker=marker, reasons=tuple(sorted(why.items())),
-        lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())))
+        lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())),
+        env=tuple((-1 if s.rank is None else s.rank, s.name, s.value) for s in env if s.value is not None))
 
 
 def compile_cache_warm(spec: EngineSpec, max_model_len: int, machine: Machine) -> bool:
