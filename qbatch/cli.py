@@ -325,7 +325,7 @@ def _hand_over(spec: JobSpec, values: dict[str, Any], url: str, api_key: str | N
     from qbatch.serve.client import run_remote, wait_for_release
 
     setup_log(spec.output.progress)
-    with ProcessGuard(reaper=False) as guard:  # a signal: Interrupted here; the service stops the run
+    with ProcessGuard() as guard:  # a signal: Interrupted here; the service stops the run
         try:
             summary, exit_code = run_remote(url, api_key, values, progress=spec.output.progress)
         except Interrupted as exc:
@@ -388,20 +388,23 @@ def command_pool(*, kept: bool = False) -> tuple[Any, bool]:
 def _run_job(spec: JobSpec) -> None:
     """`qbatch run` and `qbatch embed`: one job through the Session's path, its summary on stdout."""
     from qbatch.display import print_summary
-    from qbatch.engines import vllm_output
+    from qbatch.jobs.runtime import this_process
     from qbatch.jobs.shutdown import ProcessGuard
     from qbatch.jobs.summary import exit_code as run_exit_code
     from qbatch.session.session import Session
 
     setup_log(spec.output.progress)
     pool, owned = command_pool()
-    # the reaper kills the engines if this process dies without a word (SIGKILL); the null engine has none
-    with ProcessGuard(reaper=spec.engine.backend != "null" and not spec.output.dry_run) as guard:
-        session = Session.for_spec(spec, pool=pool)  # the Python door's code path, on the command's pool
+    # the process's machinery (engine log, MPS, reaper) for the command, stopped at its end with the engines it
+    # owns (a pool handed to it may stay open, and its engines need it); the reaper kills the engines if this
+    # process dies without a word (SIGKILL): the null engine has none
+    runtime = this_process().start(reaper=spec.engine.backend != "null" and not spec.output.dry_run)
+    with runtime.stopped_after(owned), ProcessGuard(reaper=runtime.reaper) as guard:
+        session = Session.for_spec(spec, pool=pool)  # the Python door's code path, on the command's pool (and runtime)
 
         def close() -> None:  # the engines close when the command ends (a pool handed to it may stay open)
             if owned:
-                vllm_output.use(session.engine_log)  # vLLM's shutdown lines go with the rest
+                runtime.route_engine_log(session.engine_log)  # vLLM's shutdown lines go with the rest
                 pool.close_all()
 
         try:
@@ -692,11 +695,11 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
         return
     from pathlib import Path
 
-    from qbatch.engines import vllm_output
+    from qbatch.jobs.runtime import this_process
     from qbatch.jobs.shutdown import ProcessGuard
 
     command = "qbatch " + shlex.join(sys.argv[1:])
-    vllm_output.use(Path(json_path).with_suffix(".engine.log"))
+    runtime = this_process().start(engine_log=Path(json_path).with_suffix(".engine.log"), reaper=not null_engine)
 
     def write(report: dict[str, Any]) -> None:
         with open(json_path, "w", encoding="utf-8") as handle:
@@ -708,7 +711,8 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
 
     engines, owned = command_pool()  # a pool handed to the command keeps its engines between modes
     pool = benchmarks.BenchPool(engines, own=owned)
-    with ProcessGuard(reaper=not null_engine):  # a signal kills the engines; so does this process's death
+    # a signal kills the engines; so does this process's death (the runtime's reaper)
+    with runtime.stopped_after(owned), ProcessGuard(reaper=runtime.reaper):
         try:
             if null_engine:
                 from qbatch.bench.pipeline import pipeline_bench
