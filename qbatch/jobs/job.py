@@ -27,7 +27,7 @@ from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
 from qbatch.log import log
 from qbatch.models import registry as models
-from qbatch.models.adapters import adapters_identity, check_adapters
+from qbatch.models.adapters import adapters_identity
 from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.fingerprint import Fingerprint, input_identity, may_grow
 from qbatch.output.folder import DUPLICATE_ID
@@ -114,17 +114,16 @@ class Job:
         files = expand_inputs(spec.input.inputs)
         sizes = tuple(rows_size(path) if may_grow(path, detect_format(path, spec.input.format)) else None
                       for path in files)
-        machine = machine or probe(spec)
-        # the adapters read and checked against the base model before any engine starts
-        engine, unusable = check_adapters(spec.engine, machine.model.path)
-        spec = replace(spec, engine=engine)
-        plan = resolve(spec, machine)
+        machine = machine or probe(spec)  # the adapters read and checked against the base model there
+        plan = resolve(spec, machine)  # an embedding job's adapters left out there: it runs the base model
+        if spec.engine.lora and spec.engine.task == "embed":
+            log.warning("an embedding job runs the base model: lora ignored")
         for note in no_gpu_notes(spec.engine, machine):  # GPU-only settings without a GPU: what each does here
             log.warning(note)
         if spec.engine.task == "embed":
             check_dimensions(plan.spec, plan.model_path)
             _warn_generation_settings(spec)
-        return cls(plan, files, sizes, unusable_adapters=unusable, input_names=names or {})
+        return cls(plan, files, sizes, unusable_adapters=plan.unusable_adapters, input_names=names or {})
 
     def input_name(self, path: Path) -> str:
         """What the run records the input `path` as (fingerprint, manifest, `source`): its URL when it is the

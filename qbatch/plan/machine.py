@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from qbatch.models.adapters import AdapterFacts
+
 # vLLM's CacheConfig.gpu_memory_utilization where its source does not say (versions without it)
 VLLM_DEFAULT_UTILIZATION = 0.9
 HOPPER = 9  # compute capability of H100/H200
@@ -54,6 +56,7 @@ class Machine:
     compile_cache_root: str | None = None  # vLLM's cache folder for the engines (engines/compile_cache.cache_root)
     # the engine variables the plan decides that the environment already sets (plan/environment.DECIDED_ENV)
     user_env: dict[str, str] = field(default_factory=dict, hash=False)
+    adapters: tuple[AdapterFacts, ...] = ()  # the job's LoRA adapters as read (models/adapters.read_adapters)
 
     @property
     def on_hopper(self) -> bool:

@@ -20,6 +20,7 @@ from qbatch.engines import compile_cache, mps
 from qbatch.engines.plugin import PLUGIN, PLUGIN_GROUP
 from qbatch.errors import SpecError
 from qbatch.models import registry as models
+from qbatch.models.adapters import read_adapters
 from qbatch.plan.environment import DECIDED_ENV
 from qbatch.plan.machine import HOPPER, VLLM_DEFAULT_UTILIZATION, Machine, ModelFacts
 from qbatch.plan.placement import gpu_ids, gpu_memory_bytes, query_gpu_text, query_gpus
@@ -30,7 +31,8 @@ EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 
 def probe(spec: JobSpec) -> Machine:
     """The machine and the model for `spec`: the model downloaded or converted (quantized with
-    --quantize awq) if need be, its config read; the GPU, cores and vLLM install looked at."""
+    --quantize awq) if need be, its config read, the job's LoRA adapters read and checked against it;
+    the GPU, cores and vLLM install looked at."""
     model = probe_model(spec)
     visible = tuple(d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip())
     device = gpu_ids(spec.engine, visible)[0]
@@ -44,7 +46,8 @@ def probe(spec: JobSpec) -> Machine:
         vllm_gpu_memory_utilization=vllm_utilization(), warm_compiles=compile_cache.warm_markers(),
         vllm_plugin=_plugin_installed(), mps_control=shutil.which(mps.CONTROL) if memory else None,
         extra_args=extra_engine_args(), compile_cache_root=str(compile_cache.cache_root()),
-        user_env={name: os.environ[name] for name in DECIDED_ENV if name in os.environ})
+        user_env={name: os.environ[name] for name in DECIDED_ENV if name in os.environ},
+        adapters=read_adapters(spec.engine, model.path))
 
 
 @functools.cache  # what is installed does not change while a process runs
