@@ -28,6 +28,7 @@ from qbatch.jobs.stages import Stages
 from qbatch.log import log
 from qbatch.models import registry as models
 from qbatch.models.adapters import adapters_identity
+from qbatch.models.ready import ready_model
 from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.fingerprint import Fingerprint, input_identity, may_grow
 from qbatch.output.folder import DUPLICATE_ID
@@ -114,7 +115,9 @@ class Job:
         files = expand_inputs(spec.input.inputs)
         sizes = tuple(rows_size(path) if may_grow(path, detect_format(path, spec.input.format)) else None
                       for path in files)
-        machine = machine or probe(spec)  # the adapters read and checked against the base model there
+        # the model made ready (downloaded, converted, quantized), then the machine and the model read (the
+        # adapters checked against it there)
+        machine = machine or probe(spec, ready_model(spec))
         plan = resolve(spec, machine)  # an embedding job's adapters left out there: it runs the base model
         if spec.engine.lora and spec.engine.task == "embed":
             log.warning("an embedding job runs the base model: lora ignored")

@@ -148,7 +148,7 @@ def test_the_probe_asks_nvidia_smi_for_the_gpus_name_and_kind(tmp_path, monkeypa
     for cached in caches:
         cached.cache_clear()
     try:
-        machine = probing.probe(JobSpec.from_flat({"model": bundled_model}))
+        machine = probing.probe(JobSpec.from_flat({"model": bundled_model}), bundled_model)
     finally:
         for cached in caches:
             cached.cache_clear()
