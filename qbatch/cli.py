@@ -395,11 +395,11 @@ def _run_job(spec: JobSpec) -> None:
 
     setup_log(spec.output.progress)
     pool, owned = command_pool()
-    # the process's machinery (engine log, MPS, reaper) for the command, stopped at its end with the engines it
-    # owns (a pool handed to it may stay open, and its engines need it); the reaper kills the engines if this
-    # process dies without a word (SIGKILL): the null engine has none
+    # the process's machinery (engine log, MPS, reaper) for the command, up until the process ends: vLLM's last
+    # lines at exit still go to the engine log, and the reaper outlives it on purpose. The reaper kills the
+    # engines if this process dies without a word (SIGKILL): the null engine has none
     runtime = this_process().start(reaper=spec.engine.backend != "null" and not spec.output.dry_run)
-    with runtime.stopped_after(owned), ProcessGuard(reaper=runtime.reaper) as guard:
+    with ProcessGuard(reaper=runtime.reaper) as guard:
         session = Session.for_spec(spec, pool=pool)  # the Python door's code path, on the command's pool (and runtime)
 
         def close() -> None:  # the engines close when the command ends (a pool handed to it may stay open)
@@ -711,8 +711,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
 
     engines, owned = command_pool()  # a pool handed to the command keeps its engines between modes
     pool = benchmarks.BenchPool(engines, own=owned)
-    # a signal kills the engines; so does this process's death (the runtime's reaper)
-    with runtime.stopped_after(owned), ProcessGuard(reaper=runtime.reaper):
+    with ProcessGuard(reaper=runtime.reaper):  # a signal kills the engines; so does this process's death (the reaper)
         try:
             if null_engine:
                 from qbatch.bench.pipeline import pipeline_bench

@@ -7,17 +7,16 @@
   sharing a GPU, quit by the last, and at the latest by `stop`;
 - the reaper (jobs/shutdown.py): a process that kills the engines if this one dies without a word.
 
-The doors start it: `qbatch run`/`embed`/`bench` and `qbatch serve` around the command (stopped at its end),
-a Session at its first run (a Python process's Runtime stays up: other Sessions may share it). `stop`
-puts back what `start` changed; both may be called again.
+The doors start it: `qbatch run`/`embed`/`bench` and `qbatch serve` for the command, a Session at its runs.
+It stays up until the process ends (vLLM's last lines at exit still go to the engine log, and the reaper
+outlives the process on purpose: it kills what a dead process left); `stop`, for a process that goes on
+(a notebook, a test), puts back what `start` changed. Both may be called again.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from qbatch.engines import mps, vllm_output
@@ -65,15 +64,6 @@ class Runtime:
             self.reaper = None
         vllm_output.ROUTING.stop()
         self.started = False
-
-    @contextmanager
-    def stopped_after(self, stop: bool = True) -> Iterator[Runtime]:
-        """A block after which the Runtime stops, if `stop` (a command that owns its engines: closed by then)."""
-        try:
-            yield self
-        finally:
-            if stop:
-                self.stop()
 
     def __enter__(self) -> Runtime:
         return self

@@ -65,9 +65,9 @@ class Service:
 
         from qbatch.jobs.runtime import this_process
 
-        # the process's engine machinery, for the service's life: the reaper kills the engines if this process
-        # dies without a word (kill -9); stopped once the service has closed them (below)
-        runtime = this_process().start(reaper=self.settings.engine.get("backend") != "null")
+        # the process's engine machinery, up until the process ends: the reaper kills the engines if this process
+        # dies without a word (kill -9)
+        this_process().start(reaper=self.settings.engine.get("backend") != "null")
         worker = self.worker
 
         class Server(uvicorn.Server):
@@ -100,7 +100,6 @@ class Service:
             worker.join(SHUTDOWN_WAIT_S)
             if self._owns_pool:
                 self.pool.close_all()
-                runtime.stop()
             self.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
