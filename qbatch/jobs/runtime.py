@@ -5,7 +5,8 @@
   (vllm_output.engine_processes) and taken away after;
 - the CUDA MPS daemon the process's engines share (engines/mps.SHARE): started by the first engines
   sharing a GPU, quit by the last, and at the latest by `stop`;
-- the reaper (jobs/shutdown.py): a process that kills the engines if this one dies without a word.
+- the reaper (jobs/shutdown.py): a process that kills the engines if this one dies without a word;
+- the lock that gives its engines one run at a time, and its Sessions' engine log.
 
 The doors start it: `qbatch run`/`embed`/`bench` and `qbatch serve` for the command, a Session at its runs.
 It stays up until the process ends (vLLM's last lines at exit still go to the engine log, and the reaper
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 from qbatch.engines import mps, vllm_output
@@ -32,6 +34,10 @@ class Runtime:
         self.pid = os.getpid()
         self.reaper: subprocess.Popen[bytes] | None = None
         self.started = False
+        # One run at a time on the process's engines: an engine serves one run at a time, and threads calling a
+        # chat model at once (LangChain's RunnableParallel, thread pools) would otherwise share it (Session).
+        self.calls = threading.Lock()
+        self.session_log: Path | None = None  # the process's Sessions' engine log, once named (session.py)
 
     def start(self, *, engine_log: str | os.PathLike[str] | None = None, reaper: bool = False) -> Runtime:
         """Route vLLM's output to `engine_log` (when given), and with `reaper` start the reaper (once)."""

@@ -45,11 +45,7 @@ if TYPE_CHECKING:
 
 ENGINE_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineSpec))
 SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to each run(...) call"
-# One call at a time in this process: an engine serves one run at a time, and threads calling a
-# chat model at once (LangChain's RunnableParallel, thread pools) would otherwise share it.
-_CALLS = threading.Lock()
 ENGINE_LOG = "engine.log"  # in a run's output folder (`qbatch run`), or serve's data folder
-_SESSION_LOG: list[Path] = []  # this process's session log, once named
 
 
 class Session:
@@ -291,7 +287,7 @@ class Session:
             events = RunEvents(on_progress=on_progress, bar=notebook_bar if notebook else None)
         if stop_request is not None:
             events.stop = stop_request
-        with _CALLS:
+        with self.runtime.calls:  # one run at a time on the process's engines (jobs/runtime.py)
             if self.sets_log_level:
                 setup_log("none" if notebook else spec.output.progress)  # under a notebook's bar only warnings
             self.runtime.start(engine_log=self.engine_log)
@@ -388,9 +384,10 @@ def _default_engine_log() -> Path:
     in qbatch's cache: a Session's engines outlive its runs and their folders."""
     from qbatch.models.registry import cache_dir
 
-    if this_process().engine_log is not None:
-        return this_process().engine_log
-    if not _SESSION_LOG:
-        _SESSION_LOG.append(vllm_output.fresh_session_log(cache_dir() / "logs"))
-    return _SESSION_LOG[0]
+    runtime = this_process()
+    if runtime.engine_log is not None:
+        return runtime.engine_log
+    if runtime.session_log is None:
+        runtime.session_log = vllm_output.fresh_session_log(cache_dir() / "logs")
+    return runtime.session_log
 
