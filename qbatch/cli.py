@@ -47,7 +47,7 @@ HELP_PANELS: dict[str, tuple[str, ...]] = {
     "GPUs and scaling": ("data_parallel_size", "gpus", "engines_per_gpu", "mps", "tensor_parallel_size",
                          "ray_address"),
     "Chunks and order": ("sort_window", "order", "chunk_tokens"),
-    "Output": ("output_dir", "path", "output_format", "include_prompt", "as_json", "json_path", "progress",
+    "Output": ("output_dir", "path", "output_format", "include_prompt", "as_json", "full_plan", "json_path", "progress",
                "telemetry", "report", "price_per_gpu_hour", "verbose"),
     "Exit codes and resume": ("fail_on_row_errors", "max_unusable", "fail_on_empty", "restart", "retry_errors",
                               "dry_run"),
