@@ -325,7 +325,7 @@ def test_vllm_settings_are_chosen_from_the_adapters(bundled_model, adapters):
 
 
 def test_a_window_keeps_an_adapters_rows_together_only_past_max_loras():
-    from qbatch.jobs.planning import by_adapter, order_groups
+    from qbatch.jobs.chunking import by_adapter, order_groups
     from qbatch.records import Request
 
     def request(i: int, adapter: str | None) -> Request:
