@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 
-from qbatch.jobs.planning import FIRST_WINDOW
+from qbatch.jobs.chunking import FIRST_WINDOW
 from qbatch.spec import PlanSpec
 from qbatch.bench.workloads import sample_lengths
 

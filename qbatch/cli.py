@@ -37,7 +37,7 @@ HELP_PANELS = ("Input", "Prompt and template", "Sampling", "Structured output", 
                "Quantization", "Other")
 PANEL_OF = {**{f.name: declared(f).panel for cls in SECTIONS.values() for f in dataclasses.fields(cls)},
             **{name: panel for panel, names in {
-                "Input": ("job",), "Output": ("path", "as_json", "json_path", "verbose"),
+                "Input": ("job",), "Output": ("path", "as_json", "full_plan", "json_path", "verbose"),
                 "Service": ("server", "api_key", "data_dir", "host", "port", "max_upload_bytes", "max_requests",
                             "completion_window_s"),
                 "Benchmark": ("modes", "rows", "hf_rows", "repeats", "length_scale", "workload_seed", "legacy_seed",
@@ -269,7 +269,7 @@ def _hand_over(spec: JobSpec, values: dict[str, Any], url: str, api_key: str | N
     from qbatch.serve.client import run_remote, wait_for_release
 
     setup_log(spec.output.progress)
-    with ProcessGuard(reaper=False) as guard:  # a signal: Interrupted here; the service stops the run
+    with ProcessGuard() as guard:  # a signal: Interrupted here; the service stops the run
         try:
             summary, exit_code = run_remote(url, api_key, values, progress=spec.output.progress)
         except Interrupted as exc:
@@ -332,20 +332,23 @@ def command_pool(*, kept: bool = False) -> tuple[Any, bool]:
 def _run_job(spec: JobSpec) -> None:
     """`qbatch run` and `qbatch embed`: one job through the Session's path, its summary on stdout."""
     from qbatch.display import print_summary
-    from qbatch.engines import vllm_output
+    from qbatch.jobs.runtime import this_process
     from qbatch.jobs.shutdown import ProcessGuard
     from qbatch.jobs.summary import exit_code as run_exit_code
     from qbatch.session.session import Session
 
     setup_log(spec.output.progress)
     pool, owned = command_pool()
-    # the reaper kills the engines if this process dies without a word (SIGKILL); the null engine has none
-    with ProcessGuard(reaper=spec.engine.backend != "null" and not spec.output.dry_run) as guard:
-        session = Session.for_spec(spec, pool=pool)  # the Python door's code path, on the command's pool
+    # the process's machinery (engine log, MPS, reaper) for the command, up until the process ends: vLLM's last
+    # lines at exit still go to the engine log, and the reaper outlives it on purpose. The reaper kills the
+    # engines if this process dies without a word (SIGKILL): the null engine has none
+    runtime = this_process().start(reaper=spec.engine.backend != "null" and not spec.output.dry_run)
+    with ProcessGuard(reaper=runtime.reaper) as guard:
+        session = Session.for_spec(spec, pool=pool)  # the Python door's code path, on the command's pool (and runtime)
 
         def close() -> None:  # the engines close when the command ends (a pool handed to it may stay open)
             if owned:
-                vllm_output.use(session.engine_log)  # vLLM's shutdown lines go with the rest
+                runtime.route_engine_log(session.engine_log)  # vLLM's shutdown lines go with the rest
                 pool.close_all()
 
         try:
@@ -442,12 +445,15 @@ def serve(ctx: click.Context, /, data_dir: str, host: str, port: int, api_key: s
 @cli.command()
 @click.argument("output_dir", type=FolderOrUrl(exists=True, file_okay=False), callback=_paths)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def status(output_dir: str, as_json: bool) -> None:
-    """Show what an output folder holds: rows done, failed, remaining, and whether a run is live.
+@click.option("--plan", "full_plan", is_flag=True, help="Show the engines' whole plan: every LLM(...) argument and "
+              "environment variable vLLM got, each with its reason.")
+def status(output_dir: str, as_json: bool, full_plan: bool) -> None:
+    """Show what an output folder holds: rows done, failed, remaining, whether a run is live, and its engines.
 
     \b
     Examples:
       qbatch status out/
+      qbatch status out/ --plan
       qbatch status out/ --json | jq .rows_done
       qbatch status s3://bucket/out/
     """
@@ -467,7 +473,7 @@ def status(output_dir: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
-        print_status(info)
+        print_status(info, full_plan=full_plan)
 
 
 @cli.command()
@@ -593,11 +599,11 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
         return
     from pathlib import Path
 
-    from qbatch.engines import vllm_output
+    from qbatch.jobs.runtime import this_process
     from qbatch.jobs.shutdown import ProcessGuard
 
     command = "qbatch " + shlex.join(sys.argv[1:])
-    vllm_output.use(Path(json_path).with_suffix(".engine.log"))
+    runtime = this_process().start(engine_log=Path(json_path).with_suffix(".engine.log"), reaper=not null_engine)
 
     def write(report: dict[str, Any]) -> None:
         with open(json_path, "w", encoding="utf-8") as handle:
@@ -609,7 +615,7 @@ def bench(workloads: tuple[str, ...], modes: list[str], rows: int | None, hf_row
 
     engines, owned = command_pool()  # a pool handed to the command keeps its engines between modes
     pool = benchmarks.BenchPool(engines, own=owned)
-    with ProcessGuard(reaper=not null_engine):  # a signal kills the engines; so does this process's death
+    with ProcessGuard(reaper=runtime.reaper):  # a signal kills the engines; so does this process's death (the reaper)
         try:
             if null_engine:
                 from qbatch.bench.pipeline import pipeline_bench

@@ -10,6 +10,7 @@ import click
 from qbatch._fs import is_url
 from qbatch.jobs.summary import Summary
 from qbatch.output.flags import flag_lines
+from qbatch.output.recorded_plan import full_lines, summary_lines
 
 
 def print_summary(summary: Summary) -> None:
@@ -133,7 +134,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
-def print_status(info: dict[str, Any]) -> None:
+def print_status(info: dict[str, Any], *, full_plan: bool = False) -> None:
     remaining = "unknown" if info["rows_remaining"] is None else f"{info['rows_remaining']:,}"
     last = info["last_run"]
     rows = [
@@ -153,11 +154,18 @@ def print_status(info: dict[str, Any]) -> None:
     roofline = info.get("roofline")
     if roofline:
         rows.append(("of the GPU's roofline", _roofline(roofline)))
+    recorded = info.get("plan")  # the engines' plan, as the run recorded it (none before qbatch recorded it)
+    if recorded:
+        rows += [("engines" if i == 0 else "", line) for i, line in enumerate(summary_lines(recorded))]
     if info["hint"]:
         rows.append(("hint", info["hint"]))
     _table(f"qbatch status {info['output_dir']}", rows)
     if info.get("flags") and info.get("result_rows"):
         for line in flag_lines(info["flags"], info["result_rows"]):  # results.parquet's rows with no usable answer
+            click.echo(f"  {line}")
+    if full_plan:
+        click.echo("plan:" if recorded else "plan: not recorded (the run was of a qbatch that did not record it)")
+        for line in full_lines(recorded or {}):
             click.echo(f"  {line}")
 
 

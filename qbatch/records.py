@@ -1,6 +1,6 @@
 """The records that flow through every stage.
 
-rows (inputs.readers) -> Request / Failure (inputs.prepare) -> chunks (jobs.planning) ->
+rows (inputs.readers) -> Request / Failure (inputs.prepare) -> chunks (jobs.chunking) ->
 Completion, or Embedding for embedding jobs (engines) -> result and error rows (output.tables, output.embeddings).
 """
 

@@ -51,7 +51,7 @@ class Engine(Protocol):
 
 
 class NullEngine:
-    """Returns instantly: measures qbatch's own pipeline and tests planning and I/O.
+    """Returns instantly: measures qbatch's own pipeline and tests chunking and I/O.
 
     With `embedding_size` it is an embedding engine: each row's vector is a fixed function of its
     token ids (identical inputs, identical vectors), unnormalized as a model's pooled output is.

@@ -32,6 +32,9 @@ class EngineConfig:
     ray_address: str | None = None
     compile_marker: str | None = None  # with torch.compile: what to note in the compile cache once started
     lora: tuple[tuple[str, str], ...] = ()  # the job's LoRA adapters: (name, folder), by name
+    # the environment variables the engines' processes get (plan/environment.py): (rank, name, value),
+    # rank -1 for every engine; applied by the engines as they are (env_of)
+    env: tuple[tuple[int, str, str], ...] = ()
     reasons: tuple[tuple[str, str], ...] = field(default=(), compare=False, hash=False)
 
     @classmethod
@@ -46,6 +49,10 @@ class EngineConfig:
     def engine_count(self) -> int:
         """Engine processes in all."""
         return self.data_parallel_size * self.engines_per_gpu
+
+    def env_of(self, rank: int = 0) -> dict[str, str]:
+        """What engine `rank`'s processes add to their environment."""
+        return {name: value for of, name, value in self.env if of in (-1, rank)}
 
     def reason(self, name: str) -> str | None:
         return dict(self.reasons).get(name)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from qbatch.engines import compile_cache
 from qbatch.engines.base import END, REPORT_S, Chunk, FinishedRows
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.messages import (Drop, EngineSample, Failed, Finished, Message, Ready, Stats, Stop, Want, pack,
@@ -243,10 +244,13 @@ def slim(chunk: Chunk, number: int) -> Chunk:
 
 
 def start_engine(config: EngineConfig, local_rank: int, local_world: int) -> Any:
-    """A worker's vLLM engine; on the CPU, engines sharing a host each get their own cores."""
-    if config.platform == "cpu":
-        bind_cpu_cores(local_rank, local_world)
-    return VllmEngine(config)
+    """A worker's vLLM engine, its environment the plan's (plan/environment.py). A Ray node's folders and cores
+    are its own: an actor's engine puts its compile cache there and, on the CPU, takes its share of them."""
+    if config.backend == "ray":
+        compile_cache.use_cache_root()
+        if config.platform == "cpu":
+            bind_cpu_cores(local_rank, local_world)
+    return VllmEngine(config, local_rank)
 
 
 def send_stats(engine: Any, rank: int, put: Callable[[Message], None], stopped: Any) -> None:

@@ -58,11 +58,6 @@ for i in range(count.value):
 """
 
 
-_lock = threading.Lock()
-_daemon: Daemon | None = None  # this process's, while engines use it (acquire)
-_users = 0
-
-
 @dataclass(frozen=True)
 class Daemon:
     """A running MPS control daemon of this run: the environment its engines get, and how it stops."""
@@ -86,33 +81,60 @@ class Daemon:
             self.watcher.wait()
 
 
+class DaemonShare:
+    """The daemon a process's engines share: started by the first engines that need it, quit when the last
+    are gone (a count of its users). One a process (SHARE), owned by the process's Runtime
+    (qbatch/jobs/runtime.py), whose stop quits a daemon still running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._daemon: Daemon | None = None  # while engines use it (acquire)
+        self._users = 0
+
+    def acquire(self, devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | None:
+        """This process's daemon for engines on `devices`, started by the first engines that need it: all of a
+        process's engines (a Session's generation and embedding engines) share one server, so none of them
+        takes turns with another. None, with a warning, where it cannot serve these devices."""
+        with self._lock:
+            if self._daemon is None or self._daemon.watcher.poll() is not None:
+                self._daemon, self._users = start(devices, log_path), 0
+            elif problem := _probe(self._daemon, devices):  # the running one serves the engines on other GPUs
+                _turns(problem)
+                return None
+            if self._daemon is not None:
+                self._users += 1
+            return self._daemon
+
+    def release(self, daemon: Daemon) -> None:
+        """The engines that acquired `daemon` are gone: it quits once none are left."""
+        with self._lock:
+            if daemon is not self._daemon:  # restarted meanwhile (this one had died)
+                daemon.stop()
+                return
+            self._users -= 1
+            if self._users == 0:
+                self._daemon = None
+                daemon.stop()
+
+    def stop(self) -> None:
+        """Quit the daemon now, whoever still uses it (idempotent): the process is done with its engines."""
+        with self._lock:
+            daemon, self._daemon, self._users = self._daemon, None, 0
+        if daemon is not None:
+            daemon.stop()
+
+
+SHARE = DaemonShare()
+
+
 def acquire(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | None:
-    """This process's daemon for engines on `devices`, started by the first engines that need it: all of a
-    process's engines (a Session's generation and embedding engines) share one server, so none of them
-    takes turns with another. None, with a warning, where it cannot serve these devices."""
-    global _daemon, _users
-    with _lock:
-        if _daemon is None or _daemon.watcher.poll() is not None:
-            _daemon, _users = start(devices, log_path), 0
-        elif problem := _probe(_daemon, devices):  # the running one serves the engines on other GPUs
-            _turns(problem)
-            return None
-        if _daemon is not None:
-            _users += 1
-        return _daemon
+    """SHARE.acquire: the process's daemon for engines on `devices` (None: they take turns)."""
+    return SHARE.acquire(devices, log_path)
 
 
 def release(daemon: Daemon) -> None:
-    """The engines that acquired `daemon` are gone: it quits once none are left."""
-    global _daemon, _users
-    with _lock:
-        if daemon is not _daemon:  # restarted meanwhile (this one had died)
-            daemon.stop()
-            return
-        _users -= 1
-        if _users == 0:
-            _daemon = None
-            daemon.stop()
+    """SHARE.release: the engines that acquired `daemon` are gone."""
+    SHARE.release(daemon)
 
 
 def start(devices: tuple[str, ...], log_path: Path | None = None) -> Daemon | None:

@@ -26,12 +26,18 @@ def bind_cpu_cores(rank: int = 0, engines: int = 1) -> None:
     """
     if CORES_ENV in os.environ:
         return
-    cores = sorted(os.sched_getaffinity(0))
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    os.environ[CORES_ENV] = core_list(cores, rank, engines)
     if engines == 1:
-        os.environ[CORES_ENV] = f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    else:
-        os.environ[CORES_ENV] = ",".join(map(str, cores[rank::engines] or cores))
+
+
+def core_list(cores: tuple[int, ...], rank: int = 0, engines: int = 1) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND of engine `rank` of `engines` on `cores`: every `engines`-th core from
+    `rank` (a range where one engine takes them all)."""
+    if engines == 1:
+        return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
+    return ",".join(map(str, cores[rank::engines] or cores))
 
 
 def awq_unsupported_reason() -> str | None:

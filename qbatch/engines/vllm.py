@@ -30,7 +30,7 @@ from qbatch.engines.config import EngineConfig
 from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.lora import LoraRequests
 from qbatch.engines.messages import EngineSample
-from qbatch.engines.platform import bind_cpu_cores, spawn_if_forks_lose_cuda
+from qbatch.engines.platform import spawn_if_forks_lose_cuda
 from qbatch.engines.scratch import scratch_folder
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.engines.vllm_output import EngineLog, engine_processes
@@ -83,9 +83,9 @@ class VllmEngine:
         """The LoRA adapters this engine serves (by name: `"name" in engine.adapters`)."""
         return self._loras
 
-    def __init__(self, config: EngineConfig):
-        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is optional; don't require it
-        compile_cache.use_cache_root()  # before vLLM reads it: compiles survive runs (compile_cache.py)
+    def __init__(self, config: EngineConfig, rank: int = 0):
+        # the plan's environment (plan/environment.py: the sampler, the compile cache, the cores), before vLLM reads it
+        os.environ.update(config.env_of(rank))
         scratch_folder()  # vLLM's socket files in a folder removed at exit, not left in /tmp (scratch.py)
         try:
             import vllm  # noqa: F401
@@ -95,9 +95,7 @@ class VllmEngine:
             ) from None
         kwargs = config.kwargs()  # resolved before (qbatch/plan/): this engine passes them on as they are
         self.embeds = config.task == "embed"
-        if config.platform == "cpu":
-            bind_cpu_cores()
-        elif spawn_if_forks_lose_cuda():
+        if config.platform != "cpu" and spawn_if_forks_lose_cuda():
             log.debug("torch was asked about CUDA in this process before the engine started: vLLM spawns its engine core")
         self.llm, self._log = start_llm(config.model, config.model_path, kwargs)
         try:

@@ -61,20 +61,45 @@ def set_verbosity(level: int) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")  # read by vLLM at its import
 
 
+class LogRouting:
+    """Where vLLM's output goes in this process: what `route` changed (vLLM's stream setting, a handler for
+    its early records, the engine log), and `stop` puts back. One a process (ROUTING): vLLM looks its
+    stream up by name (STREAM), in this module. Owned by the process's Runtime (qbatch/jobs/runtime.py)."""
+
+    def __init__(self) -> None:
+        self.target: Path | None = None
+        self._set_stream = False  # this routing named vLLM's stream in the environment
+        self._early: logging.Handler | None = None  # its handler for vLLM's records before vLLM's logging setup
+
+    def route(self, path: str | os.PathLike[str] | None) -> None:
+        """vLLM's output in this process goes to `path` from now on, and that of the engines started from
+        now on; None, verbose, or a logging setup of the user's own: to the terminal."""
+        self.target = None if path is None or verbosity() or _user_owns_vllm_logging() else Path(path)
+        if STREAM_ENV not in os.environ:
+            os.environ[STREAM_ENV], self._set_stream = STREAM, True
+        _retarget_loaded_vllm()
+        if self.target is not None and self._early is None:
+            self._early = _catch_early_records()
+
+    def stop(self) -> None:
+        """vLLM's output to the terminal again, its stream setting and early handler as before `route` (idempotent)."""
+        self.target = None
+        if self._set_stream and os.environ.get(STREAM_ENV) == STREAM:
+            del os.environ[STREAM_ENV]
+        self._set_stream = False
+        if self._early is not None:
+            logging.getLogger("vllm").removeHandler(self._early)
+            self._early = None
+
+
 def use(path: str | os.PathLike[str] | None) -> None:
-    """vLLM's output in this process goes to `path` from now on, and that of the engines started from
-    now on; None, verbose, or a logging setup of the user's own: to the terminal."""
-    global _target
-    _target = None if path is None or verbosity() or _user_owns_vllm_logging() else Path(path)
-    os.environ.setdefault(STREAM_ENV, STREAM)
-    _retarget_loaded_vllm()
-    if _target is not None:
-        _catch_early_records()
+    """ROUTING.route(path): the process's engine log (its Runtime routes it: qbatch/jobs/runtime.py)."""
+    ROUTING.route(path)
 
 
 def current() -> Path | None:
     """The engine log vLLM's output goes to in this process now (None: the terminal)."""
-    return _target
+    return ROUTING.target
 
 
 @dataclass(frozen=True)
@@ -133,12 +158,12 @@ def enter_engine_process() -> None:
     """In a process started inside `engine_processes()` (at its first lookup of `vllm_stream`, at
     its fork, or a data-parallel worker at its start): its stdout and stderr go to the engine log
     (where the wrapper has not put them), and it ends as a forked child does (_ExitAsForked)."""
-    global _target, _entered
+    global _entered
     if _entered:
         return
     _entered = True
     path = os.environ.get(LOG_ENV)
-    _target = Path(path) if path else None
+    ROUTING.target = Path(path) if path else None
     if path:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
@@ -221,7 +246,7 @@ class _MainStream:
         return self._file
 
 
-_target: Path | None = None
+ROUTING = LogRouting()
 _entered = False
 _MAIN_STREAM = _MainStream()
 
@@ -254,14 +279,17 @@ def _user_owns_vllm_logging() -> bool:
     return bool(config_path) or configure == "0" or os.environ.get(STREAM_ENV, STREAM) != STREAM
 
 
-def _catch_early_records() -> None:
+def _catch_early_records() -> logging.Handler | None:
     """What vLLM logs before it configures its logging (its import warns of a Triton without a CPU
-    backend) goes to the engine log too; vLLM's configuration replaces this handler."""
+    backend) goes to the engine log too; vLLM's configuration replaces this handler (returned; None
+    where vLLM's logger had handlers already)."""
     logger = logging.getLogger("vllm")
-    if not logger.handlers:
-        handler = logging.StreamHandler(_MAIN_STREAM)
-        handler.setFormatter(logging.Formatter(EARLY_FORMAT))
-        logger.addHandler(handler)
+    if logger.handlers:
+        return None
+    handler = logging.StreamHandler(_MAIN_STREAM)
+    handler.setFormatter(logging.Formatter(EARLY_FORMAT))
+    logger.addHandler(handler)
+    return handler
 
 
 def _retarget_loaded_vllm() -> None:

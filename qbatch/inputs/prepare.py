@@ -20,7 +20,7 @@ from qbatch.errors import ModelError, RowError, SpecError, first_line
 from qbatch.records import EMBED_SAMPLING, THINK_CLOSE, THINK_OPEN, Failure, Request, Row
 from qbatch.inputs.adapters import ADAPTER_COLUMN_SET, AdapterChoice
 from qbatch.inputs.length import encode_within
-from qbatch.inputs.shapes import BATCH_URLS, fallback_id, is_openai, own_id, positional_id, row_shape
+from qbatch.inputs.row_kinds import BATCH_URLS, fallback_id, is_openai, own_id, positional_id, row_shape
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.inputs.text import escaped
 from qbatch.spec import JobSpec

@@ -3,7 +3,7 @@ files, its fingerprint, and its rows prepared window by window in stage threads.
 
 A window's rows go through three stages, each in a thread of its own (stages.py), each passing
 a small frozen record to the next: RowWindow (rows to prepare) -> RenderedWindow (prompts
-rendered, rows refused) -> EncodedWindow (token ids) -> PlannedWindow (failures and the chunks
+rendered, rows refused) -> EncodedWindow (token ids) -> ChunkedWindow (failures and the chunks
 the engine gets).
 """
 
@@ -19,15 +19,16 @@ from qbatch.engines.base import hidden_size
 from qbatch.engines.lora import batch_adapters
 from qbatch.errors import InputError, SpecError
 from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
-from qbatch.inputs.shapes import STAND_IN_HINT, NamedColumns, StandIns
+from qbatch.inputs.row_kinds import STAND_IN_HINT, NamedColumns, StandIns
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows, rows_size
-from qbatch.jobs.planning import DOCUMENT_SAMPLE, FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups
+from qbatch.jobs.chunking import DOCUMENT_SAMPLE, FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups
 from qbatch.jobs.ids import DigestLog, RepeatedIds, id_digest
 from qbatch.jobs.prefixes import shares_prefixes
 from qbatch.jobs.stages import Stages
 from qbatch.log import log
 from qbatch.models import registry as models
-from qbatch.models.adapters import adapters_identity, check_adapters
+from qbatch.models.adapters import adapters_identity
+from qbatch.models.ready import ready_model
 from qbatch.output.columns import ColumnScan, ColumnTypes
 from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint, input_identity, may_grow
@@ -69,7 +70,7 @@ class EncodedWindow:
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedWindow:
+class ChunkedWindow:
     """A window's rows that failed, and its requests cut into the chunks the engine gets (in order)."""
 
     failures: list[Failure]
@@ -116,17 +117,18 @@ class Job:
         files = expand_inputs(spec.input.inputs)
         sizes = tuple(rows_size(path) if may_grow(path, detect_format(path, spec.input.format)) else None
                       for path in files)
-        machine = machine or probe(spec)
-        # the adapters read and checked against the base model before any engine starts
-        engine, unusable = check_adapters(spec.engine, machine.model.path)
-        spec = replace(spec, engine=engine)
-        plan = resolve(spec, machine)
+        # the model made ready (downloaded, converted, quantized), then the machine and the model read (the
+        # adapters checked against it there)
+        machine = machine or probe(spec, ready_model(spec))
+        plan = resolve(spec, machine)  # an embedding job's adapters left out there: it runs the base model
+        if spec.engine.lora and spec.engine.task == "embed":
+            log.warning("an embedding job runs the base model: lora ignored")
         for note in no_gpu_notes(spec.engine, machine):  # GPU-only settings without a GPU: what each does here
             log.warning(note)
         if spec.engine.task == "embed":
             check_dimensions(plan.spec, plan.model_path)
             _warn_generation_settings(spec)
-        return cls(plan, files, sizes, unusable_adapters=unusable, input_names=names or {})
+        return cls(plan, files, sizes, unusable_adapters=plan.unusable_adapters, input_names=names or {})
 
     def input_name(self, path: Path) -> str:
         """What the run records the input `path` as (fingerprint, manifest, `source`): its URL when it is the
@@ -228,12 +230,12 @@ class Job:
         """Each window's failures and chunks, in one list, prepared in three threads (started now, or by start()).
 
         Rendering (read, parse, check, template: Python), encoding (the tokenizer's own threads,
-        outside the GIL: most of the work) and planning (token ids as lists, requests, sort,
+        outside the GIL: most of the work) and chunking (token ids as lists, requests, sort,
         chunks) each get a thread, so the encoder never waits for Python work. What consumes
         the windows (the engine, the writer) runs beside them too.
         """
         return Stages(self._row_windows(done), ("qbatch-render", self._render), ("qbatch-encode", self._encode),
-                      ("qbatch-plan", self._plan), start=start)
+                      ("qbatch-chunk", self._chunk), start=start)
 
     def _row_windows(self, done: DoneIds) -> Iterator[RowWindow]:
         """Windows of (row, id) to process, with the duplicates that --dedupe drops from them.
@@ -304,13 +306,13 @@ class Job:
     def _encode(self, window: RenderedWindow) -> EncodedWindow:
         return EncodedWindow(window.drafts, window.failures, self.preparer.encode(window.drafts))
 
-    def _plan(self, window: EncodedWindow) -> PlannedWindow:
+    def _chunk(self, window: EncodedWindow) -> ChunkedWindow:
         requests, refused = self.preparer.requests(window.drafts, window.encoded)
         groups = order_groups(requests, self.spec.plan.order)
         if self.spec.engine.lora and self.spec.plan.order != "input":
             groups = by_adapter(groups, batch_adapters(self.spec.engine))
         chunks = cut_group_chunks(groups, self.plan.chunk_tokens)
-        return PlannedWindow(window.failures + refused, list(chunks))
+        return ChunkedWindow(window.failures + refused, list(chunks))
 
     def count_todo(self, done: DoneIds) -> int:
         """Rows to process; refuses duplicate ids (before the model loads) unless --dedupe."""

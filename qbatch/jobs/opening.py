@@ -29,6 +29,7 @@ from qbatch.output.manifest import Manifest
 from qbatch.output.schema import own_names, result_schema
 from qbatch.output.schema import to_manifest as schema_to_manifest
 from qbatch.output.widening import widen_parts
+from qbatch.plan.record import plan_record
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def pre_scan(job: Job, found: Found) -> InputScan:
 
 def open_manifest(job: Job, out: OutputDir, found: Found, scan: InputScan, engine_choice: str | None
                   ) -> tuple[Manifest, ColumnTypes]:
-    """Write this run's manifest (status running, the rows to do, the results' schema); it and the column
+    """Write this run's manifest (status running, the rows to do, the results' schema, the engines' plan); it and the column
     types the results keep (those the folder's earlier runs recorded win)."""
     spec = job.spec
     recorded = from_manifest(found.previous.column_schema if found.previous is not None else None)
@@ -72,6 +73,7 @@ def open_manifest(job: Job, out: OutputDir, found: Found, scan: InputScan, engin
         widen_parts(out, recorded, column_types, own=own_names(spec))
     manifest = new_manifest(spec, job.model_path, found.previous, found.fingerprint, status="running")
     manifest.engine_choice = engine_choice
+    manifest.plan = plan_record(job.plan)  # what vLLM gets, and why
     manifest.rows_total = scan.num_todo + len(found.done)
     manifest.input_rows = input_rows([job.input_name(p) for p in job.files], scan.rows_read)
     manifest.covered_inputs = False

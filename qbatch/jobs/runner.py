@@ -28,7 +28,7 @@ from qbatch.errors import QbatchError, SpecError
 from qbatch.inputs.remote import copied_for_dry_run, has_remote, spool_remote
 from qbatch.inputs.spool import has_streams, spool_streams
 from qbatch.jobs.events import RunEvents
-from qbatch.jobs.job import Job, PlannedWindow
+from qbatch.jobs.job import Job, ChunkedWindow
 from qbatch.jobs.manifest import covered_inputs, now, record_interrupted, recording_stop
 from qbatch.jobs.memory import rare_collections, release_freed_memory
 from qbatch.jobs.opening import Found, Opened, check_not_empty, open_manifest, pre_scan, start_progress
@@ -275,7 +275,7 @@ class _Run:
         return self.summary
 
     # -- generation ---------------------------------------------------------------
-    def _feed(self, windows: Iterable[PlannedWindow]) -> Iterator[Chunk]:
+    def _feed(self, windows: Iterable[ChunkedWindow]) -> Iterator[Chunk]:
         """The windows' chunks, numbered for the engine; each window's failures recorded as it comes."""
         for window in windows:
             self._record_failures(window.failures)

@@ -36,12 +36,13 @@ class ProcessGuard:
 
     Used as a context manager around the command: the first SIGINT/SIGTERM/SIGHUP raises
     `Interrupted` in the main thread; a second one kills the command's processes and exits at once.
-    With `reaper=True` a reaper process kills them too if this process dies without a word.
+    `reaper`: the process's reaper (its Runtime's, jobs/runtime.py), which kills them too if this process
+    dies without a word: never one of the command's processes to kill.
     """
 
-    def __init__(self, *, reaper: bool):
+    def __init__(self, *, reaper: subprocess.Popen[bytes] | None = None):
         self._before = {p.pid for p in _descendants()}  # e.g. a test session's own engines: not ours
-        self._reaper = reaper_of_this_process() if reaper else None
+        self._reaper = reaper
         self._previous: dict[int, Any] = {}
         self._exit_code: int | None = None  # set once the command's work is done (completed())
         self._cut_short = threading.Event()  # a signal came after that
@@ -154,17 +155,6 @@ def _descendants(pid: int | None = None) -> list[Any]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
-
-
-_REAPER: dict[int, subprocess.Popen[bytes] | None] = {}
-
-
-def reaper_of_this_process() -> subprocess.Popen[bytes] | None:
-    """The reaper watching this process, started on first use (one per process, however many runs)."""
-    pid = os.getpid()
-    if pid not in _REAPER:
-        _REAPER[pid] = start_reaper(pid)
-    return _REAPER[pid]
 
 
 def start_reaper(pid: int) -> subprocess.Popen[bytes] | None:

@@ -11,7 +11,6 @@ trained on another base model is a warning only (a fine-tune of a copy or a quan
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -144,39 +143,40 @@ def _unsupported_feature(config: dict[str, Any]) -> str | None:
     return None
 
 
-def check_adapters(spec: EngineSpec, model_path: str) -> tuple[EngineSpec, dict[str, str]]:
-    """The job's adapters read and checked against the base model: the spec with the adapters the engines load
-    (and vLLM's max_lora_rank set from them when the user left it out: the largest rank, rounded up to one vLLM
-    takes), and the unusable ones, each with what is wrong (their rows fail: inputs/adapters.py). An embedding
-    job runs the base model: its adapters are left out, with a warning."""
-    if not spec.lora:
-        return spec, {}
-    if spec.task == "embed":
-        log.warning("an embedding job runs the base model: lora ignored")
-        return _without_lora(spec), {}
+@dataclass(frozen=True)
+class AdapterFacts:
+    """An adapter as read and checked against the base model: what plan/resolve.py decides from (which run, vLLM's
+    max_lora_rank)."""
+
+    name: str
+    path: str  # as given (--lora NAME=PATH)
+    rank: int  # its largest
+    problem: str | None = None  # what is wrong with its weights (its rows fail: inputs/adapters.py), or None
+
+
+def read_adapters(spec: EngineSpec, model_path: str) -> tuple[AdapterFacts, ...]:
+    """The job's adapters read and checked against the base model (what it gives wrongly stops the job here);
+    those whose weights do not match their config are warned of (their rows fail, the others run). An
+    embedding job runs the base model: its adapters are not read (plan/resolve.py leaves them out)."""
+    if not spec.lora or spec.task == "embed":
+        return ()
     adapters = [read_adapter(name, path) for name, path in spec.lora.items()]
     model = ModelLayers.read(model_path)
     for adapter in adapters:
         _check_rank(adapter, spec.max_lora_rank)
         _check_targets(adapter, model)
         _warn_other_base(adapter, spec.model, model_path)
-    unusable = {adapter.name: f"adapter {adapter.name} ({adapter.path}): {problem}" for adapter in adapters
-                if (problem := weights_problem(Path(adapter.path).expanduser(), adapter.shape, model))}
-    for message in unusable.values():
-        log.warning("%s; its rows fail (bad_adapter), the others run", message)
-    usable = [adapter for adapter in adapters if adapter.name not in unusable]
-    if not usable:
-        return _without_lora(spec), unusable
-    if len(usable) < len(adapters):
-        spec = dataclasses.replace(spec, lora={a.name: a.path for a in usable})
-    if spec.max_lora_rank is not None:
-        return spec, unusable
-    largest = max(adapter.rank for adapter in usable)
-    return dataclasses.replace(spec, max_lora_rank=next(rank for rank in LORA_RANKS if rank >= largest)), unusable
+    facts = tuple(AdapterFacts(adapter.name, adapter.path, adapter.rank,
+                               weights_problem(Path(adapter.path).expanduser(), adapter.shape, model))
+                  for adapter in adapters)
+    for fact in facts:
+        if fact.problem:
+            log.warning("%s; its rows fail (bad_adapter), the others run", unusable_message(fact))
+    return facts
 
 
-def _without_lora(spec: EngineSpec) -> EngineSpec:
-    return dataclasses.replace(spec, lora=None, max_loras=None, max_lora_rank=None, max_cpu_loras=None)
+def unusable_message(fact: AdapterFacts) -> str:
+    return f"adapter {fact.name} ({fact.path}): {fact.problem}"
 
 
 def _check_rank(adapter: Adapter, max_lora_rank: int | None) -> None:

@@ -61,6 +61,7 @@ class Manifest:
     limit: int | None = None
     model_path: str | None = None
     engine_choice: str | None = None
+    plan: dict[str, Any] | None = None  # what the engines got and why (plan/record.py); older runs': none
     rows_total: int | None = None
     input_rows: list[InputRows] | None = None
     covered_inputs: bool | None = None  # a completed run read every row of its inputs (no --limit stopped it)

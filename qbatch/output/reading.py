@@ -58,6 +58,11 @@ MANIFEST_SHAPE: Shape = {
     "input_rows": [{"path": Needed(str), "rows": Needed(int)}],
     "runs": [dict.fromkeys(("started_at", "finished_at", "interrupted_at", "interrupted_by"), str)],
     "merged_from": [str],
+    # the engines' plan (plan/record.py), as output/recorded_plan.py reads it
+    "plan": {"backend": str, "platform": str, "chosen_from_shape": (str, None),
+             "placement": {"devices": [str], "engines": int, "engines_per_gpu": int, "mps": bool},
+             "llm_args": Values({"reason": (str, None)}), "decisions": Values({"reason": (str, None)}),
+             "env": [{"name": str, "value": (str, None), "reason": str, "rank": (int, None)}]},
 }
 STATS_SHAPE: Shape = {
     "status": str, "task": str, "failures_by_kind": dict, "flags": Values(int),

@@ -49,6 +49,7 @@ def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None 
         "flags": stats.get("flags"),  # counted over results.parquet's rows, not the last run's alone
         "result_rows": stats.get("total_samples") or stats.get("total_ok"),
         "roofline": stats.get("roofline"),
+        "plan": manifest.plan if manifest else None,  # what vLLM got and why (plan/record.py); None before it was recorded
     }
 
 

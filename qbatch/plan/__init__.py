@@ -1,4 +1,5 @@
-"""A job resolved once, before any engine starts: `probe(spec)` asks the world (probing.py, into a Machine: machine.py), `resolve(spec,
+"""A job resolved once, before any engine starts: `probe(spec, model_path)` reads the world (probing.py, into a Machine:
+machine.py; the model made ready before it, models/ready.py), `resolve(spec,
 machine)` decides (resolve.py), `resolve_for_shape` decides again from the job's shape (shape.py), and the
 Plan says what each engine's LLM(...) gets and why (show.py)."""
 

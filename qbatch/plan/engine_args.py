@@ -103,7 +103,7 @@ def _lora(spec: EngineSpec, kwargs: dict[str, Any], why: dict[str, str], machine
     kwargs["max_cpu_loras"] = max(spec.max_cpu_loras or len(spec.lora), max_loras)
     why["max_cpu_loras"] = "set" if spec.max_cpu_loras else "every adapter kept in memory"
     if spec.max_lora_rank is not None:
-        kwargs["max_lora_rank"], why["max_lora_rank"] = spec.max_lora_rank, "the adapters' largest rank, as vLLM takes it"
+        kwargs["max_lora_rank"], why["max_lora_rank"] = spec.max_lora_rank, "set"
 
 
 def _fused_attention(spec: EngineSpec, kwargs: dict[str, Any], why: dict[str, str], machine: Machine, *,

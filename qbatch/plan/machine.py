@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from qbatch.models.adapters import AdapterFacts
+
 # vLLM's CacheConfig.gpu_memory_utilization where its source does not say (versions without it)
 VLLM_DEFAULT_UTILIZATION = 0.9
 HOPPER = 9  # compute capability of H100/H200
@@ -41,6 +43,7 @@ class Machine:
     gpu_count: int = 0
     cuda_visible_devices: tuple[str, ...] = ()
     num_cores: int = 1
+    cpu_cores: tuple[int, ...] = ()  # the cores this process may run on (its affinity), ascending
     cpu_has_bf16: bool = True
     vllm_version: str | None = None
     vllm_args: frozenset[str] = field(default=frozenset(), repr=False)  # LLM(...) keyword arguments this vLLM accepts
@@ -50,6 +53,10 @@ class Machine:
     vllm_plugin: bool = False
     mps_control: str | None = None  # the driver's nvidia-cuda-mps-control, where installed (engines/mps.py)
     extra_args: dict[str, Any] = field(default_factory=dict, hash=False)  # $QBATCH_VLLM_ARGS, parsed
+    compile_cache_root: str | None = None  # vLLM's cache folder for the engines (engines/compile_cache.cache_root)
+    # the engine variables the plan decides that the environment already sets (plan/environment.DECIDED_ENV)
+    user_env: dict[str, str] = field(default_factory=dict, hash=False)
+    adapters: tuple[AdapterFacts, ...] = ()  # the job's LoRA adapters as read (models/adapters.read_adapters)
 
     @property
     def on_hopper(self) -> bool:

@@ -1,6 +1,7 @@
-"""Asking the world once, before a job is resolved: the model (downloaded, converted or quantized if
-need be; its config read), the GPU (through nvidia-smi), the cores, the vLLM installed and the compile
-cache. Nothing here imports vLLM or torch (seconds each): the vLLM facts are read from its source.
+"""Asking the world once, before a job is resolved: the model (its config read; downloaded, converted or
+quantized before, by models/ready.py: probing only reads), the GPU (through nvidia-smi), the cores, the
+vLLM installed and the compile cache. Nothing here imports vLLM or torch (seconds each): the vLLM facts
+are read from its source.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from qbatch.engines import compile_cache, mps
 from qbatch.engines.plugin import PLUGIN, PLUGIN_GROUP
 from qbatch.errors import SpecError
 from qbatch.models import registry as models
+from qbatch.models.adapters import read_adapters
+from qbatch.plan.environment import DECIDED_ENV
 from qbatch.plan.machine import HOPPER, VLLM_DEFAULT_UTILIZATION, Machine, ModelFacts
 from qbatch.plan.placement import gpu_ids, gpu_memory_bytes, query_gpu_text, query_gpus
 from qbatch.spec import JobSpec
@@ -27,10 +30,11 @@ from qbatch.spec import JobSpec
 EXTRA_ARGS_ENV = "QBATCH_VLLM_ARGS"
 
 
-def probe(spec: JobSpec) -> Machine:
-    """The machine and the model for `spec`: the model downloaded or converted (quantized with
-    --quantize awq) if need be, its config read; the GPU, cores and vLLM install looked at."""
-    model = probe_model(spec)
+def probe(spec: JobSpec, model_path: str) -> Machine:
+    """The machine and the model for `spec`, read: the model at `model_path` (made ready before:
+    models/ready.py), its config, the job's LoRA adapters checked against it; the GPU, cores and vLLM
+    install looked at."""
+    model = probe_model(spec, model_path)
     visible = tuple(d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip())
     device = gpu_ids(spec.engine, visible)[0]
     memory = gpu_memory_bytes(device) if spec.engine.backend != "null" else None
@@ -38,10 +42,13 @@ def probe(spec: JobSpec) -> Machine:
     return Machine(
         model=model, platform=_platform(memory), gpu_name=name, gpu_capability=capability, gpu_memory_bytes=memory,
         gpu_count=_gpu_count() if memory else 0, cuda_visible_devices=visible, num_cores=len(os.sched_getaffinity(0)),
+        cpu_cores=tuple(sorted(os.sched_getaffinity(0))),
         cpu_has_bf16=_cpu_has_bf16(), vllm_version=compile_cache.vllm_version(), vllm_args=_vllm_engine_args(),
         vllm_gpu_memory_utilization=vllm_utilization(), warm_compiles=compile_cache.warm_markers(),
         vllm_plugin=_plugin_installed(), mps_control=shutil.which(mps.CONTROL) if memory else None,
-        extra_args=extra_engine_args())
+        extra_args=extra_engine_args(), compile_cache_root=str(compile_cache.cache_root()),
+        user_env={name: os.environ[name] for name in DECIDED_ENV if name in os.environ},
+        adapters=read_adapters(spec.engine, model.path))
 
 
 @functools.cache  # what is installed does not change while a process runs
@@ -53,18 +60,9 @@ def _plugin_installed() -> bool:
     return any(e.value == PLUGIN for e in entry_points(group=PLUGIN_GROUP))
 
 
-def probe_model(spec: JobSpec) -> ModelFacts:
-    """The model's folder (resolved, converted, quantized: models/) and what its config says."""
+def probe_model(spec: JobSpec, path: str) -> ModelFacts:
+    """What the model's folder (made ready: models/ready.py) and its config say."""
     engine = spec.engine
-    path = models.resolve(engine.model, engine.revision)
-    if engine.quantize:
-        from qbatch.models.quantize import ensure_quantized
-
-        path = ensure_quantized(path, spec)
-    else:
-        from qbatch.models.quantize import refuse_unrunnable
-
-        refuse_unrunnable(path, spec)
     # the model's own parser, whether the job asks for one or not: resolve.py decides which jobs get it
     architectures = models.architectures(path)
     return ModelFacts(path, models.weights_bytes(path),

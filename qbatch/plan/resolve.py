@@ -17,14 +17,17 @@ from typing import Any
 from qbatch.engines import compile_cache
 from qbatch.engines.config import EngineConfig
 from qbatch.errors import SpecError
+from qbatch.models.adapters import unusable_message
 from qbatch.plan.engine_args import COMPILED_MODE, llm_kwargs
+from qbatch.plan.environment import EnvSetting, engine_env
 from qbatch.plan.machine import Machine
 from qbatch.plan.placement import EngineChoice, engines_per_gpu, gpu_ids, shared_gpu_kv_cache_bytes, use_mps
-from qbatch.spec import DEFAULT_CHUNK_TOKENS, EngineSpec, JobSpec
+from qbatch.spec import DEFAULT_CHUNK_TOKENS, LORA_RANKS, EngineSpec, JobSpec
 
 # A chunk is done when its longest row is, so at the end one engine may still run a chunk while the
 # others idle: with N engines, 16N times smaller chunks keep that tail short (docs/benchmarks.md, two H200s).
 CHUNKS_PER_ENGINE = 16
+EMBED_RUNS_BASE_MODEL = "an embedding job runs the base model"
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Plan:
     requested: JobSpec
     machine: Machine
     choice: EngineChoice | None = None  # the engines the job's shape chose (shape.py), if any
+    env: tuple[EnvSetting, ...] = ()  # the environment the engines' processes get, and why (environment.py)
 
     @property
     def model_path(self) -> str:
@@ -64,6 +68,13 @@ class Plan:
     def decision(self, name: str) -> Decision:
         return next(d for d in self.decisions if d.name == name)
 
+    @property
+    def unusable_adapters(self) -> dict[str, str]:
+        """The job's adapters left out for their weights, each with what is wrong (their rows fail: inputs/adapters.py)."""
+        if not self.requested.engine.lora or self.requested.engine.task == "embed":
+            return {}
+        return {fact.name: unusable_message(fact) for fact in self.machine.adapters if fact.problem}
+
     def __str__(self) -> str:
         from qbatch.plan.show import format_plan
 
@@ -78,6 +89,7 @@ def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = No
         engine = dataclasses.replace(engine, engines_per_gpu=choice.engines_per_gpu,
                                      compilation_mode=choice.compilation_mode)
     decisions: list[Decision] = []
+    engine = _adapters(engine, machine, decisions)
     engine = _reasoning_parser(spec, engine, machine, decisions)
     max_model_len = _max_model_len(engine, machine, decisions)
     count, why = engines_per_gpu(engine, machine)
@@ -94,12 +106,13 @@ def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = No
                                       "KV cache each, so they start together"))
     chunk_tokens = _chunk_tokens(spec, engine, decisions)
     resolved = dataclasses.replace(spec, engine=engine, plan=dataclasses.replace(spec.plan, chunk_tokens=chunk_tokens))
-    config = engine_config(engine, max_model_len, machine, decisions, tuned=tuned)
-    return Plan(resolved, config, tuple(decisions), spec, machine, choice)
+    env = engine_env(engine, machine, tuple(gpu_ids(engine, machine.cuda_visible_devices)))
+    config = engine_config(engine, max_model_len, machine, decisions, tuned=tuned, env=env)
+    return Plan(resolved, config, tuple(decisions), spec, machine, choice, env)
 
 
 def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisions: list[Decision], *,
-                  tuned: bool = True) -> EngineConfig:
+                  tuned: bool = True, env: tuple[EnvSetting, ...] = ()) -> EngineConfig:
     """The engines' configuration: each engine's LLM(...) arguments (its share of a shared GPU's memory
     included), where they run, and whether engines sharing a GPU start together."""
     share = _memory_share(spec, machine)
@@ -108,7 +121,7 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
     for decision in decisions:
         if decision.name in why:
             why[decision.name] = decision.reason
-    if share is not None and why.get("gpu_memory_utilization") != "$QBATCH_VLLM_ARGS":
+    if share is not None and "gpu_memory_utilization" not in machine.extra_args:
         why["gpu_memory_utilization"] = f"the GPU's share of {spec.engines_per_gpu} engines sharing it"
     compiled = (kwargs.get("compilation_config") or {}).get("mode") == COMPILED_MODE
     marker = compile_cache.marker_settings(spec, machine.model.path, max_model_len, machine.vllm_version) \
@@ -119,13 +132,43 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
         devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
         data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes), mps=bool(spec.mps),
         ray_address=spec.ray_address, compile_marker=marker, reasons=tuple(sorted(why.items())),
-        lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())))
+        lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())),
+        env=tuple((-1 if s.rank is None else s.rank, s.name, s.value) for s in env if s.value is not None))
 
 
 def compile_cache_warm(spec: EngineSpec, max_model_len: int, machine: Machine) -> bool:
     """Whether this machine compiled an engine of these settings before (engines/compile_cache.py)."""
     settings = compile_cache.marker_settings(spec, machine.model.path, max_model_len, machine.vllm_version)
     return compile_cache.marker_name(settings) in machine.warm_compiles
+
+
+def _adapters(engine: EngineSpec, machine: Machine, decisions: list[Decision]) -> EngineSpec:
+    """The job's LoRA adapters the engines load (those whose weights can run: machine.adapters says), and
+    vLLM's max_lora_rank when the user left it out: the adapters' largest rank, rounded up to one vLLM takes.
+    An embedding job runs the base model: its adapters are left out."""
+    if not engine.lora:
+        return engine
+    if engine.task == "embed":
+        decisions.append(Decision("lora", None, EMBED_RUNS_BASE_MODEL))
+        return _without_lora(engine)
+    facts = {fact.name: fact for fact in machine.adapters}
+    usable = {name: path for name, path in engine.lora.items() if name not in facts or not facts[name].problem}
+    if not usable:
+        decisions.append(Decision("lora", None, "no adapter's weights can run: their rows fail (bad_adapter)"))
+        return _without_lora(engine)
+    if len(usable) < len(engine.lora):
+        engine = dataclasses.replace(engine, lora=usable)
+        decisions.append(Decision("lora", sorted(usable), "the adapters whose weights can run (the others' rows fail)"))
+    if engine.max_lora_rank is None and all(name in facts for name in usable):
+        largest = max(facts[name].rank for name in usable)
+        engine = dataclasses.replace(engine, max_lora_rank=next(rank for rank in LORA_RANKS if rank >= largest))
+        decisions.append(Decision("max_lora_rank", engine.max_lora_rank, "the adapters' largest rank, rounded up "
+                                  "to one vLLM takes"))
+    return engine
+
+
+def _without_lora(engine: EngineSpec) -> EngineSpec:
+    return dataclasses.replace(engine, lora=None, max_loras=None, max_lora_rank=None, max_cpu_loras=None)
 
 
 def _reasoning_parser(spec: JobSpec, engine: EngineSpec, machine: Machine, decisions: list[Decision]) -> EngineSpec:

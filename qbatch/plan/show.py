@@ -7,8 +7,8 @@ from typing import Any
 
 
 def format_plan(plan: Any) -> str:
-    """A Plan (resolve.py) in words: the engines' LLM(...) arguments, one a line with why, then engines per GPU, memory share,
-    compile mode and chunk size."""
+    """A Plan (resolve.py) in words: the engines' LLM(...) arguments and environment, one a line with why, then
+    engines per GPU, memory share, compile mode and chunk size."""
     engine = plan.engine
     kwargs = engine.kwargs()
     lines = [f"model: {engine.model} ({engine.model_path})",
@@ -18,6 +18,7 @@ def format_plan(plan: Any) -> str:
     for name, value in kwargs.items():
         lines.append(f"    {name} = {_value(value)},  # {engine.reason(name) or ''}".rstrip(" #"))
     lines.append(")")
+    lines += _environment(plan.env)
     engines = plan.decision("engines_per_gpu")
     lines.append(f"engines per GPU: {engines.value}  # {engines.reason}")
     lines.append(f"engines in all: {engine.engine_count()}")
@@ -31,6 +32,16 @@ def format_plan(plan: Any) -> str:
     if plan.choice is not None:
         lines.append(f"chosen from the job's shape: {plan.choice.reason}")
     return "\n".join(lines)
+
+
+def _environment(settings: Any) -> list[str]:
+    """The variables the engines' processes get (plan/environment.py), one a line with why."""
+    lines = ["environment:"] if settings else []
+    for s in settings:
+        value = "(set at the engines' start)" if s.value is None else s.value
+        rank = "" if s.rank is None else f" (engine {s.rank})"
+        lines.append(f"    {s.name}{rank} = {value}  # {s.reason}")
+    return lines
 
 
 def _memory_share(engine: Any, kwargs: dict[str, Any], platform: str) -> str:

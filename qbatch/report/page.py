@@ -20,6 +20,7 @@ from typing import Any
 from qbatch._fs import atomic_write, normal_path
 from qbatch.errors import OutputError
 from qbatch.output.manifest import Manifest
+from qbatch.output.recorded_plan import full_lines, summary_lines
 from qbatch.report import charts, data as report_data
 from qbatch.report.answers import answers_section
 from qbatch.report.charts import NO_ENGINE, NO_TELEMETRY
@@ -73,6 +74,7 @@ def render(info: dict[str, Any]) -> str:
                  "seconds between chunk completions, and rows per chunk (stats.json: the last completed run)"),
         _adapters_section(info.get("adapters")),
         _errors_section(info["errors"]),
+        _plan_section(manifest.plan),
         _settings_section(manifest),
     ]
     title = f"qbatch report: {info['output_dir']}"
@@ -209,6 +211,17 @@ def _errors_section(kinds: list[dict[str, Any]] | None) -> str:
                       for e in k["examples"]) + "</ul></td></tr>" for k in kinds)
         body = f"<table><tr><th>error</th><th>rows</th><th>examples</th></tr>{rows}</table>"
     return f"<section><h2>Errors</h2>{body}</section>"
+
+
+def _plan_section(recorded: dict[str, Any] | None) -> str:
+    """What vLLM got (every LLM(...) argument and environment variable, each with why) and where the engines ran."""
+    if not recorded:
+        return ('<section><h2>Engine plan</h2><p class="missing">not recorded (a run of a qbatch that did not '
+                'record it)</p></section>')
+    lines = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in full_lines(recorded))
+    summary = html.escape("; ".join(summary_lines(recorded)))
+    return (f'<section><h2>Engine plan</h2><p class="note">{summary}</p><ul class="plan">{lines}</ul>'
+            '</section>')
 
 
 def _settings_section(manifest: Manifest) -> str:

@@ -63,10 +63,11 @@ class Service:
     def serve(self, *, on_ready: Any = None) -> None:
         import uvicorn
 
-        if self.settings.engine.get("backend") != "null":
-            from qbatch.jobs.shutdown import reaper_of_this_process
+        from qbatch.jobs.runtime import this_process
 
-            reaper_of_this_process()  # kills the engines if this process dies without a word (kill -9)
+        # the process's engine machinery, up until the process ends: the reaper kills the engines if this process
+        # dies without a word (kill -9)
+        this_process().start(reaper=self.settings.engine.get("backend") != "null")
         worker = self.worker
 
         class Server(uvicorn.Server):

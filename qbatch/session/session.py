@@ -30,6 +30,7 @@ from qbatch.engines.pool import EnginePool
 from qbatch.errors import SpecError, Stopped
 from qbatch.jobs import runner
 from qbatch.jobs.events import RunEvents
+from qbatch.jobs.runtime import this_process
 from qbatch.jobs.summary import Summary
 from qbatch.log import setup as setup_log
 from qbatch.session.data import input_paths
@@ -43,11 +44,7 @@ if TYPE_CHECKING:
     from qbatch.plan import Plan
 
 SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to each run(...) call"
-# One call at a time in this process: an engine serves one run at a time, and threads calling a
-# chat model at once (LangChain's RunnableParallel, thread pools) would otherwise share it.
-_CALLS = threading.Lock()
 ENGINE_LOG = "engine.log"  # in a run's output folder (`qbatch run`), or serve's data folder
-_SESSION_LOG: list[Path] = []  # this process's session log, once named
 
 
 class Session:
@@ -87,6 +84,7 @@ class Session:
         self.engine_settings: dict[str, Any] = {"model": model, **engine_settings}
         with keyword_errors():  # bad values fail now, not at the first run
             JobSpec.from_flat(self.engine_settings, source="Session(...)")
+        self.runtime = this_process()  # the process's engine machinery (jobs/runtime.py), started at the first run
         self.engine_log = Path(engine_log) if engine_log is not None else _default_engine_log()
         self.closed = False
         self.pool = pool if pool is not None else EnginePool(kept=True)
@@ -239,7 +237,7 @@ class Session:
         """Shut down the engines of this session's own pool (idempotent); a pool given is left to its owner."""
         self.closed = True
         if self._owns_pool and self.pool.engines():
-            vllm_output.use(self.engine_log)  # vLLM's shutdown lines go with the rest
+            self.runtime.route_engine_log(self.engine_log)  # vLLM's shutdown lines go with the rest
             self.pool.close_all()
 
     def __enter__(self) -> Session:
@@ -288,10 +286,10 @@ class Session:
             events = RunEvents(on_progress=on_progress, bar=notebook_bar if notebook else None)
         if stop_request is not None:
             events.stop = stop_request
-        with _CALLS:
+        with self.runtime.calls:  # one run at a time on the process's engines (jobs/runtime.py)
             if self.sets_log_level:
                 setup_log("none" if notebook else spec.output.progress)  # under a notebook's bar only warnings
-            vllm_output.use(self.engine_log)
+            self.runtime.start(engine_log=self.engine_log)
             self.pool.drop_dead()
             try:
                 summary = runner.run(spec, self.pool, events)
@@ -385,9 +383,10 @@ def _default_engine_log() -> Path:
     in qbatch's cache: a Session's engines outlive its runs and their folders."""
     from qbatch.models.registry import cache_dir
 
-    if (current := vllm_output.current()) is not None:
-        return current
-    if not _SESSION_LOG:
-        _SESSION_LOG.append(vllm_output.fresh_session_log(cache_dir() / "logs"))
-    return _SESSION_LOG[0]
+    runtime = this_process()
+    if runtime.engine_log is not None:
+        return runtime.engine_log
+    if runtime.session_log is None:
+        runtime.session_log = vllm_output.fresh_session_log(cache_dir() / "logs")
+    return runtime.session_log
 

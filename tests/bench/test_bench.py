@@ -237,6 +237,7 @@ def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, 
     from qbatch.engines import compile_cache
     from qbatch.engines.pool import EnginePool
     from qbatch.jobs.job import Job
+    from qbatch.models.ready import ready_model
     from qbatch.plan import placement, probe
 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
@@ -246,8 +247,8 @@ def test_the_qbatch_mode_gets_the_engines_the_jobs_shape_chooses(bundled_model, 
                             for i in range(40)))
     settings = BenchSettings(["prefill"], ["qbatch"], run_settings={"model": bundled_model})
     spec = qbatch_spec(settings, path, tmp_path / "out")
-    h200 = dataclasses.replace(probe(spec), platform="cuda", gpu_capability=9, gpu_memory_bytes=141 << 30,
-                               gpu_count=1, num_cores=16)  # an H200, 16 cores
+    h200 = dataclasses.replace(probe(spec, ready_model(spec)), platform="cuda", gpu_capability=9,
+                               gpu_memory_bytes=141 << 30, gpu_count=1, num_cores=16)  # an H200, 16 cores
     job = Job.setup(spec, h200)
     default = job.spec.engine
     assert (default.engines_per_gpu, default.compilation_mode) == (2, None)

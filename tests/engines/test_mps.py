@@ -49,9 +49,7 @@ def control(tmp_path, monkeypatch):
     scratch.mkdir(exist_ok=True)
     monkeypatch.setenv("QBATCH_SCRATCH", str(scratch))
     yield scratch
-    if mps._daemon is not None:  # a test that failed between acquire and release
-        mps._daemon.stop()
-        monkeypatch.setattr(mps, "_daemon", None)
+    mps.SHARE.stop()  # a test that failed between acquire and release
     shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -31,7 +31,7 @@ def quiet(monkeypatch, tmp_path):
     path = tmp_path / "engine.log"
     vllm_output.use(path)
     yield path
-    vllm_output._target = before
+    vllm_output.ROUTING.target = before
 
 
 def _engine_process(text: str, code: int) -> None:

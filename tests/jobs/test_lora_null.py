@@ -300,15 +300,19 @@ def test_a_job_files_lora_table_names_folders_relative_to_it(cli, bundled_model,
 
 def test_vllm_settings_are_chosen_from_the_adapters(bundled_model, adapters):
     from qbatch.engines.lora import adapter_ids
-    from qbatch.models.adapters import check_adapters
+    from qbatch.models.adapters import read_adapters
+    from qbatch.plan import resolve
     from qbatch.plan.engine_args import llm_kwargs
     from qbatch.plan.machine import Machine, ModelFacts
-    from qbatch.spec import EngineSpec
+    from qbatch.spec import EngineSpec, JobSpec
 
-    spec, unusable = check_adapters(EngineSpec(model=bundled_model, lora={k: str(v) for k, v in adapters.items()}),
-                                    bundled_model)
-    assert unusable == {}
-    assert spec.max_lora_rank == 8  # the largest rank, a rank vLLM takes
+    job = JobSpec.from_flat({"model": bundled_model, "lora": {k: str(v) for k, v in adapters.items()}})
+    facts = read_adapters(job.engine, bundled_model)
+    assert [fact.problem for fact in facts] == [None, None]
+    plan = resolve(job, Machine(ModelFacts(bundled_model, max_model_len=512), adapters=facts))
+    spec = plan.spec.engine
+    assert spec.max_lora_rank == 8 and plan.unusable_adapters == {}  # the largest rank, a rank vLLM takes
+    assert plan.decision("max_lora_rank").reason == "the adapters' largest rank, rounded up to one vLLM takes"
     lora_keys = ("enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank")
     gpu = Machine(ModelFacts(bundled_model), platform="cuda", gpu_name="NVIDIA H200", gpu_capability=9)
     kwargs, why = llm_kwargs(spec, 512, gpu)
@@ -321,7 +325,7 @@ def test_vllm_settings_are_chosen_from_the_adapters(bundled_model, adapters):
 
 
 def test_a_window_keeps_an_adapters_rows_together_only_past_max_loras():
-    from qbatch.jobs.planning import by_adapter, order_groups
+    from qbatch.jobs.chunking import by_adapter, order_groups
     from qbatch.records import Request
 
     def request(i: int, adapter: str | None) -> Request:
@@ -370,11 +374,14 @@ def test_a_session_picks_an_adapter_per_call_and_refuses_an_unknown_one(bundled_
             session.generate(["hi"], adapter="three")
 
 
-def test_an_embedding_job_runs_the_base_model(bundled_model, adapters, caplog):
-    from qbatch.models.adapters import check_adapters
-    from qbatch.spec import EngineSpec
+def test_an_embedding_job_runs_the_base_model(bundled_model, adapters, caplog, write_jsonl):
+    from qbatch.jobs.job import Job
+    from qbatch.spec import JobSpec
 
-    spec = EngineSpec(model=bundled_model, task="embed", lora={k: str(v) for k, v in adapters.items()}, max_loras=2)
-    resolved, _ = check_adapters(spec, bundled_model)
-    assert (resolved.lora, resolved.max_loras) == (None, None)
+    spec = JobSpec.from_flat({"model": bundled_model, "task": "embed", "backend": "null", "max_loras": 2,
+                              "inputs": [str(write_jsonl([{"id": "a", "prompt": "hi"}]))],
+                              "lora": {k: str(v) for k, v in adapters.items()}})
+    plan = Job.setup(spec).plan
+    assert (plan.spec.engine.lora, plan.spec.engine.max_loras) == (None, None)
+    assert plan.decision("lora").reason == "an embedding job runs the base model"
     assert "an embedding job runs the base model: lora ignored" in caplog.text

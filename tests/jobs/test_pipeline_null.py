@@ -1,7 +1,7 @@
 """The whole pipeline through the real CLI with the null engine (fast: no model runs).
 
 The real engine runs the same paths in test_run_e2e.py; here the point is
-reading, shapes, validation, planning, parts, resume and final files.
+reading, shapes, validation, chunking, parts, resume and final files.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Prefix-aware order (jobs/prefixes.py, planning.order_groups, cut_group_chunks): seeded random windows
+"""Prefix-aware order (jobs/prefixes.py, chunking.order_groups, cut_group_chunks): seeded random windows
 of documents asked several questions, scattered, with a system prompt every row shares."""
 
 import random
 
 import pytest
 
-from qbatch.jobs.planning import cut_group_chunks, length_key, order_groups, sort_window
+from qbatch.jobs.chunking import cut_group_chunks, length_key, order_groups, sort_window
 from qbatch.jobs.prefixes import prefix_labels
 from qbatch.records import Request
 
@@ -111,7 +111,7 @@ def test_grouping_a_large_window_is_fast():
 
 
 def test_a_runs_plan_keeps_each_documents_questions_together(bundled_model, tmp_path):
-    """Through the run's own planning (chat template, tokenizer, windows, chunks): documents asked three
+    """Through the run's own chunking (chat template, tokenizer, windows, chunks): documents asked three
     questions each, scattered through the file, come out adjacent, in one chunk each."""
     import json
 

@@ -404,8 +404,9 @@ def test_a_process_killed_outright_takes_what_it_started_along(tmp_path):
     """The CLI's case: the reaper is a child of the process it watches."""
     script = ("import subprocess, sys, time\n"
               f"sys.path.insert(0, {str(ROOT)!r})\n"
+              "from qbatch.jobs.runtime import this_process\n"
               "from qbatch.jobs.shutdown import ProcessGuard\n"
-              "with ProcessGuard(reaper=True):\n"
+              "with this_process().start(reaper=True) as runtime, ProcessGuard(reaper=runtime.reaper):\n"
               "    print(subprocess.Popen(['sleep', '300']).pid, flush=True)\n"
               "    time.sleep(300)\n")
     watched = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)

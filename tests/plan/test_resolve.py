@@ -87,6 +87,9 @@ def test_the_plan_in_words():
     assert "    dtype = 'float32',  # vllm-cpu: this CPU has no native bf16, float32 is faster" in lines
     assert "    max_num_seqs = 512,  # set" in lines
     assert "    seed = 0,  # vLLM's engine seed" in lines
+    assert lines[lines.index(")") + 1] == "environment:"
+    assert "    VLLM_USE_FLASHINFER_SAMPLER = 0  # flashinfer's sampler is optional: vLLM's own, not a missing package" \
+        in lines
     assert lines[-5:] == ["engines per GPU: 1  # no GPU", "engines in all: 1",
                           "memory share: vLLM's default (one engine a GPU, or the CPU)",
                           "compile mode: none: enforce_eager (vllm-cpu: torch.compile on a CPU takes minutes)",
@@ -145,7 +148,7 @@ def test_the_probe_asks_nvidia_smi_for_the_gpus_name_and_kind(tmp_path, monkeypa
     for cached in caches:
         cached.cache_clear()
     try:
-        machine = probing.probe(JobSpec.from_flat({"model": bundled_model}))
+        machine = probing.probe(JobSpec.from_flat({"model": bundled_model}), bundled_model)
     finally:
         for cached in caches:
             cached.cache_clear()

@@ -52,7 +52,7 @@ def job_for(bundled_model, tmp_path, rows, machine=GPU, **settings) -> Job:
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, **settings})
-    return Job.setup(spec, dataclasses.replace(probing.probe(spec), **machine))
+    return Job.setup(spec, dataclasses.replace(probing.probe(spec, bundled_model), **machine))
 
 
 def warmed(job: Job) -> Job:
@@ -231,4 +231,5 @@ def test_the_size_bound_holds_the_real_prompt_tokens_and_says_nothing_of_other_i
     packed.write_bytes(gzip.compress(b'{"id": "a", "prompt": "x"}\n'))
     for path, settings in ((parquet, {}), (packed, {}), (tmp_path / "in.jsonl", {"template": "{prompt} {prompt}"})):
         spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, **settings})
-        assert shape.max_prompt_tokens(Job.setup(spec, dataclasses.replace(probing.probe(spec), **GPU))) is None
+        machine = dataclasses.replace(probing.probe(spec, bundled_model), **GPU)
+        assert shape.max_prompt_tokens(Job.setup(spec, machine)) is None

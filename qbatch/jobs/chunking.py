@@ -1,4 +1,4 @@
-"""Planning: sort requests by length inside a bounded window, cut token-budgeted chunks.
+"""Chunking: sort requests by length inside a bounded window, cut token-budgeted chunks.
 
 Pure functions, no I/O and no vLLM. A window bounds memory (only it and the
 chunks cut from it are ever materialised; windows grow from FIRST_WINDOW rows

@@ -1,4 +1,4 @@
-"""A row's shape and its key: which way of writing a request it uses (a prompt, chat messages, an
+"""A row's kind (`--shape`: its shape) and its key: which way of writing a request it uses (a prompt, chat messages, an
 OpenAI Batch API line, a --template over its columns) and which column holds its id.
 
 A null counts as absent: a DataFrame (or a Parquet file written from one) of mixed rows holds a

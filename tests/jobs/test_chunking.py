@@ -1,6 +1,6 @@
 import json
 
-from qbatch.jobs.planning import cut_chunks, sort_window
+from qbatch.jobs.chunking import cut_chunks, sort_window
 from qbatch.records import Request
 
 
@@ -32,7 +32,7 @@ def test_oversized_request_gets_its_own_chunk():
 
 
 def test_windows_grow_and_sort_only_within_themselves(bundled_model, tmp_path, monkeypatch):
-    """The run's own planning: windows of 2 rows, then doubling up to --sort-window (4), each sorted;
+    """The run's own chunking: windows of 2 rows, then doubling up to --sort-window (4), each sorted;
     the rows left at the end (2) are sorted with the last full window, not after it."""
     from qbatch.jobs import job
     from qbatch.jobs.job import Job
