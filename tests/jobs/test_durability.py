@@ -140,6 +140,7 @@ def test_full_disk_stops_cleanly_and_resumes(cli, small_job, monkeypatch, tmp_pa
         return real_write(table, where, **kwargs)
 
     monkeypatch.setattr(checkpoint.pq, "write_table", write_then_fill_disk)
+    monkeypatch.setattr("qbatch.jobs.parts.PART_MIN_S", 0.0)  # a part at each chunk's end: the third fails
     result = cli(*small_job)
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: cannot write part-") and ": the disk is full (" in result.stderr

@@ -69,7 +69,8 @@ def test_dedupe_keeps_the_first_of_each_id_remembering_only_those_that_repeat(tm
     assert dropped == [("row-00000999", 1000), ("row-00001999", 2000)]
 
 
-def test_the_assembly_reads_for_each_range_only_the_parts_that_hold_its_rows(tmp_path, run_null):
+def test_the_assembly_reads_for_each_range_only_the_parts_that_hold_its_rows(tmp_path, run_null, monkeypatch):
+    monkeypatch.setattr("qbatch.jobs.parts.PART_MIN_S", 0.0)  # a part at each chunk's end
     path = tmp_path / "in.jsonl"
     write_rows(path, 4_000)
     out = tmp_path / "out"

@@ -28,7 +28,8 @@ def _results(out) -> pa.Table:
 
 
 # -- carried columns ---------------------------------------------------------
-def test_mixed_column_is_json_text_whatever_the_chunking(run_null, write_jsonl, tmp_path):
+def test_mixed_column_is_json_text_whatever_the_chunking(run_null, write_jsonl, tmp_path, monkeypatch):
+    monkeypatch.setattr("qbatch.jobs.parts.PART_MIN_S", 0.0)  # a part at each chunk's end
     path = write_jsonl(MIXED_ROWS)
     assert run_null(path, "-o", tmp_path / "big").exit_code == 0
     result = run_null(path, "-o", tmp_path / "small", "--chunk-tokens", 1, "--sort-window", 1)

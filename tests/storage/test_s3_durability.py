@@ -54,6 +54,7 @@ def test_a_run_killed_in_one_process_is_resumed_by_another_after_its_lease(s3, b
     assert 0 < len(done) < len(rows) and len(done) == len(set(done))
     assert json.loads(s3.get_object(Bucket=bucket, Key="out/manifest.json")["Body"].read())["status"] == "running"
 
+    time.sleep(4)  # its lease (3 s) lapses, as another machine would find it
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
     assert "stopped renewing its lease" in second.stderr  # it waited for the lease, then took the folder over
