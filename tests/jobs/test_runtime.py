@@ -20,6 +20,9 @@ def clean(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     vllm = logging.getLogger("vllm")
     monkeypatch.setattr(vllm, "handlers", [])
+    # propagating, as before vLLM configures it: pytest attaches its capture handlers to every logger that
+    # does not propagate (vLLM's, once a test of this worker configured it) when a test's call starts
+    monkeypatch.setattr(vllm, "propagate", True)
     before = vllm_output.ROUTING.target
     vllm_output.ROUTING.stop()
     yield vllm
