@@ -42,7 +42,8 @@ def test_quickstart_job_with_flag_override_makes_sense(cli, tmp_path):
     assert manifest["spec"]["max_tokens"] == 40 and manifest["spec"]["model"] == "smollm2-135m"
 
 
-def test_shapes_and_per_row_params_through_the_engine(run_tiny, write_jsonl, tmp_path):
+def test_shapes_and_per_row_params_through_the_engine(run_tiny, write_jsonl, tmp_path, monkeypatch):
+    monkeypatch.setattr("qbatch.jobs.parts.PART_MIN_S", 0.0)  # a part at each chunk's end: the chunks show
     plain = write_jsonl([{"id": f"p{i}", "prompt": "word " * (5 + 20 * i), "max_tokens": 3 + i} for i in range(6)],
                         "plain.jsonl")
     chat = write_jsonl([{"id": "c0", "messages": [{"role": "system", "content": "Be terse."},
