@@ -19,6 +19,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
+from qbatch._fs import OUTPUT_LOCK
 from qbatch.errors import LockedError
 from qbatch.log import log
 from qbatch.storage.store import Store
@@ -69,7 +70,7 @@ class RemoteLock:
     """The lease on one output folder's lock object, held from acquire() until release()."""
 
     def __init__(self, store: Store, folder: Url):
-        self.store, self.url = store, folder.child(".qbatch.lock")
+        self.store, self.url = store, folder.child(OUTPUT_LOCK)
         self.lease = lease_s()
         self._etag: str | None = None
         self._me = Holder.me(self.lease)
@@ -114,7 +115,7 @@ class RemoteLock:
 
 def live_holder(store: Store, folder: Url) -> Holder | None:
     """The run that holds the folder's lock now, None when none does."""
-    found = store.read(folder.child(".qbatch.lock"))
+    found = store.read(folder.child(OUTPUT_LOCK))
     holder = None if found is None else Holder.load(found[0])
     return holder if holder is not None and holder.live() else None
 

@@ -20,14 +20,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from qbatch._fs import TMP_MARK
+from qbatch._fs import OUTPUT_LOCK, TMP_MARK
 from qbatch.errors import LockedError, QbatchError
 from qbatch.log import carried, log
 from qbatch.storage.lock import RemoteLock
 from qbatch.storage.store import ObjectInfo, Store
 from qbatch.storage.urls import Url
 
-LOCK_OBJECT = ".qbatch.lock"
 REMOTE_INPUTS = "inputs/remote"  # copies of remote inputs (inputs/remote.py): not uploaded, the objects are there
 LAST = "manifest.json"  # uploaded after the parts it counts
 
@@ -63,7 +62,7 @@ class StagedFolder:
         """Copy the folder's objects (not its lock) into the stage."""
         for found in self.store.walk(self.url):
             name = self.url.relative(found.url)
-            if name == LOCK_OBJECT or TMP_MARK in name:
+            if name == OUTPUT_LOCK or TMP_MARK in name:
                 continue
             local = self.path / name
             self.store.download(found.url, local)
@@ -107,7 +106,7 @@ class StagedFolder:
         names = []
         for file in self.path.rglob("*"):
             name = file.relative_to(self.path).as_posix()
-            if file.is_file() and not file.is_symlink() and TMP_MARK not in file.name and name != LOCK_OBJECT \
+            if file.is_file() and not file.is_symlink() and TMP_MARK not in file.name and name != OUTPUT_LOCK \
                     and not name.startswith(REMOTE_INPUTS + "/"):
                 names.append(name)
         return names
