@@ -27,7 +27,7 @@ RAW_BEST_MODES = ("vllm-best", "vllm-grouped")
 SHARED_ENGINE_MODES = ("vllm-text", "vllm-tokens", *QBATCH_MODES)  # on the one engine `_engine` starts
 DEFAULT_ROWS = {"uniform": 3072, "varied": 4096, "short": 4096, "small": 200, "classify": 4096,
                 "classify-choice": 4096, "classify-json": 4096, "prefill": 8192,
-                "prefill-short": 16384, "prefill-mix": 4096, "extract-json": 4096, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "embed": 32768}
+                "prefill-short": 16384, "prefill-mix": 4096, "extract-json": 4096, "longgen": 1024, "docqa": 8000, "docqa-large": 16000, "docqa-shared": 9000, "embed": 32768}
 EMBED_MODES = ("vllm-text", "vllm-tokens", "qbatch")  # vllm-*: one LLM.embed call with every text
 # --variant adapters=N: the qbatch mode with the workload's rows spread over N random LoRA adapters (one row
 # each in turn), against the qbatch mode's base model alone (issue 35's measurement)

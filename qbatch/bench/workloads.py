@@ -20,7 +20,7 @@ from typing import Any
 from qbatch.errors import SpecError
 
 WORKLOADS = ("uniform", "varied", "short", "small", "classify", "classify-choice", "classify-json",
-             "prefill", "prefill-short", "prefill-mix", "extract-json", "longgen", "docqa", "docqa-large", "embed")
+             "prefill", "prefill-short", "prefill-mix", "extract-json", "longgen", "docqa", "docqa-large", "docqa-shared", "embed")
 EMBED_WORKLOADS = ("embed",)  # run on an embedding engine (`qbatch embed`, LLM.embed): texts in, no output tokens
 # The classification workloads (issue #20): the same rows free, under a 5-label choice, and under a
 # small JSON schema; constrained rows stop when their answer is complete (no ignore_eos: the grammar
@@ -41,7 +41,8 @@ CLASSIFY_MAX_TOKENS = 32
 DEFAULT_WORKLOADS = ("uniform", "varied", "short")  # what `qbatch bench` runs unless --workloads says
 # Issue #19's shapes. prefill: one instruction shared by every row (at the start of the user message)
 # then a document of its own. docqa: documents asked several questions each, document first so the
-# rows of one document share its tokens as a prefix; (tokens per document, questions per document).
+# rows of one document share its tokens as a prefix; (tokens per document, questions per document, output tokens).
+# docqa-shared: issue #57's shared-document job (1,500 documents x 6 questions, 24 tokens out).
 PREFILL_INSTRUCTION_TOKENS = 370
 # Issue #34's other prefill-heavy shapes, each one instruction shared by every row then a text of its
 # own: (instruction tokens, the chat template's included, the text's (mean, low, high) tokens, lognormal, output tokens).
@@ -50,7 +51,7 @@ PREFILL_INSTRUCTION_TOKENS = 370
 # the row, up to its output tokens).
 PREFILL_SHAPES = {"prefill-short": (80, (120, 20, 400), 4), "prefill-mix": (200, (700, 50, 4000), 8),
                   "extract-json": (120, (600, 300, 900), 48)}
-DOCQA_SHAPES = {"docqa": (800, 8), "docqa-large": (1500, 4)}
+DOCQA_SHAPES = {"docqa": (800, 8, 16), "docqa-large": (1500, 4, 16), "docqa-shared": (1500, 6, 24)}
 WORD_POOL_SIZE = 4000
 
 
@@ -62,7 +63,8 @@ def sample_lengths(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.
     PREFILL_SHAPES. small: ~190 (170..210) / 256, the
     notebook-sized job a warm Session serves (200 rows by default). prefill: ~820 (a shared ~370
     instruction + ~450 of its own) / 8. longgen: ~155 (130..180) / lognormal ~715 (64..2048).
-    docqa: a ~800-token document + a ~20-token question / 16; docqa-large: ~1500 + ~20 / 16.
+    docqa: a ~800-token document + a ~20-token question / 16; docqa-large: ~1500 + ~20 / 16;
+    docqa-shared: ~1500 + ~20 / 24, six questions a document.
     embed: passages of a search corpus, lognormal ~256 (16..1024) tokens of raw text (no chat
     template) / 0. `scale` shrinks every segment and output (CPU smoke runs); shared prefixes stay shared.
     """
@@ -116,12 +118,12 @@ def sample_rows(name: str, num_rows: int, *, seed: int = 0, scale: float = 1.0
 def _docqa_rows(name: str, num_rows: int, seed: int, scale: float) -> list[tuple[tuple[Segment, ...], int]]:
     """Documents of ~mean tokens (75%..125%) asked `questions` questions each (the last one fewer when
     num_rows says so), in a seeded shuffle: an export's rows of one document are scattered."""
-    mean, questions = DOCQA_SHAPES[name]
+    mean, questions, output = DOCQA_SHAPES[name]
     rng = random.Random(f"{name}:{seed}")
     num_docs = -(-num_rows // questions)
     docs = [_scaled(rng.randint(mean * 3 // 4, mean * 5 // 4), scale) for _ in range(num_docs)]
     rows: list[tuple[tuple[Segment, ...], int]] = [(((f"document{i // questions}", docs[i // questions]), (f"question{i}", _scaled(rng.randint(15, 25), scale))),
-             _scaled(16, scale)) for i in range(num_rows)]
+             _scaled(output, scale)) for i in range(num_rows)]
     random.Random(f"{name}:{seed}:order").shuffle(rows)
     return rows
 

@@ -52,9 +52,10 @@ def test_issue_19_shapes_have_their_lengths_and_row_counts():
     longgen = sample_lengths("longgen", 1024)
     assert all(130 <= p <= 180 and 64 <= o <= 2048 for p, o in longgen)
     assert 650 <= statistics.mean(o for _, o in longgen) <= 780 and len({o for _, o in longgen}) > 300
-    for name, rows, doc_tokens, questions in (("docqa", 8000, 800, 8), ("docqa-large", 16000, 1500, 4)):
+    for name, rows, doc_tokens, questions, output in (("docqa", 8000, 800, 8, 16), ("docqa-large", 16000, 1500, 4, 16),
+                                                      ("docqa-shared", 9000, 1500, 6, 24)):
         docqa = sample_rows(name, rows)
-        assert len(docqa) == rows and {o for _, o in docqa} == {16}
+        assert len(docqa) == rows and {o for _, o in docqa} == {output}
         docs = [segments[0] for segments, _ in docqa]
         assert len({key for key, _ in docs}) == rows // questions
         assert 0.95 * doc_tokens <= statistics.mean(length for _, length in set(docs)) <= 1.05 * doc_tokens
