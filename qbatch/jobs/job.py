@@ -9,6 +9,7 @@ the engine gets).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import chain, islice
@@ -39,6 +40,8 @@ from qbatch.plan.placement import no_gpu_notes
 from qbatch.records import Failure, Request, Row
 from qbatch.sampling import SAMPLING_KEY_SET
 from qbatch.spec import EMBEDDING_ONLY, JobSpec, SamplingSpec, parse_shard
+
+_PREPARER_LOCK = threading.Lock()
 
 MAX_LISTED_DUPLICATES = 10
 MAX_PLACES = 3  # where a duplicated id appears, in the error: its first few places
@@ -163,8 +166,9 @@ class Job:
     def preparer(self) -> Preparer:
         """Loaded on first use: importing Transformers and loading the tokenizer takes seconds,
         which engines started first spend loading beside it."""
-        if "preparer" not in self.loaded:
-            self.loaded["preparer"] = self._load_preparer()
+        with _PREPARER_LOCK:  # the service's online requests ask for it on many threads at once: one loads it
+            if "preparer" not in self.loaded:
+                self.loaded["preparer"] = self._load_preparer()
         return self.loaded["preparer"]
 
     def _load_preparer(self) -> Preparer:

@@ -186,12 +186,12 @@ def test_a_pandas_index_is_carried_or_is_the_id(session):
 
 
 def test_the_tokenizer_loads_once_per_model(session):
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.inputs.prepare import _load_tokenizer
 
     session.run(["warm"], progress="none")
-    misses = load_tokenizer.cache_info().misses
+    misses = _load_tokenizer.cache_info().misses
     session.run(["again"], progress="none")
-    assert load_tokenizer.cache_info().misses == misses
+    assert _load_tokenizer.cache_info().misses == misses
 
 
 def test_top_level_run_mirrors_the_cli(bundled_model, tmp_path):
