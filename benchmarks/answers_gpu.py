@@ -24,6 +24,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -140,9 +141,32 @@ def rows_of(prompts_file: Path | None, count: int) -> dict:
 
 def run_side(side: str, model: Path, work: Path) -> dict:
     with open(work / f"{side}.log", "w") as log:
-        subprocess.run([sys.executable, __file__, "--side", side, str(model), str(work)], check=True,
-                       stdout=log, stderr=log)
+        proc = subprocess.Popen([sys.executable, __file__, "--side", side, str(model), str(work)],
+                                stdout=log, stderr=log, start_new_session=True)
+        code = proc.wait()
+    try:  # what the side's engine left running (its engine core) goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    gpu_free(work / f"{side}.log")
+    if code:
+        raise SystemExit(f"the {side} side exited {code}: see {work / (side + '.log')}")
     return json.loads((work / f"{side}.json").read_text())
+
+
+def gpu_free(log: Path, timeout_s: float = 120) -> None:
+    """Wait until the GPU's memory is back (the next side's engines check what is free at their start)."""
+    if not shutil.which("nvidia-smi"):
+        return
+    t0 = time.monotonic()
+    while True:
+        used = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True).stdout.split()[0])
+        if used < 2048 or time.monotonic() - t0 > timeout_s:
+            with open(log, "a") as f:
+                f.write(f"\nGPU memory used {used} MiB, {time.monotonic() - t0:.1f}s after the side ended\n")
+            return
+        time.sleep(1)
 
 
 def compare(ours: dict, theirs: dict) -> dict:
