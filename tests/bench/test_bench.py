@@ -198,7 +198,7 @@ def test_bench_settings_are_checked_before_the_model_loads():
 
     BenchSettings(["docqa", "prefill"], ["vllm-best", "vllm-grouped", "qbatch", "first-run"]).validate()
     with pytest.raises(SpecError, match="the vllm-grouped mode sorts rows by document: it needs a workload with "
-                                        "documents \\(docqa, docqa-large\\); got prefill, longgen"):
+                                        "documents \\(docqa, docqa-large, docqa-shared\\); got prefill, longgen"):
         BenchSettings(["prefill", "longgen"], ["vllm-best", "vllm-grouped"]).validate()
     with pytest.raises(SpecError, match="workload must be one of"):
         BenchSettings(["docqa-huge"]).validate()
