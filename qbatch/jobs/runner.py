@@ -35,7 +35,7 @@ from qbatch.jobs.opening import Found, Opened, check_not_empty, open_manifest, p
 from qbatch.jobs.parts import PartWriter
 from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.jobs.telemetry import Telemetry
 from qbatch.jobs.yardstick import estimate, measure
 from qbatch.log import log

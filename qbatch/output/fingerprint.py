@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from qbatch.output.reading import NOT_IN_FILE, SHAPE
 from qbatch.spec import COMPRESSED_SUFFIXES
 
 HASH_BLOCK_BYTES = 1 << 20
@@ -33,14 +34,15 @@ class InputPrefix:
 @dataclass(frozen=True)
 class InputIdentity:
     """One input as a run read it: `size` bytes hashing to `sha256` (None: recorded by an older qbatch
-    that hashed only the file's start and end). `prefix` is this run's own, never recorded."""
+    that hashed only the file's start and end). `prefix` is this run's own, never recorded. A manifest
+    may lack what the defaults fill (an older qbatch's)."""
 
     path: str
-    format: str
-    size: int
-    sha256: str | None
+    format: str = ""
+    size: int = 0
+    sha256: str | None = None
     ends_with_newline: bool = False
-    prefix: InputPrefix | None = field(default=None, compare=False)
+    prefix: InputPrefix | None = field(default=None, compare=False, metadata=NOT_IN_FILE)
 
     @classmethod
     def load(cls, data: Mapping[str, Any]) -> InputIdentity:
@@ -61,7 +63,7 @@ class Fingerprint:
     """What the results depend on: settings (JobSpec.result_settings and what Job.fingerprint adds), the
     model's identity, and the inputs'."""
 
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict, metadata={SHAPE: {"shard": (str, None)}})
     model: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[InputIdentity, ...] = ()
 

@@ -5,7 +5,8 @@ or a merge's (merge.py: the shards it was merged from).
 The file's keys are the fields' names, in this order; a field that is None is not written (a merge
 records no runs, an unfinished run no counts), except `limit` (null: no --limit) and a run's
 `engine_choice` (null: the engine was not chosen for the job's shape). Keys this qbatch does not know
-(a newer one's) are kept as they were read, after the others.
+(a newer one's) are kept as they were read, after the others. Reading checks each field as its type
+says (reading.shape_of), or as its metadata's SHAPE says where the type cannot.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.output.fingerprint import Fingerprint
-from qbatch.output.reading import MANIFEST_HINT, MANIFEST_SHAPE, read_checked
+from qbatch.output.reading import (ARROW_SCHEMA, MANIFEST_HINT, NOT_IN_FILE, SHAPE, Values, file_fields, read_checked,
+                                   shape_of)
+
+# The engines' plan (plan/record.py, a layer above) as output/recorded_plan.py reads it
+PLAN_SHAPE = {"backend": str, "platform": str, "chosen_from_shape": (str, None),
+              "placement": {"devices": [str], "engines": int, "engines_per_gpu": int, "mps": bool},
+              "llm_args": Values({"reason": (str, None)}), "decisions": Values({"reason": (str, None)}),
+              "env": [{"name": str, "value": (str, None), "reason": str, "rank": (int, None)}]}
 
 
 @dataclass
@@ -56,21 +64,22 @@ class Manifest:
     status: str = "unknown"  # a run's: running, interrupted, failed, completed; a merge's: completed
     updated_at: str | None = None
     fingerprint: Fingerprint = field(default_factory=Fingerprint)
-    spec: dict[str, Any] = field(default_factory=dict)  # JobSpec.flat(), as JSON
+    spec: dict[str, Any] = field(default_factory=dict, metadata={SHAPE: {"model": str}})  # JobSpec.flat(), as JSON
     versions: dict[str, Any] | None = None
     limit: int | None = None
     model_path: str | None = None
     engine_choice: str | None = None
-    plan: dict[str, Any] | None = None  # what the engines got and why (plan/record.py); older runs': none
+    # what the engines got and why (plan/record.py); older runs': none
+    plan: dict[str, Any] | None = field(default=None, metadata={SHAPE: PLAN_SHAPE})
     rows_total: int | None = None
     input_rows: list[InputRows] | None = None
     covered_inputs: bool | None = None  # a completed run read every row of its inputs (no --limit stopped it)
     columns: dict[str, str] | None = None  # carried columns' types, readable (output/columns.py)
-    column_schema: str | None = None  # ... and exact, as an encoded Arrow schema
-    result_schema: str | None = None  # results.parquet's (output/schema.py)
+    column_schema: str | None = field(default=None, metadata={SHAPE: ARROW_SCHEMA})  # ... and exact, encoded
+    result_schema: str | None = field(default=None, metadata={SHAPE: ARROW_SCHEMA})  # results.parquet's (schema.py)
     counts: dict[str, int] | None = None  # rows_ok, rows_failed, samples_ok: once completed
     merged_from: list[str] | None = None  # a merge's: its shards' folders
-    extra: dict[str, Any] = field(default_factory=dict)  # keys this qbatch does not know, as read
+    extra: dict[str, Any] = field(default_factory=dict, metadata=NOT_IN_FILE)  # keys this qbatch does not know
 
     @property
     def model(self) -> str | None:
@@ -91,7 +100,7 @@ class Manifest:
 
     @classmethod
     def load(cls, data: dict[str, Any]) -> Manifest:
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {f.name for f in file_fields(cls)}
         values = {name: data[name] for name in known if name in data}
         values["runs"] = [RunRecord.load(run) for run in data.get("runs") or []]
         values["fingerprint"] = Fingerprint.load(data.get("fingerprint"))
@@ -102,9 +111,9 @@ class Manifest:
     def save(self) -> dict[str, Any]:
         """The manifest as manifest.json holds it."""
         saved: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
+        for f in file_fields(self):
             value = getattr(self, f.name)
-            if f.name == "extra" or (value is None and not self._null_written(f.name)):
+            if value is None and not self._null_written(f.name):
                 continue
             if f.name == "runs":
                 if self.merged_from is not None:  # a merge's: no runs
@@ -119,3 +128,6 @@ class Manifest:
 
     def _null_written(self, name: str) -> bool:
         return name == "limit" or (name == "engine_choice" and self.merged_from is None)
+
+
+MANIFEST_SHAPE = shape_of(Manifest)  # what Manifest.read checks, field by field

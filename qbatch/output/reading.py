@@ -3,17 +3,19 @@ resumed run, `qbatch status`, `qbatch report` and `qbatch merge`.
 
 The rule: a file that is there but cannot be used (not JSON, JSON of the wrong shape, a truncated
 or foreign Parquet file, unreadable) is an OutputError that names the file and how to recover,
-never a traceback and never taken for a missing file. The JSON files' shapes below list the
-fields readers use and their types; other fields are not checked.
+never a traceback and never taken for a missing file. The JSON files' shapes are their records'
+(output/manifest.py, output/summary.py), derived from the records' fields (shape_of).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from qbatch._fs import read_error, read_json
 from qbatch.errors import OutputError, first_line
@@ -44,40 +46,11 @@ class Values:
 
 # A shape: a type, a tuple of alternatives (None: null), {field: shape} for an object, [shape] for a list,
 # Needed(shape) for a field that must be there, Decoded for text that must decode, Values(shape) for a mapping.
+# A record's file's shape is derived from its fields (shape_of); its field's metadata may say more (SHAPE).
 Shape = Any
 ARROW_SCHEMA = Decoded("an Arrow schema as qbatch records it", decode_schema)
-MANIFEST_SHAPE: Shape = {
-    "status": str, "updated_at": str, "created_at": str, "qbatch_version": str, "model_path": str,
-    "spec": {"model": str}, "versions": dict, "columns": dict, "column_schema": ARROW_SCHEMA,
-    "result_schema": ARROW_SCHEMA,
-    "fingerprint": {"settings": {"shard": (str, None)}, "model": dict,
-                    "inputs": [{"path": Needed(str), "format": str, "size": int, "sha256": (str, None),
-                                "ends_with_newline": bool}]},
-    "counts": {"rows_ok": int, "rows_failed": int, "samples_ok": int},
-    "rows_total": int, "limit": (int, None), "covered_inputs": bool, "engine_choice": (str, None),
-    "input_rows": [{"path": Needed(str), "rows": Needed(int)}],
-    "runs": [dict.fromkeys(("started_at", "finished_at", "interrupted_at", "interrupted_by"), str)],
-    "merged_from": [str],
-    # the engines' plan (plan/record.py), as output/recorded_plan.py reads it
-    "plan": {"backend": str, "platform": str, "chosen_from_shape": (str, None),
-             "placement": {"devices": [str], "engines": int, "engines_per_gpu": int, "mps": bool},
-             "llm_args": Values({"reason": (str, None)}), "decisions": Values({"reason": (str, None)}),
-             "env": [{"name": str, "value": (str, None), "reason": str, "rank": (int, None)}]},
-}
-STATS_SHAPE: Shape = {
-    "status": str, "task": str, "failures_by_kind": dict, "flags": Values(int),
-    **dict.fromkeys(("samples_ok", "rows_failed", "rows_skipped", "prompt_tokens", "cached_tokens", "num_chunks",
-                     "total_ok", "total_samples", "total_failed"), int),
-    **dict.fromkeys(("rows_ok", "completion_tokens"), Needed(int)),  # `qbatch status` prints them
-    **dict.fromkeys(("wall_s", "setup_s", "engine_start_s", "generate_s", "assemble_s", "output_tok_s",
-                     "total_tok_s", "rows_per_s"), float),
-    "chunks": [{"index": Needed(int), "rows": Needed(int), "prompt_tokens": int, "completion_tokens": int,
-                "finished_s": (float, None)}],
-    # jobs/yardstick.py: a run's share of its GPU's roofline (null off a GPU)
-    "roofline": ({"gpu": Needed(str), "gpus": Needed(int), "bound": Needed(str), "seconds": Needed(float),
-                  "share": Needed(float)}, None),
-    "cost": (float, None),
-}
+SHAPE = "shape"  # a field's metadata key: its shape where its type cannot say it (text that decodes, fields of a dict)
+NOT_IN_FILE = {"in_file": False}  # a field's metadata: the record holds it, its file does not
 MANIFEST_HINT = ("restore it, or rerun the job with --restart to start this output over "
                  "(its finished parts are then redone)")
 STATS_HINT = "delete it: the next run writes it again, and status and report work without it"
@@ -89,11 +62,6 @@ KINDS = [(dict, "an object"), (list, "a list"), (str, "text"), (bool, "a boolean
          (float, "a number")]  # bool before int: True is an int to Python, not to a reader of JSON
 
 
-def read_stats(path: Path) -> dict[str, Any] | None:
-    """stats.json, checked; None when the folder has none."""
-    return read_checked(path, STATS_SHAPE, STATS_HINT)
-
-
 def read_checked(path: Path, shape: Shape, hint: str) -> dict[str, Any] | None:
     data = read_json(path, hint=hint)
     problem = None if data is None else shape_problem(data, shape, "")
@@ -101,6 +69,39 @@ def read_checked(path: Path, shape: Shape, hint: str) -> dict[str, Any] | None:
         raise OutputError(f"{path.name} is damaged: {problem}", where=str(path), hint=hint)
     checked: dict[str, Any] | None = data  # an object: the shapes are objects
     return checked
+
+
+def file_fields(record: Any) -> list[dataclasses.Field[Any]]:
+    """A record's fields that its file holds (all but those marked NOT_IN_FILE), in order."""
+    return [f for f in dataclasses.fields(record) if f.metadata.get("in_file", True)]
+
+
+def shape_of(record: type) -> dict[str, Shape]:
+    """The shape of a typed record's file (a dataclass's), from its fields: the type of each (a record within
+    is its own shape, X | None may be null, list[X] and tuple[X, ...] lists, dict[str, X] Values(X), Any
+    anything), or the SHAPE in its metadata; a field without a default must be there (Needed)."""
+    hints = get_type_hints(record)
+    shape: dict[str, Shape] = {}
+    for f in file_fields(record):
+        inner = f.metadata[SHAPE] if SHAPE in f.metadata else _type_shape(hints[f.name])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        shape[f.name] = Needed(inner) if required else inner
+    return shape
+
+
+def _type_shape(hint: Any) -> Shape:
+    if hint is Any:
+        return object
+    if dataclasses.is_dataclass(hint):
+        return shape_of(hint)  # type: ignore[arg-type]  # a class here: the instance case is no type hint
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        return tuple(None if a is type(None) else _type_shape(a) for a in args)
+    if origin in (list, tuple):
+        return [_type_shape(args[0])]
+    if origin is dict:
+        return dict if args[1] is Any else Values(_type_shape(args[1]))
+    return origin or hint
 
 
 def shape_problem(value: Any, shape: Shape, field: str) -> str | None:
@@ -165,8 +166,8 @@ def _kind(value: Any) -> str:
 def _kind_name(expected: Any) -> str:
     if expected is None:
         return "null"
-    if isinstance(expected, (dict, list)):
-        expected = type(expected)
+    if isinstance(expected, (dict, list, Values)):
+        expected = list if isinstance(expected, list) else dict
     return next(name for kind, name in KINDS if kind is expected)
 
 

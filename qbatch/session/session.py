@@ -31,7 +31,7 @@ from qbatch.errors import SpecError, Stopped
 from qbatch.jobs import runner
 from qbatch.jobs.events import RunEvents
 from qbatch.jobs.runtime import this_process
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.log import setup as setup_log
 from qbatch.session.data import input_paths
 from qbatch.session.keywords import keyword_errors

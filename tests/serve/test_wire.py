@@ -3,7 +3,7 @@ reads it back, a newer service's summary fields left out rather than failing the
 
 import dataclasses
 
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.serve.wire import RunEnd
 
 
