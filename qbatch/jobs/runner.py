@@ -254,7 +254,7 @@ class _Run:
         measure(self.job, summary)
         summary.status = "completed"
         summary.wall_s = time.monotonic() - self.started
-        self.out.write_stats(summary.save())
+        self.out.write_stats(summary)
         manifest, opened = self._opened()
         manifest.status, manifest.updated_at, manifest.counts = "completed", now(), assembled.counts
         manifest.covered_inputs = covered_inputs(spec.input.limit, opened.scan.rows_read)

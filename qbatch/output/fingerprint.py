@@ -10,7 +10,6 @@ are merged only when their fingerprints agree (merge.py).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,19 +43,6 @@ class InputIdentity:
     ends_with_newline: bool = False
     prefix: InputPrefix | None = field(default=None, compare=False, metadata=NOT_IN_FILE)
 
-    @classmethod
-    def load(cls, data: Mapping[str, Any]) -> InputIdentity:
-        return cls(str(data["path"]), str(data.get("format", "")), int(data.get("size") or 0), data.get("sha256"),
-                   bool(data.get("ends_with_newline", False)))
-
-    def save(self) -> dict[str, Any]:
-        """The identity as a manifest records it (without the prefix)."""
-        saved: dict[str, Any] = {"path": self.path, "format": self.format, "size": self.size}
-        if self.sha256 is not None:
-            saved["sha256"] = self.sha256
-        saved["ends_with_newline"] = self.ends_with_newline
-        return saved
-
 
 @dataclass(frozen=True)
 class Fingerprint:
@@ -66,22 +52,6 @@ class Fingerprint:
     settings: dict[str, Any] = field(default_factory=dict, metadata={SHAPE: {"shard": (str, None)}})
     model: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[InputIdentity, ...] = ()
-
-    @classmethod
-    def load(cls, data: Mapping[str, Any] | None) -> Fingerprint:
-        """A fingerprint as a manifest records it (an empty one for none)."""
-        data = data or {}
-        return cls(dict(data.get("settings") or {}), dict(data.get("model") or {}),
-                   tuple(InputIdentity.load(i) for i in data.get("inputs") or ()))
-
-    @classmethod
-    def of_manifest(cls, manifest: Mapping[str, Any] | None) -> Fingerprint:
-        """The fingerprint a manifest records (an empty one for no manifest)."""
-        return cls.load((manifest or {}).get("fingerprint"))
-
-    def save(self) -> dict[str, Any]:
-        """The fingerprint as manifest.json records it."""
-        return {"settings": self.settings, "model": self.model, "inputs": [i.save() for i in self.inputs]}
 
     @property
     def shard(self) -> str | None:

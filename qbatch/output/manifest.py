@@ -11,14 +11,13 @@ says (reading.shape_of), or as its metadata's SHAPE says where the type cannot.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qbatch.output.fingerprint import Fingerprint
-from qbatch.output.reading import (ARROW_SCHEMA, MANIFEST_HINT, NOT_IN_FILE, SHAPE, Values, file_fields, read_checked,
-                                   shape_of)
+from qbatch.output.reading import (ARROW_SCHEMA, MANIFEST_HINT, NOT_IN_FILE, SHAPE, Values, load_record, read_checked,
+                                   save_record, shape_of)
 
 # The engines' plan (plan/record.py, a layer above) as output/recorded_plan.py reads it
 PLAN_SHAPE = {"backend": str, "platform": str, "chosen_from_shape": (str, None),
@@ -39,13 +38,6 @@ class RunRecord:
     rows_failed: int | None = None
     interrupted_at: str | None = None
     interrupted_by: str | None = None  # a signal's name, or a caller's stop reason
-
-    @classmethod
-    def load(cls, data: dict[str, Any]) -> RunRecord:
-        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
-
-    def save(self) -> dict[str, Any]:
-        return {name: value for name, value in vars(self).items() if value is not None}
 
 
 @dataclass
@@ -100,30 +92,16 @@ class Manifest:
 
     @classmethod
     def load(cls, data: dict[str, Any]) -> Manifest:
-        known = {f.name for f in file_fields(cls)}
-        values = {name: data[name] for name in known if name in data}
-        values["runs"] = [RunRecord.load(run) for run in data.get("runs") or []]
-        values["fingerprint"] = Fingerprint.load(data.get("fingerprint"))
-        if data.get("input_rows") is not None:
-            values["input_rows"] = [InputRows(str(i["path"]), int(i["rows"])) for i in data["input_rows"]]
-        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+        manifest = load_record(cls, data)
+        manifest.extra = {key: value for key, value in data.items() if key not in MANIFEST_SHAPE}
+        return manifest
 
     def save(self) -> dict[str, Any]:
         """The manifest as manifest.json holds it."""
-        saved: dict[str, Any] = {}
-        for f in file_fields(self):
-            value = getattr(self, f.name)
-            if value is None and not self._null_written(f.name):
-                continue
-            if f.name == "runs":
-                if self.merged_from is not None:  # a merge's: no runs
-                    continue
-                value = [run.save() for run in value]
-            elif f.name == "fingerprint":
-                value = value.save()
-            elif f.name == "input_rows":
-                value = [{"path": i.path, "rows": i.rows} for i in value]
-            saved[f.name] = value
+        saved = {name: value for name, value in save_record(self, nulls=True).items()
+                 if value is not None or self._null_written(name)}
+        if self.merged_from is not None:  # a merge's: no runs
+            del saved["runs"]
         return {**saved, **self.extra}
 
     def _null_written(self, name: str) -> bool:

@@ -10,12 +10,12 @@ never a traceback and never taken for a missing file. The JSON files' shapes are
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from qbatch._fs import read_error, read_json
 from qbatch.errors import OutputError, first_line
@@ -48,6 +48,7 @@ class Values:
 # Needed(shape) for a field that must be there, Decoded for text that must decode, Values(shape) for a mapping.
 # A record's file's shape is derived from its fields (shape_of); its field's metadata may say more (SHAPE).
 Shape = Any
+R = TypeVar("R")
 ARROW_SCHEMA = Decoded("an Arrow schema as qbatch records it", decode_schema)
 SHAPE = "shape"  # a field's metadata key: its shape where its type cannot say it (text that decodes, fields of a dict)
 NOT_IN_FILE = {"in_file": False}  # a field's metadata: the record holds it, its file does not
@@ -102,6 +103,41 @@ def _type_shape(hint: Any) -> Shape:
     if origin is dict:
         return dict if args[1] is Any else Values(_type_shape(args[1]))
     return origin or hint
+
+
+def load_record(record: type[R], data: Mapping[str, Any]) -> R:
+    """A typed record from its file's object (checked by its shape): each field that is there (a record
+    within, or a list or tuple of them, loaded the same way), the others their defaults; keys that are
+    no field (a newer qbatch's) left out."""
+    hints = get_type_hints(record)
+    return record(**{f.name: _loaded(hints[f.name], data[f.name]) for f in file_fields(record) if f.name in data})
+
+
+def _loaded(hint: Any, value: Any) -> Any:
+    if get_origin(hint) in (Union, UnionType):
+        hint = next(a for a in get_args(hint) if a is not type(None))
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(hint):
+        return load_record(hint, value)  # type: ignore[arg-type]  # a class here: the instance case is no type hint
+    if get_origin(hint) in (list, tuple) and dataclasses.is_dataclass(get_args(hint)[0]):
+        return get_origin(hint)(load_record(get_args(hint)[0], item) for item in value)
+    return value
+
+
+def save_record(record: Any, *, nulls: bool = False) -> dict[str, Any]:
+    """A typed record as its file holds it: its fields in order (a record within saved the same way, a
+    tuple as a list); a field that is None is left out, unless `nulls`."""
+    saved = {}
+    for f in file_fields(record):
+        value = getattr(record, f.name)
+        if dataclasses.is_dataclass(value):
+            value = save_record(value)
+        elif isinstance(value, (list, tuple)) and value and dataclasses.is_dataclass(value[0]):
+            value = [save_record(item) for item in value]
+        if value is not None or nulls:
+            saved[f.name] = list(value) if isinstance(value, tuple) else value
+    return saved
 
 
 def shape_problem(value: Any, shape: Shape, field: str) -> str | None:

@@ -9,13 +9,14 @@ write takes its default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qbatch.errors import EXIT_ROW_ERRORS, EXIT_UNUSABLE
 from qbatch.output.flags import unusable
-from qbatch.output.reading import NOT_IN_FILE, SHAPE, STATS_HINT, Needed, file_fields, read_checked, shape_of
+from qbatch.output.reading import (NOT_IN_FILE, SHAPE, STATS_HINT, Needed, load_record, read_checked, save_record,
+                                   shape_of)
 from qbatch.records import Failure
 
 BASE_MODEL = "(base model)"  # the key of rows without an adapter in Summary.adapters (no adapter name has parentheses)
@@ -107,8 +108,7 @@ class Summary:
 
     def save(self) -> dict[str, Any]:
         """As stats.json holds it: every field but a dry run's plan (which writes no stats), then the rates."""
-        stats = asdict(self)
-        return {**{f.name: stats[f.name] for f in file_fields(self)}, **self.rates()}
+        return {**save_record(self, nulls=True), **self.rates()}
 
     def rates(self) -> dict[str, float]:
         """Per second of generation, rounded as stats.json records them: output tokens, all tokens, rows."""
@@ -127,8 +127,7 @@ class Summary:
     def load(cls, data: Mapping[str, Any]) -> Summary:
         """A summary as stats.json or the service's answer (wire.py) holds it: keys that are no field (the
         rates, or a newer qbatch's fields) are left out."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in names})
+        return load_record(cls, data)
 
 
 STATS_SHAPE = shape_of(Summary)  # what Summary.read checks, field by field
