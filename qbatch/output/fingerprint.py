@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from qbatch.output.reading import NOT_IN_FILE, SHAPE
+from qbatch.output.record_files import NOT_IN_FILE, SHAPE
 from qbatch.spec import COMPRESSED_SUFFIXES
 
 HASH_BLOCK_BYTES = 1 << 20

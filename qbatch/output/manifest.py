@@ -6,7 +6,7 @@ The file's keys are the fields' names, in this order; a field that is None is no
 records no runs, an unfinished run no counts), except `limit` (null: no --limit) and a run's
 `engine_choice` (null: the engine was not chosen for the job's shape). Keys this qbatch does not know
 (a newer one's) are kept as they were read, after the others. Reading checks each field as its type
-says (reading.shape_of), or as its metadata's SHAPE says where the type cannot.
+says (record_files.py), or as its metadata's SHAPE says where the type cannot.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from qbatch.output.fingerprint import Fingerprint
-from qbatch.output.reading import (ARROW_SCHEMA, MANIFEST_HINT, NOT_IN_FILE, SHAPE, Values, load_record, read_checked,
-                                   save_record, shape_of)
+from qbatch.output.reading import ARROW_SCHEMA, MANIFEST_HINT, Values, read_checked
+from qbatch.output.record_files import NOT_IN_FILE, SHAPE, load_record, save_record, shape_of
 
 # The engines' plan (plan/record.py, a layer above) as output/recorded_plan.py reads it
 PLAN_SHAPE = {"backend": str, "platform": str, "chosen_from_shape": (str, None),

@@ -4,18 +4,16 @@ resumed run, `qbatch status`, `qbatch report` and `qbatch merge`.
 The rule: a file that is there but cannot be used (not JSON, JSON of the wrong shape, a truncated
 or foreign Parquet file, unreadable) is an OutputError that names the file and how to recover,
 never a traceback and never taken for a missing file. The JSON files' shapes are their records'
-(output/manifest.py, output/summary.py), derived from the records' fields (shape_of).
+(output/manifest.py, output/summary.py), derived from the records' fields (record_files.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import UnionType
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 from qbatch._fs import read_error, read_json
 from qbatch.errors import OutputError, first_line
@@ -46,12 +44,9 @@ class Values:
 
 # A shape: a type, a tuple of alternatives (None: null), {field: shape} for an object, [shape] for a list,
 # Needed(shape) for a field that must be there, Decoded for text that must decode, Values(shape) for a mapping.
-# A record's file's shape is derived from its fields (shape_of); its field's metadata may say more (SHAPE).
+# A record's file's shape is derived from its fields (record_files.shape_of).
 Shape = Any
-R = TypeVar("R")
 ARROW_SCHEMA = Decoded("an Arrow schema as qbatch records it", decode_schema)
-SHAPE = "shape"  # a field's metadata key: its shape where its type cannot say it (text that decodes, fields of a dict)
-NOT_IN_FILE = {"in_file": False}  # a field's metadata: the record holds it, its file does not
 MANIFEST_HINT = ("restore it, or rerun the job with --restart to start this output over "
                  "(its finished parts are then redone)")
 STATS_HINT = "delete it: the next run writes it again, and status and report work without it"
@@ -70,74 +65,6 @@ def read_checked(path: Path, shape: Shape, hint: str) -> dict[str, Any] | None:
         raise OutputError(f"{path.name} is damaged: {problem}", where=str(path), hint=hint)
     checked: dict[str, Any] | None = data  # an object: the shapes are objects
     return checked
-
-
-def file_fields(record: Any) -> list[dataclasses.Field[Any]]:
-    """A record's fields that its file holds (all but those marked NOT_IN_FILE), in order."""
-    return [f for f in dataclasses.fields(record) if f.metadata.get("in_file", True)]
-
-
-def shape_of(record: type) -> dict[str, Shape]:
-    """The shape of a typed record's file (a dataclass's), from its fields: the type of each (a record within
-    is its own shape, X | None may be null, list[X] and tuple[X, ...] lists, dict[str, X] Values(X), Any
-    anything), or the SHAPE in its metadata; a field without a default must be there (Needed)."""
-    hints = get_type_hints(record)
-    shape: dict[str, Shape] = {}
-    for f in file_fields(record):
-        inner = f.metadata[SHAPE] if SHAPE in f.metadata else _type_shape(hints[f.name])
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        shape[f.name] = Needed(inner) if required else inner
-    return shape
-
-
-def _type_shape(hint: Any) -> Shape:
-    if hint is Any:
-        return object
-    if dataclasses.is_dataclass(hint):
-        return shape_of(hint)  # type: ignore[arg-type]  # a class here: the instance case is no type hint
-    origin, args = get_origin(hint), get_args(hint)
-    if origin in (Union, UnionType):
-        return tuple(None if a is type(None) else _type_shape(a) for a in args)
-    if origin in (list, tuple):
-        return [_type_shape(args[0])]
-    if origin is dict:
-        return dict if args[1] is Any else Values(_type_shape(args[1]))
-    return origin or hint
-
-
-def load_record(record: type[R], data: Mapping[str, Any]) -> R:
-    """A typed record from its file's object (checked by its shape): each field that is there (a record
-    within, or a list or tuple of them, loaded the same way), the others their defaults; keys that are
-    no field (a newer qbatch's) left out."""
-    hints = get_type_hints(record)
-    return record(**{f.name: _loaded(hints[f.name], data[f.name]) for f in file_fields(record) if f.name in data})
-
-
-def _loaded(hint: Any, value: Any) -> Any:
-    if get_origin(hint) in (Union, UnionType):
-        hint = next(a for a in get_args(hint) if a is not type(None))
-    if value is None:
-        return None
-    if dataclasses.is_dataclass(hint):
-        return load_record(hint, value)  # type: ignore[arg-type]  # a class here: the instance case is no type hint
-    if get_origin(hint) in (list, tuple) and dataclasses.is_dataclass(get_args(hint)[0]):
-        return get_origin(hint)(load_record(get_args(hint)[0], item) for item in value)
-    return value
-
-
-def save_record(record: Any, *, nulls: bool = False) -> dict[str, Any]:
-    """A typed record as its file holds it: its fields in order (a record within saved the same way, a
-    tuple as a list); a field that is None is left out, unless `nulls`."""
-    saved = {}
-    for f in file_fields(record):
-        value = getattr(record, f.name)
-        if dataclasses.is_dataclass(value):
-            value = save_record(value)
-        elif isinstance(value, (list, tuple)) and value and dataclasses.is_dataclass(value[0]):
-            value = [save_record(item) for item in value]
-        if value is not None or nulls:
-            saved[f.name] = list(value) if isinstance(value, tuple) else value
-    return saved
 
 
 def shape_problem(value: Any, shape: Shape, field: str) -> str | None:

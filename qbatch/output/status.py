@@ -29,6 +29,7 @@ def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None 
     if status == "completed":
         _check_final_files(folder)
     stats = Summary.read(folder.path / "stats.json")
+    saved = stats.save() if stats else {}  # its numbers as stats.json holds them, the rates rounded
     total = done + failed if merged_from else (manifest.rows_total if manifest else None)
     return {
         "output_dir": str(folder.path),
@@ -43,7 +44,8 @@ def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None 
         "rows_remaining": None if total is None else max(total - done - failed, 0),
         "parts": len(folder.part_files(RESULT_PREFIX)),
         "merged_from": merged_from,
-        "last_run": _last_run(stats),
+        "last_run": {key: saved.get(key) for key in ("rows_ok", "rows_failed", "prompt_tokens", "completion_tokens",
+                                                    "generate_s", "wall_s", "output_tok_s", "total_tok_s")},
         "updated_at": manifest.updated_at if manifest else None,
         "live": _live(folder, total, done, failed, said.get("phase")) if holder is not None else None,
         "flags": stats.flags if stats else None,  # counted over results.parquet's rows, not the last run's alone
@@ -53,16 +55,6 @@ def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None 
     }
 
 
-def _last_run(stats: Summary | None) -> dict[str, Any]:
-    """The last completed run's numbers (stats.json), its rates as it printed them; None each without it."""
-    if stats is None:
-        return dict.fromkeys(LAST_RUN)
-    rates = stats.rates()
-    return {key: rates[key] if key in rates else getattr(stats, key) for key in LAST_RUN}
-
-
-LAST_RUN = ("rows_ok", "rows_failed", "prompt_tokens", "completion_tokens", "generate_s", "wall_s", "output_tok_s",
-            "total_tok_s")
 RATE_WINDOW_S = 60.0  # current rates are over the last minute of telemetry
 RATE_PARTS = 10  # without telemetry: over the last parts written
 

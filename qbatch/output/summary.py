@@ -15,8 +15,8 @@ from typing import Any
 
 from qbatch.errors import EXIT_ROW_ERRORS, EXIT_UNUSABLE
 from qbatch.output.flags import unusable
-from qbatch.output.reading import (NOT_IN_FILE, SHAPE, STATS_HINT, Needed, load_record, read_checked, save_record,
-                                   shape_of)
+from qbatch.output.reading import STATS_HINT, Needed, read_checked
+from qbatch.output.record_files import NOT_IN_FILE, SHAPE, load_record, save_record, shape_of
 from qbatch.records import Failure
 
 BASE_MODEL = "(base model)"  # the key of rows without an adapter in Summary.adapters (no adapter name has parentheses)

@@ -171,7 +171,7 @@ def test_the_prefix_hash_of_one_pass_equals_the_old_files_hash(tmp_path, monkeyp
 def test_a_fingerprint_reads_back_as_it_was_saved(tmp_path):
     """manifest.json keeps the fingerprint as before the typed records (no prefix); every reader loads it so."""
     from qbatch.output.fingerprint import Fingerprint, input_identity
-    from qbatch.output.reading import load_record, save_record
+    from qbatch.output.record_files import load_record, save_record
 
     path = tmp_path / "in.jsonl"
     path.write_text('{"prompt": "a"}\n')

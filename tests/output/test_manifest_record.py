@@ -10,7 +10,8 @@ import pytest
 
 from qbatch.errors import OutputError
 from qbatch.output.manifest import InputRows, Manifest, RunRecord
-from qbatch.output.reading import ARROW_SCHEMA, NOT_IN_FILE, SHAPE, Needed, Values, shape_of
+from qbatch.output.reading import ARROW_SCHEMA, Needed, Values
+from qbatch.output.record_files import NOT_IN_FILE, SHAPE, shape_of
 
 # A completed null run's manifest.json, written by qbatch before the record (main at 0b40086)
 WRITTEN_BEFORE = Path(__file__).parent / "data" / "manifest_written_by_main.json"
@@ -52,7 +53,7 @@ def test_a_merge_records_no_run_fields():
 
 
 def test_every_field_of_the_record_is_checked_as_its_type_says(tmp_path):
-    """The file's shape is derived from the records (reading.shape_of): a field no list names is checked too,
+    """The file's shape is derived from the records (record_files.shape_of): a field no list names is checked too,
     and a damaged one is named with its place."""
     data = json.loads(WRITTEN_BEFORE.read_text())
     data["runs"][0]["pid"] = "26817"
