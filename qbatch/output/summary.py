@@ -1,9 +1,9 @@
 """What a run did: the summary the CLI prints and OUT_DIR/stats.json stores, as a typed record that jobs/
 builds and every reader (`qbatch status`, `qbatch report`, a client of the service) loads the same way.
 
-stats.json's keys are the fields' names, in this order (but a dry run's plan), then the rates. A key
-that is no field (the rates, a newer qbatch's) is left out when read; a field an older qbatch did not
-write takes its default.
+stats.json's keys are the fields' names, in this order (but a dry run's plan: a dry run writes no stats;
+the service's answer carries it), then the rates. A key that is no field (the rates, a newer qbatch's)
+is left out when read; a field an older qbatch did not write takes its default.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from qbatch.errors import EXIT_ROW_ERRORS, EXIT_UNUSABLE
 from qbatch.output.flags import unusable
 from qbatch.output.reading import STATS_HINT, Needed, read_checked
-from qbatch.output.record_files import NOT_IN_FILE, SHAPE, load_record, save_record, shape_of
+from qbatch.output.record_files import SHAPE, load_record, save_record, shape_of
 from qbatch.records import Failure
 
 BASE_MODEL = "(base model)"  # the key of rows without an adapter in Summary.adapters (no adapter name has parentheses)
@@ -54,7 +54,7 @@ class Summary:
     parts: list[dict[str, Any]] = field(default_factory=list)
     task: str = "generate"  # or "embed": no output tokens, the summary counts input tokens
     engine_choice: str | None = None  # engines per GPU and torch.compile from the job's shape (plan/shape.py)
-    plan: str | None = field(default=None, metadata=NOT_IN_FILE)  # a dry run's plan in words: what the engines would get and why (plan/show.py)
+    plan: str | None = None  # a dry run's plan in words: what the engines would get and why (plan/show.py)
     # jobs with LoRA adapters: per adapter (BASE_MODEL for rows of none) its rows and tokens, as rows_ok and
     # prompt_tokens / completion_tokens count them; None for jobs without adapters
     adapters: dict[str, dict[str, int]] | None = None
@@ -108,14 +108,13 @@ class Summary:
 
     def save(self) -> dict[str, Any]:
         """As stats.json holds it: every field but a dry run's plan (which writes no stats), then the rates."""
-        return {**save_record(self, nulls=True), **self.rates()}
-
-    def rates(self) -> dict[str, float]:
-        """Per second of generation, rounded as stats.json records them: output tokens, all tokens, rows."""
+        stats = save_record(self, nulls=True)
+        stats.pop("plan")
         total = self.prompt_tokens + self.completion_tokens
-        return {"output_tok_s": round(self.output_tok_s, 1),
-                "total_tok_s": round(total / self.generate_s, 1) if self.generate_s else 0.0,
-                "rows_per_s": round(self.rows_ok / self.generate_s, 2) if self.generate_s else 0.0}
+        stats.update(output_tok_s=round(self.output_tok_s, 1),
+                     total_tok_s=round(total / self.generate_s, 1) if self.generate_s else 0.0,
+                     rows_per_s=round(self.rows_ok / self.generate_s, 2) if self.generate_s else 0.0)
+        return stats
 
     @classmethod
     def read(cls, path: Path) -> Summary | None:
