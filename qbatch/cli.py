@@ -334,7 +334,7 @@ def _run_job(spec: JobSpec) -> None:
     from qbatch.display import print_summary
     from qbatch.jobs.runtime import this_process
     from qbatch.jobs.shutdown import ProcessGuard
-    from qbatch.jobs.summary import exit_code as run_exit_code
+    from qbatch.output.summary import exit_code as run_exit_code
     from qbatch.session.session import Session
 
     setup_log(spec.output.progress)

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from qbatch._fs import is_url
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.output.flags import flag_lines
 from qbatch.output.recorded_plan import full_lines, summary_lines
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import tomllib
 import types
 import typing
@@ -81,6 +82,13 @@ def setting(default: Any = None, help: str = "", *, factory: Any = None, **decla
 
 def declared(spec_field: dataclasses.Field[Any]) -> Setting:
     return typing.cast(Setting, spec_field.metadata["setting"])
+
+
+def from_environment(section: type) -> dict[str, str]:
+    """The settings of `section` that their declared environment variable gives (set, not empty): a
+    Session takes them from it as the CLI's flags do (`envvar`)."""
+    return {f.name: os.environ[name] for f in dataclasses.fields(section)
+            if (name := declared(f).envvar) and os.environ.get(name)}
 
 
 def choices(hint: Any) -> tuple[Any, ...] | None:

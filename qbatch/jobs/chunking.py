@@ -43,11 +43,6 @@ def length_key(request: Request) -> tuple[int, int]:
     return request.sampling["max_tokens"], request.num_prompt_tokens
 
 
-def order_window(requests: list[Request], order: str) -> list[Request]:
-    """The window in the job's --order, as one list (order_groups without the groups)."""
-    return [r for group in order_groups(requests, order) for r in group]
-
-
 def order_groups(requests: list[Request], order: str) -> list[list[Request]]:
     """The window in the job's --order, as groups that cut_group_chunks keeps in one chunk each:
     "longest-first" (rows sharing a long prefix together, each group longest first, groups by

@@ -35,7 +35,7 @@ from qbatch.jobs.opening import Found, Opened, check_not_empty, open_manifest, p
 from qbatch.jobs.parts import PartWriter
 from qbatch.jobs.shape import choose_for_shape
 from qbatch.jobs.stages import Stages
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.jobs.telemetry import Telemetry
 from qbatch.jobs.yardstick import estimate, measure
 from qbatch.log import log
@@ -254,7 +254,7 @@ class _Run:
         measure(self.job, summary)
         summary.status = "completed"
         summary.wall_s = time.monotonic() - self.started
-        self.out.write_stats(summary.save())
+        self.out.write_stats(summary)
         manifest, opened = self._opened()
         manifest.status, manifest.updated_at, manifest.counts = "completed", now(), assembled.counts
         manifest.covered_inputs = covered_inputs(spec.input.limit, opened.scan.rows_read)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.log import log
 from qbatch.models.registry import cache_dir, text_config
 from qbatch.plan.roofline import ModelCost, Roofline, Work, gpu_peak, roofline

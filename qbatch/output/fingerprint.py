@@ -10,11 +10,11 @@ are merged only when their fingerprints agree (merge.py).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from qbatch.output.record_files import NOT_IN_FILE, SHAPE
 from qbatch.spec import COMPRESSED_SUFFIXES
 
 HASH_BLOCK_BYTES = 1 << 20
@@ -33,27 +33,15 @@ class InputPrefix:
 @dataclass(frozen=True)
 class InputIdentity:
     """One input as a run read it: `size` bytes hashing to `sha256` (None: recorded by an older qbatch
-    that hashed only the file's start and end). `prefix` is this run's own, never recorded."""
+    that hashed only the file's start and end). `prefix` is this run's own, never recorded. A manifest
+    may lack what the defaults fill (an older qbatch's)."""
 
     path: str
-    format: str
-    size: int
-    sha256: str | None
+    format: str = ""
+    size: int = 0
+    sha256: str | None = None
     ends_with_newline: bool = False
-    prefix: InputPrefix | None = field(default=None, compare=False)
-
-    @classmethod
-    def load(cls, data: Mapping[str, Any]) -> InputIdentity:
-        return cls(str(data["path"]), str(data.get("format", "")), int(data.get("size") or 0), data.get("sha256"),
-                   bool(data.get("ends_with_newline", False)))
-
-    def save(self) -> dict[str, Any]:
-        """The identity as a manifest records it (without the prefix)."""
-        saved: dict[str, Any] = {"path": self.path, "format": self.format, "size": self.size}
-        if self.sha256 is not None:
-            saved["sha256"] = self.sha256
-        saved["ends_with_newline"] = self.ends_with_newline
-        return saved
+    prefix: InputPrefix | None = field(default=None, compare=False, metadata=NOT_IN_FILE)
 
 
 @dataclass(frozen=True)
@@ -61,25 +49,9 @@ class Fingerprint:
     """What the results depend on: settings (JobSpec.result_settings and what Job.fingerprint adds), the
     model's identity, and the inputs'."""
 
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict, metadata={SHAPE: {"shard": (str, None)}})
     model: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[InputIdentity, ...] = ()
-
-    @classmethod
-    def load(cls, data: Mapping[str, Any] | None) -> Fingerprint:
-        """A fingerprint as a manifest records it (an empty one for none)."""
-        data = data or {}
-        return cls(dict(data.get("settings") or {}), dict(data.get("model") or {}),
-                   tuple(InputIdentity.load(i) for i in data.get("inputs") or ()))
-
-    @classmethod
-    def of_manifest(cls, manifest: Mapping[str, Any] | None) -> Fingerprint:
-        """The fingerprint a manifest records (an empty one for no manifest)."""
-        return cls.load((manifest or {}).get("fingerprint"))
-
-    def save(self) -> dict[str, Any]:
-        """The fingerprint as manifest.json records it."""
-        return {"settings": self.settings, "model": self.model, "inputs": [i.save() for i in self.inputs]}
 
     @property
     def shard(self) -> str | None:

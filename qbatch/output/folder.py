@@ -37,6 +37,7 @@ from qbatch.output.done import DoneIds
 from qbatch.output.fingerprint import Fingerprint
 from qbatch.output.manifest import Manifest
 from qbatch.output.reading import PART_HINT, reading
+from qbatch.output.summary import Summary
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
 
 LOCK_NAME = OUTPUT_LOCK
@@ -180,8 +181,8 @@ class OutputDir:
     def write_manifest(self, manifest: Manifest) -> None:
         atomic_write_json(self.manifest_path, manifest.save())
 
-    def write_stats(self, stats: dict[str, Any]) -> None:
-        atomic_write_json(self.path / "stats.json", stats)
+    def write_stats(self, summary: Summary) -> None:
+        atomic_write_json(self.path / "stats.json", summary.save())
 
     def check_fingerprint(self, fingerprint: Fingerprint, *, restart: bool) -> Manifest | None:
         """The previous manifest if it matches; raise CheckpointMismatch if not; wipe on restart."""

@@ -3,8 +3,8 @@ resumed run, `qbatch status`, `qbatch report` and `qbatch merge`.
 
 The rule: a file that is there but cannot be used (not JSON, JSON of the wrong shape, a truncated
 or foreign Parquet file, unreadable) is an OutputError that names the file and how to recover,
-never a traceback and never taken for a missing file. The JSON files' shapes below list the
-fields readers use and their types; other fields are not checked.
+never a traceback and never taken for a missing file. The JSON files' shapes are their records'
+(output/manifest.py, output/summary.py), derived from the records' fields (record_files.py).
 """
 
 from __future__ import annotations
@@ -44,40 +44,9 @@ class Values:
 
 # A shape: a type, a tuple of alternatives (None: null), {field: shape} for an object, [shape] for a list,
 # Needed(shape) for a field that must be there, Decoded for text that must decode, Values(shape) for a mapping.
+# A record's file's shape is derived from its fields (record_files.shape_of).
 Shape = Any
 ARROW_SCHEMA = Decoded("an Arrow schema as qbatch records it", decode_schema)
-MANIFEST_SHAPE: Shape = {
-    "status": str, "updated_at": str, "created_at": str, "qbatch_version": str, "model_path": str,
-    "spec": {"model": str}, "versions": dict, "columns": dict, "column_schema": ARROW_SCHEMA,
-    "result_schema": ARROW_SCHEMA,
-    "fingerprint": {"settings": {"shard": (str, None)}, "model": dict,
-                    "inputs": [{"path": Needed(str), "format": str, "size": int, "sha256": (str, None),
-                                "ends_with_newline": bool}]},
-    "counts": {"rows_ok": int, "rows_failed": int, "samples_ok": int},
-    "rows_total": int, "limit": (int, None), "covered_inputs": bool, "engine_choice": (str, None),
-    "input_rows": [{"path": Needed(str), "rows": Needed(int)}],
-    "runs": [dict.fromkeys(("started_at", "finished_at", "interrupted_at", "interrupted_by"), str)],
-    "merged_from": [str],
-    # the engines' plan (plan/record.py), as output/recorded_plan.py reads it
-    "plan": {"backend": str, "platform": str, "chosen_from_shape": (str, None),
-             "placement": {"devices": [str], "engines": int, "engines_per_gpu": int, "mps": bool},
-             "llm_args": Values({"reason": (str, None)}), "decisions": Values({"reason": (str, None)}),
-             "env": [{"name": str, "value": (str, None), "reason": str, "rank": (int, None)}]},
-}
-STATS_SHAPE: Shape = {
-    "status": str, "task": str, "failures_by_kind": dict, "flags": Values(int),
-    **dict.fromkeys(("samples_ok", "rows_failed", "rows_skipped", "prompt_tokens", "cached_tokens", "num_chunks",
-                     "total_ok", "total_samples", "total_failed"), int),
-    **dict.fromkeys(("rows_ok", "completion_tokens"), Needed(int)),  # `qbatch status` prints them
-    **dict.fromkeys(("wall_s", "setup_s", "engine_start_s", "generate_s", "assemble_s", "output_tok_s",
-                     "total_tok_s", "rows_per_s"), float),
-    "chunks": [{"index": Needed(int), "rows": Needed(int), "prompt_tokens": int, "completion_tokens": int,
-                "finished_s": (float, None)}],
-    # jobs/yardstick.py: a run's share of its GPU's roofline (null off a GPU)
-    "roofline": ({"gpu": Needed(str), "gpus": Needed(int), "bound": Needed(str), "seconds": Needed(float),
-                  "share": Needed(float)}, None),
-    "cost": (float, None),
-}
 MANIFEST_HINT = ("restore it, or rerun the job with --restart to start this output over "
                  "(its finished parts are then redone)")
 STATS_HINT = "delete it: the next run writes it again, and status and report work without it"
@@ -87,11 +56,6 @@ PART_HINT = "delete that part (its rows will be redone) and rerun"
 TELEMETRY_HINT = "move it away: status and report work without telemetry, and the next run writes a new one"
 KINDS = [(dict, "an object"), (list, "a list"), (str, "text"), (bool, "a boolean"), (int, "an integer"),
          (float, "a number")]  # bool before int: True is an int to Python, not to a reader of JSON
-
-
-def read_stats(path: Path) -> dict[str, Any] | None:
-    """stats.json, checked; None when the folder has none."""
-    return read_checked(path, STATS_SHAPE, STATS_HINT)
 
 
 def read_checked(path: Path, shape: Shape, hint: str) -> dict[str, Any] | None:
@@ -165,8 +129,8 @@ def _kind(value: Any) -> str:
 def _kind_name(expected: Any) -> str:
     if expected is None:
         return "null"
-    if isinstance(expected, (dict, list)):
-        expected = type(expected)
+    if isinstance(expected, (dict, list, Values)):
+        expected = list if isinstance(expected, list) else dict
     return next(name for kind, name in KINDS if kind is expected)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from qbatch.output.folder import RESULT_PREFIX, OutputDir
-from qbatch.output.reading import FINAL_HINT, PART_HINT, read_stats, reading
+from qbatch.output.reading import FINAL_HINT, PART_HINT, reading
+from qbatch.output.summary import Summary
 from qbatch.errors import OutputError
 
 
@@ -27,7 +28,8 @@ def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None 
     done, failed = _merged_counts(folder) if merged_from else _part_counts(folder)
     if status == "completed":
         _check_final_files(folder)
-    stats = read_stats(folder.path / "stats.json") or {}
+    stats = Summary.read(folder.path / "stats.json")
+    saved = stats.save() if stats else {}  # its numbers as stats.json holds them, the rates rounded
     total = done + failed if merged_from else (manifest.rows_total if manifest else None)
     return {
         "output_dir": str(folder.path),
@@ -42,13 +44,13 @@ def read_status(output_dir: str, *, live_run: tuple[str, dict[str, Any]] | None 
         "rows_remaining": None if total is None else max(total - done - failed, 0),
         "parts": len(folder.part_files(RESULT_PREFIX)),
         "merged_from": merged_from,
-        "last_run": {key: stats.get(key) for key in ("rows_ok", "rows_failed", "prompt_tokens", "completion_tokens",
+        "last_run": {key: saved.get(key) for key in ("rows_ok", "rows_failed", "prompt_tokens", "completion_tokens",
                                                     "generate_s", "wall_s", "output_tok_s", "total_tok_s")},
         "updated_at": manifest.updated_at if manifest else None,
         "live": _live(folder, total, done, failed, said.get("phase")) if holder is not None else None,
-        "flags": stats.get("flags"),  # counted over results.parquet's rows, not the last run's alone
-        "result_rows": stats.get("total_samples") or stats.get("total_ok"),
-        "roofline": stats.get("roofline"),
+        "flags": stats.flags if stats else None,  # counted over results.parquet's rows, not the last run's alone
+        "result_rows": stats.result_rows if stats else None,
+        "roofline": stats.roofline if stats else None,
         "plan": manifest.plan if manifest else None,  # what vLLM got and why (plan/record.py); None before it was recorded
     }
 

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 from qbatch.output.folder import OutputDir
 from qbatch.output.manifest import Manifest
-from qbatch.output.reading import FINAL_HINT, PART_HINT, read_stats, reading
+from qbatch.output.reading import FINAL_HINT, PART_HINT, reading
+from qbatch.output.summary import Summary
 from qbatch.output.telemetry import read as read_telemetry
 from qbatch.report.answers import summarize as summarize_answers
 from qbatch.report.glance import glance, run_numbers
@@ -38,7 +39,7 @@ def collect(output_dir: str | Path) -> dict[str, Any]:
     """Every section's data; None for what the folder does not hold."""
     folder = Path(output_dir)
     manifest = Manifest.read(folder / "manifest.json") or Manifest()
-    stats = read_stats(folder / "stats.json") or {}
+    stats = Summary.read(folder / "stats.json")
     telemetry = read_telemetry(folder)
     timeline = Timeline.of(manifest, telemetry, live=OutputDir(folder).lock_holder() is not None)
     embeds = manifest.task == "embed"
@@ -147,9 +148,9 @@ def _means(timeline: Timeline, rows: Any, columns: dict[str, float]) -> dict[str
 
 
 # -- stats.json and the results ------------------------------------------------
-def chunks(stats: dict[str, Any]) -> dict[str, Any] | None:
+def chunks(stats: Summary | None) -> dict[str, Any] | None:
     """Per chunk: rows, output tokens, and seconds since the previous chunk finished (stats.json)."""
-    items = [c for c in (stats or {}).get("chunks") or [] if c.get("finished_s") is not None]
+    items = [c for c in (stats.chunks if stats else []) if c.get("finished_s") is not None]
     if not items:
         return None
     items.sort(key=lambda c: c["finished_s"])

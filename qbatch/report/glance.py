@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from qbatch.output.manifest import Manifest
+from qbatch.output.summary import Summary
 from qbatch.report.timeline import Timeline, increments
 
 
@@ -47,7 +48,7 @@ def run_numbers(timeline: Timeline, run: dict[str, Any], *, embeds: bool) -> dic
     return out
 
 
-def glance(manifest: Manifest, stats: dict[str, Any], timeline: Timeline) -> dict[str, Any]:
+def glance(manifest: Manifest, stats: Summary | None, timeline: Timeline) -> dict[str, Any]:
     """What someone who judges a deployment by nvidia-smi looks for first, for one run (the last that
     generated): mean GPU (or CPU) utilization while it generated, output tok/s (per GPU too), GPU
     power and energy, peak GPU memory; and the phase split of stats.json (the last completed run).
@@ -62,21 +63,21 @@ def glance(manifest: Manifest, stats: dict[str, Any], timeline: Timeline) -> dic
     if run is not None:
         out.update(run_numbers(timeline, run, embeds=embeds), run=run["label"], generate_s=run["seconds"])
         out["tok_s_source"] = "telemetry" if out["tok_s"] is not None else None
-    if _stats_are_of(stats, manifest, run):
-        tokens = stats.get("prompt_tokens" if embeds else "completion_tokens") or 0
-        out.update(tok_s=round(tokens / stats["generate_s"], 1), tok_s_source="stats.json",
-                   generate_s=round(stats["generate_s"], 1))
+    if stats is not None and _stats_are_of(stats, manifest, run):
+        tokens = stats.prompt_tokens if embeds else stats.completion_tokens
+        out.update(tok_s=round(tokens / stats.generate_s, 1), tok_s_source="stats.json",
+                   generate_s=round(stats.generate_s, 1))
     if out["tok_s"] is not None and out["gpus"]:
         out["tok_s_per_gpu"] = round(out["tok_s"] / out["gpus"], 1)
     out["phases"] = phase_split(stats)
     return out
 
 
-def _stats_are_of(stats: dict[str, Any], manifest: Manifest, run: dict[str, Any] | None) -> bool:
+def _stats_are_of(stats: Summary, manifest: Manifest, run: dict[str, Any] | None) -> bool:
     """Whether stats.json (written when a run completes) is this run's: the folder's last run, which completed
     and generated. A run that found nothing to do writes a stats.json without generation; one that stopped
     writes none, leaving an earlier run's."""
-    if not stats.get("generate_s"):
+    if not stats.generate_s:
         return False
     if run is None:  # no telemetry: stats.json is all there is
         return manifest.status == "completed"
@@ -92,16 +93,16 @@ def _max_or_none(series: Any) -> Any:
     return series.max() if series.len() else None
 
 
-def phase_split(stats: dict[str, Any]) -> list[dict[str, Any]] | None:
+def phase_split(stats: Summary | None) -> list[dict[str, Any]] | None:
     """The last completed run's wall time split into what it waited on, in order: setup (inputs, tokenizer,
     the pre-scan), the engine's start beyond the setup (engines start early, beside the setup: only the
     wait left after it counts), generation, and assembly. The parts add up to the wall time. None when
     that run generated nothing (a rerun that found every row done)."""
-    if not stats or not stats.get("wall_s") or not stats.get("generate_s"):
+    if stats is None or not stats.wall_s or not stats.generate_s:
         return None
-    wall = float(stats["wall_s"])
-    setup, generate, assemble = (float(stats.get(k) or 0.0) for k in ("setup_s", "generate_s", "assemble_s"))
-    waited = max(0.0, min(float(stats.get("engine_start_s") or 0.0), wall - setup - generate - assemble))
+    wall, setup, generate, assemble = (float(s) for s in (stats.wall_s, stats.setup_s, stats.generate_s,
+                                                             stats.assemble_s))
+    waited = max(0.0, min(float(stats.engine_start_s), wall - setup - generate - assemble))
     parts = [("setup", setup), ("engine start", waited), ("generate", generate), ("assembly", assemble)]
     other = wall - sum(seconds for _, seconds in parts)
     if other > 0.05 * wall:  # time the phases above do not cover (writing stats, the run's own overhead)

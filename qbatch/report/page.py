@@ -21,6 +21,7 @@ from qbatch._fs import atomic_write, normal_path
 from qbatch.errors import OutputError
 from qbatch.output.manifest import Manifest
 from qbatch.output.recorded_plan import full_lines, summary_lines
+from qbatch.output.summary import Summary
 from qbatch.report import charts, data as report_data
 from qbatch.report.answers import answers_section
 from qbatch.report.charts import NO_ENGINE, NO_TELEMETRY
@@ -90,10 +91,10 @@ def render(info: dict[str, Any]) -> str:
 def _glance(info: dict[str, Any]) -> str:
     """The header: status and rows, then one card per number a deployment is judged by, then the phase split."""
     manifest, stats, g = info["manifest"], info["stats"], info["glance"]
-    counts = manifest.counts or {}
+    ran = {"rows_ok": stats.rows_ok, "rows_failed": stats.rows_failed} if stats else {}
+    counts = {**ran, **(manifest.counts or {})}  # the manifest's, else the last run's
     facts = [("status", manifest.status), ("model", manifest.spec.get("model")),
-             ("rows ok / failed", f"{_count(counts.get('rows_ok', stats.get('rows_ok')))} / "
-                                  f"{_count(counts.get('rows_failed', stats.get('rows_failed')))}"),
+             ("rows ok / failed", f"{_count(counts.get('rows_ok'))} / {_count(counts.get('rows_failed'))}"),
              ("updated", manifest.updated_at)]
     cards = []
     if g["gpus"]:
@@ -107,7 +108,7 @@ def _glance(info: dict[str, Any]) -> str:
         source = "stats.json" if g["tok_s_source"] == "stats.json" else "the engines' counters"
         cards.append(("tok-s", f"{g['tok_s']:,.0f}", f"{g['tokens_of']} tok/s while generating",
                       f"over {_secs(g['generate_s'])}, from {source}"))
-    roofline = stats.get("roofline") if g["tok_s_source"] == "stats.json" else None
+    roofline = stats.roofline if stats and g["tok_s_source"] == "stats.json" else None
     if isinstance(roofline, dict) and roofline.get("share") is not None:
         cards.append(("roofline", _pct(100 * roofline["share"]), "of what this GPU can do for this work",
                       f"its roofline: {roofline.get('seconds')}s at best, {roofline.get('bound')}-bound "
@@ -135,10 +136,10 @@ def _glance(info: dict[str, Any]) -> str:
             f'{_phase_bar(g["phases"], stats)}</section>')
 
 
-def _phase_bar(phases: list[dict[str, Any]] | None, stats: dict[str, Any]) -> str:
+def _phase_bar(phases: list[dict[str, Any]] | None, stats: Summary | None) -> str:
     """Where the wall time went, as one bar of proportional parts with their seconds and shares."""
     if not phases:
-        why = ("the last completed run found every row done" if stats.get("wall_s")
+        why = ("the last completed run found every row done" if stats and stats.wall_s
                else "no stats.json: the run has not completed yet")
         return f'<p class="missing" data-glance="phases">where the time went: not recorded ({why})</p>'
     parts = [p for p in phases if p["name"] != "wall"]

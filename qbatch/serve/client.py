@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from qbatch._fs import is_url, normal_path
 from qbatch.errors import EXIT_USAGE, RemoteError, ServiceError, SpecError
 from qbatch.inputs.spool import is_stream
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.log import log
 from qbatch.output.folder import OutputDir
 from qbatch.serve.config import is_loopback

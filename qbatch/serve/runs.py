@@ -34,7 +34,7 @@ from fastapi.responses import StreamingResponse
 from qbatch._fs import OUTPUT_LOCK, OpenFolder, output_error, private_folder
 from qbatch.errors import EXIT_ENGINE, EXIT_USAGE, QbatchError, SpecError, Stopped
 from qbatch.jobs.events import RunEvents, StopRequest
-from qbatch.jobs.summary import exit_code
+from qbatch.output.summary import exit_code
 from qbatch.log import current_job, log
 from qbatch.serve.config import ServeSettings, is_loopback
 from qbatch.serve.objects import ApiError

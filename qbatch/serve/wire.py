@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qbatch.errors import QbatchError
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 
 RUN_ROUTE = "/v1/qbatch/runs"
 # Engine settings that name a folder or a hub name: the client sends a folder of its own by its absolute

@@ -24,11 +24,9 @@ from qbatch.session.reply import Reply
 
 MAX_CONCURRENT = 64  # rows in flight to the service at once: what it gathers into one engine chunk
 TIMEOUT_S = 600.0
-# The quick paths' settings, by the body key they are sent as (the service applies them as a batch line's)
-BODY_KEYS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-             "min_p": "min_p", "seed": "seed", "stop": "stop", "presence_penalty": "presence_penalty",
-             "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
-             "logit_bias": "logit_bias", "n": "n"}
+# The quick paths' settings, sent by their names as body keys (the service applies them as a batch line's)
+BODY_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
+             "frequency_penalty", "repetition_penalty", "logit_bias", "n")
 
 
 class RemoteSession:
@@ -95,7 +93,7 @@ class RemoteSession:
                     body["chat_template_kwargs"] = {"enable_thinking": bool(value)}
             elif name in BODY_KEYS:
                 if value is not None:
-                    body[BODY_KEYS[name]] = value
+                    body[name] = value
             else:
                 raise SpecError(f"{name} is not a setting a RemoteSession sends to the service", where=f"{name}=",
                                 hint=f"its settings: thinking, {', '.join(BODY_KEYS)}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qbatch.errors import SpecError
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.output.flags import flag_lines
 from qbatch.session.keywords import for_python
 

@@ -31,14 +31,15 @@ from qbatch.errors import SpecError, Stopped
 from qbatch.jobs import runner
 from qbatch.jobs.events import RunEvents
 from qbatch.jobs.runtime import this_process
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.log import setup as setup_log
 from qbatch.session.data import input_paths
 from qbatch.session.keywords import keyword_errors
 from qbatch.session.progress import notebook_bar, shows_notebook_bar
 from qbatch.session.reply import Reply
 from qbatch.session.result import Frames, RunResult, as_frames, frames_of, read_result
-from qbatch.spec import DEFAULT_MODEL, ENGINE_SETTINGS, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec
+from qbatch.spec import (DEFAULT_MODEL, ENGINE_SETTINGS, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec,
+                         from_environment)
 
 if TYPE_CHECKING:
     from qbatch.plan import Plan
@@ -80,8 +81,9 @@ class Session:
         job_keys = sorted(set(engine_settings) - ENGINE_SETTINGS)
         if job_keys:
             raise SpecError(f"'{job_keys[0]}' is not an engine setting", where="Session(...)", hint=SESSION_HINT)
-        model = model or os.environ.get("QBATCH_MODEL") or DEFAULT_MODEL
-        self.engine_settings: dict[str, Any] = {"model": model, **engine_settings}
+        given = {"model": model} if model else {}
+        self.engine_settings: dict[str, Any] = {"model": DEFAULT_MODEL, **from_environment(EngineSpec), **given,
+                                                **engine_settings}
         with keyword_errors():  # bad values fail now, not at the first run
             JobSpec.from_flat(self.engine_settings, source="Session(...)")
         self.runtime = this_process()  # the process's engine machinery (jobs/runtime.py), started at the first run
@@ -135,10 +137,8 @@ class Session:
         with keyword_errors():
             self._check_open()
             kind = frames_of(data, frames)
-            values = self._job_values(job_settings)
             with _output_folder(output_dir) as folder:
-                values.update(inputs=input_paths(data, folder), output_dir=str(folder))
-                spec = JobSpec.from_flat(values, source="session.run(...)")
+                spec = self._spec(data, folder, job_settings, "session.run(...)")
                 summary = self._run_spec(spec, on_progress, stop_request)
                 return read_result(summary, None if output_dir is None else str(folder), kind)
 
@@ -148,10 +148,8 @@ class Session:
         (`print(plan)` shows them)."""
         with keyword_errors():
             self._check_open()
-            values = self._job_values(job_settings)
             with _output_folder(None) as folder:
-                values.update(inputs=input_paths(data, folder), output_dir=str(folder))
-                return runner.plan(JobSpec.from_flat(values, source="session.plan(...)"), self.pool)
+                return runner.plan(self._spec(data, folder, job_settings, "session.plan(...)"), self.pool)
 
     def embed(self, data: Any, *, output_dir: str | os.PathLike[str] | None = None, frames: Frames | None = None,
               **job_settings: Any) -> Any:
@@ -184,10 +182,8 @@ class Session:
         with keyword_errors():
             self._check_open()
             kind = frames_of(data, frames)
-            values = {**self._job_values(job_settings), "task": "embed"}  # an engine of its own, closed with the session
-            with _output_folder(output_dir) as folder:
-                values.update(inputs=input_paths(data, folder), output_dir=str(folder))
-                spec = JobSpec.from_flat(values, source="session.embed(...)")
+            with _output_folder(output_dir) as folder:  # task embed: an engine of its own, closed with the session
+                spec = self._spec(data, folder, job_settings, "session.embed(...)", task="embed")
                 summary = self._run_spec(spec, on_progress, stop_request)
                 return read_result(summary, None if output_dir is None else str(folder), kind)
 
@@ -255,12 +251,14 @@ class Session:
         if self.closed:
             raise SpecError("this Session is closed", hint="start a new one: qbatch.Session(model=...)")
 
-    def _job_values(self, job_settings: dict[str, Any]) -> dict[str, Any]:
-        """The session's engine settings plus a call's job settings; refuses a different engine."""
+    def _spec(self, data: Any, folder: Path, job_settings: dict[str, Any], source: str, **fixed: Any) -> JobSpec:
+        """A call's job: the session's engine settings plus the call's job settings (a different engine
+        refused) and `fixed` (what the call itself sets), its data written into `folder`, its output there."""
         self._check_engine(job_settings)
         values = dict(self.engine_settings)
         values.update((key.replace("-", "_"), value) for key, value in job_settings.items())
-        return values
+        values.update(fixed, inputs=input_paths(data, folder), output_dir=str(folder))
+        return JobSpec.from_flat(values, source=source)
 
     def _check_engine(self, settings: dict[str, Any]) -> None:
         """Refuses settings that name another engine than this session's (or the data as a setting)."""

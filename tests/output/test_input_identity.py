@@ -171,16 +171,17 @@ def test_the_prefix_hash_of_one_pass_equals_the_old_files_hash(tmp_path, monkeyp
 def test_a_fingerprint_reads_back_as_it_was_saved(tmp_path):
     """manifest.json keeps the fingerprint as before the typed records (no prefix); every reader loads it so."""
     from qbatch.output.fingerprint import Fingerprint, input_identity
+    from qbatch.output.record_files import load_record, save_record
 
     path = tmp_path / "in.jsonl"
     path.write_text('{"prompt": "a"}\n')
-    saved = Fingerprint({"max_tokens": 8, "shard": "0/2"}, {"name": "m"}, (input_identity(path, "jsonl"),)).save()
+    saved = save_record(Fingerprint({"max_tokens": 8, "shard": "0/2"}, {"name": "m"}, (input_identity(path, "jsonl"),)))
     assert list(saved) == ["settings", "model", "inputs"]
     assert list(saved["inputs"][0]) == ["path", "format", "size", "sha256", "ends_with_newline"]
-    loaded = Fingerprint.of_manifest({"fingerprint": saved})
-    assert loaded.save() == saved and loaded.shard == "0/2" and loaded.without_shard().shard is None
+    loaded = load_record(Fingerprint, saved)
+    assert save_record(loaded) == saved and loaded.shard == "0/2" and loaded.without_shard().shard is None
     assert loaded.seen_sizes() == {str(path.resolve()): path.stat().st_size}
-    assert Fingerprint.of_manifest(None).changes(loaded)[0] == "max_tokens was None, now 8"
+    assert Fingerprint().changes(loaded)[0] == "max_tokens was None, now 8"
 
 
 def test_a_half_written_last_line_is_left_for_the_next_run(run_null_short, tmp_path):

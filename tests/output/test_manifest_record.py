@@ -2,9 +2,16 @@
 back with the same keys, in the same order, byte for byte; keys it does not know are kept."""
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from qbatch.errors import OutputError
 from qbatch.output.manifest import InputRows, Manifest, RunRecord
+from qbatch.output.reading import ARROW_SCHEMA, Needed, Values
+from qbatch.output.record_files import NOT_IN_FILE, SHAPE, shape_of
 
 # A completed null run's manifest.json, written by qbatch before the record (main at 0b40086)
 WRITTEN_BEFORE = Path(__file__).parent / "data" / "manifest_written_by_main.json"
@@ -43,3 +50,36 @@ def test_a_merge_records_no_run_fields():
     assert list(merged.save()) == ["status", "fingerprint", "spec", "limit", "input_rows", "covered_inputs", "counts",
                                    "merged_from"]
     assert Manifest.load(merged.save()) == merged
+
+
+def test_every_field_of_the_record_is_checked_as_its_type_says(tmp_path):
+    """The file's shape is derived from the records (record_files.shape_of): a field no list names is checked too,
+    and a damaged one is named with its place."""
+    data = json.loads(WRITTEN_BEFORE.read_text())
+    data["runs"][0]["pid"] = "26817"
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(OutputError, match=r"manifest.json is damaged: 'runs\[0\].pid' is text, not an integer"):
+        Manifest.read(tmp_path / "manifest.json")
+    assert Manifest.read(WRITTEN_BEFORE).save() == json.loads(WRITTEN_BEFORE.read_text())
+
+
+@dataclass
+class _Inner:
+    name: str
+    size: int = 0
+
+
+@dataclass
+class _Record:
+    inner: _Inner
+    count: int | None = None
+    tags: list[str] = field(default_factory=list)
+    sizes: dict[str, float] = field(default_factory=dict)
+    anything: dict[str, Any] = field(default_factory=dict)
+    encoded: str = field(default="", metadata={SHAPE: ARROW_SCHEMA})
+    held: tuple[_Inner, ...] = field(default=(), metadata=NOT_IN_FILE)
+
+
+def test_a_record_s_shape_is_read_from_its_fields():
+    assert shape_of(_Record) == {"inner": Needed({"name": Needed(str), "size": int}), "count": (int, None),
+                                 "tags": [str], "sizes": Values(float), "anything": dict, "encoded": ARROW_SCHEMA}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qbatch.display import print_summary
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 
 
 def test_the_summary_says_what_share_of_the_input_the_prefix_cache_served(capsys):

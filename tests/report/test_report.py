@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 
 from qbatch.output.manifest import Manifest
+from qbatch.output.summary import Summary
 from qbatch.output.telemetry import compact, write_part
 from qbatch.output.telemetry import read as read_telemetry
 from qbatch.report.data import collect
@@ -155,7 +156,7 @@ def test_the_header_takes_the_runs_printed_throughput_and_splits_its_wall_time(t
     # engines started beside the setup: only the 38 s waited for after it count; the parts add up to the wall
     assert [(p["name"], p["seconds"]) for p in g["phases"]] == [
         ("setup", 10.0), ("engine start", 38.0), ("generate", 50.0), ("assembly", 2.0), ("wall", 100.0)]
-    assert phase_split({"wall_s": 10.0, "setup_s": 1.0, "generate_s": 2.0})[-2:] == [
+    assert phase_split(Summary(wall_s=10.0, setup_s=1.0, generate_s=2.0))[-2:] == [
         {"name": "other", "seconds": 7.0, "share": 0.7}, {"name": "wall", "seconds": 10.0, "share": 1.0}]
     # a rerun that found every row done writes a stats.json of its own: the throughput and split are then
     # the run that generated (from its telemetry), and the header says why the split is missing
@@ -228,7 +229,7 @@ def test_a_long_run_reads_in_minutes_from_few_hundred_points(tmp_path):
                           for s in range(7200)])
     timeline = Timeline.of(Manifest(), read_telemetry(tmp_path), live=False)
     assert timeline.unit == ("min", 60) and timeline.bucket_s == 12  # 7,199 s: 600 points of 12 s
-    assert glance(Manifest(), {}, timeline)["gpu_util_pct"] == 50.0
+    assert glance(Manifest(), None, timeline)["gpu_util_pct"] == 50.0
     assert timeline.runs[0]["label"] == "run: unknown"  # a folder whose manifest lists no run
 
 

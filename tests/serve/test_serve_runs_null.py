@@ -205,6 +205,7 @@ def test_embed_and_dry_run_go_to_the_service_too(make_service, cli, work):
     base_url, _ = make_service()
     plan = cli("run", "prompts.jsonl", "-o", "out/plan", "--dry-run", "--server", _server(base_url))
     assert plan.exit_code == 0 and "dry run (no model loaded)" in plan.stdout and not (work / "out/plan").exists()
+    assert "plan (what the engines would get, and why)" in plan.stdout  # the service's plan, read back
     assert "rows valid" in cli("run", "prompts.jsonl", "--dry-run", "--server", _server(base_url)).stdout  # no -o
     vectors = cli("embed", "prompts.jsonl", "-o", "out/vectors", "--progress", "none", "--server", _server(base_url))
     assert vectors.exit_code == 0, vectors.stderr

@@ -3,7 +3,7 @@ reads it back, a newer service's summary fields left out rather than failing the
 
 import dataclasses
 
-from qbatch.jobs.summary import Summary
+from qbatch.output.summary import Summary
 from qbatch.serve.wire import RunEnd
 
 
@@ -25,3 +25,9 @@ def test_stats_json_reads_back_without_its_rates():
     stats = summary.save()
     assert stats["output_tok_s"] == 20.0 and "plan" not in stats
     assert Summary.load(stats) == summary
+
+
+def test_a_dry_runs_plan_crosses_the_wire():
+    """`qbatch run --server --dry-run` prints the plan the service made: the summary's plan is read back."""
+    line = RunEnd(Summary(None, "dry-run", plan="1 engine on cpu"), 0).save()
+    assert RunEnd.load(line).summary.plan == "1 engine on cpu"

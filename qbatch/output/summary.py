@@ -1,13 +1,22 @@
-"""What a run did: the summary the CLI prints and stats.json stores."""
+"""What a run did: the summary the CLI prints and OUT_DIR/stats.json stores, as a typed record that jobs/
+builds and every reader (`qbatch status`, `qbatch report`, a client of the service) loads the same way.
+
+stats.json's keys are the fields' names, in this order (but a dry run's plan: a dry run writes no stats;
+the service's answer carries it), then the rates. A key that is no field (the rates, a newer qbatch's)
+is left out when read; a field an older qbatch did not write takes its default.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from qbatch.errors import EXIT_ROW_ERRORS, EXIT_UNUSABLE
 from qbatch.output.flags import unusable
+from qbatch.output.reading import STATS_HINT, Needed, read_checked
+from qbatch.output.record_files import SHAPE, load_record, save_record, shape_of
 from qbatch.records import Failure
 
 BASE_MODEL = "(base model)"  # the key of rows without an adapter in Summary.adapters (no adapter name has parentheses)
@@ -18,8 +27,8 @@ ADAPTER_COUNTS = ("rows", "prompt_tokens", "completion_tokens")
 class Summary:
     """What a run did; the CLI prints it and stats.json stores it."""
 
-    output_dir: str | None
-    status: str
+    output_dir: str | None = None
+    status: str = "unknown"  # running, completed, interrupted; a dry run's: dry-run
     rows_ok: int = 0  # input rows (ids) with results
     samples_ok: int = 0  # their result rows: rows_ok, or more with n > 1 (one a sample)
     rows_failed: int = 0
@@ -38,7 +47,9 @@ class Summary:
     total_failed: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     # per chunk, once its last row came back: its rows, tokens, and when (finished_s, from the generation's start)
-    chunks: list[dict[str, Any]] = field(default_factory=list)
+    chunks: list[dict[str, Any]] = field(default_factory=list, metadata={SHAPE: [
+        {"index": Needed(int), "rows": Needed(int), "prompt_tokens": int, "completion_tokens": int,
+         "finished_s": (float, None)}]})
     # per part written: its rows and failed rows, when (written_s, from the generation's start), and write_s (jobs/parts.py)
     parts: list[dict[str, Any]] = field(default_factory=list)
     task: str = "generate"  # or "embed": no output tokens, the summary counts input tokens
@@ -52,7 +63,10 @@ class Summary:
     # what the roofline counts (plan/roofline.py Work): each output token's context, each prompt's own
     decode_context: int = 0
     prefill_context: int = 0
-    roofline: dict[str, Any] | None = None  # on a GPU qbatch has figures for: its least time, the run's share (yardstick.py)
+    # on a GPU qbatch has figures for: its least time, the run's share (yardstick.py)
+    roofline: dict[str, Any] | None = field(default=None, metadata={SHAPE: (
+        {"gpu": Needed(str), "gpus": Needed(int), "bound": Needed(str), "seconds": Needed(float),
+         "share": Needed(float)}, None)})
     cost: float | None = None  # the run's wall time on its GPUs at --price-per-gpu-hour
     estimate: dict[str, Any] | None = None  # a dry run's: the generation's time here, on what it rests, its cost
 
@@ -94,7 +108,7 @@ class Summary:
 
     def save(self) -> dict[str, Any]:
         """As stats.json holds it: every field but a dry run's plan (which writes no stats), then the rates."""
-        stats = asdict(self)
+        stats = save_record(self, nulls=True)
         stats.pop("plan")
         total = self.prompt_tokens + self.completion_tokens
         stats.update(output_tok_s=round(self.output_tok_s, 1),
@@ -103,11 +117,19 @@ class Summary:
         return stats
 
     @classmethod
+    def read(cls, path: Path) -> Summary | None:
+        """stats.json, its fields checked (reading.py); None when there is none."""
+        data = read_checked(path, STATS_SHAPE, STATS_HINT)
+        return None if data is None else cls.load(data)
+
+    @classmethod
     def load(cls, data: Mapping[str, Any]) -> Summary:
         """A summary as stats.json or the service's answer (wire.py) holds it: keys that are no field (the
         rates, or a newer qbatch's fields) are left out."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in names})
+        return load_record(cls, data)
+
+
+STATS_SHAPE = shape_of(Summary)  # what Summary.read checks, field by field
 
 
 def exit_code(summary: Summary, *, fail_on_row_errors: bool, max_unusable: float | None = None) -> int:
