@@ -7,14 +7,14 @@ object store's reader never finds a manifest that counts parts it cannot see; fi
 (--restart) are removed there first. A folder's first manifest.json goes up before its parts instead, as a
 local run writes it before its first part (parts without a manifest are refused on resume). A run killed
 outright loses what it wrote since the last sync, which its resume (from any machine, once the lease
-lapsed) redoes. Closing uploads the rest (manifest.json last), releases the lock and removes the local copy. A run that lost its lock (it stopped renewing for longer than the
-lease, and another run took the folder) uploads nothing more and fails.
+lapsed) redoes; its local copy is removed by the next process that stages (scratch.py). Closing uploads
+the rest (manifest.json last), releases the lock and removes the local copy. A run that lost its lock (it
+stopped renewing for longer than the lease, and another run took the folder) uploads nothing more and fails.
 """
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +24,7 @@ from qbatch._fs import OUTPUT_LOCK, TMP_MARK
 from qbatch.errors import LockedError, QbatchError
 from qbatch.log import carried, log
 from qbatch.storage.lock import RemoteLock
+from qbatch.storage.scratch import COPY, new_stage_folder
 from qbatch.storage.store import ObjectInfo, Store
 from qbatch.storage.urls import Url
 
@@ -38,7 +39,8 @@ class StagedFolder:
         self.url, self.locked = url, locked
         self.store = Store(url)
         self.lock = RemoteLock(self.store, url) if locked else None
-        self.path = Path(tempfile.mkdtemp(prefix="qbatch-stage-"))
+        self.root = new_stage_folder()  # removed by close() or discard(), or once this process died (scratch.py)
+        self.path = self.root / COPY
         self._synced: dict[str, tuple[int, int]] = {}  # relative name: (size, mtime_ns) as last uploaded or pulled
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,7 +138,7 @@ class StagedFolder:
                     self.push()
                     self.lock.release()
         finally:
-            shutil.rmtree(self.path, ignore_errors=True)
+            shutil.rmtree(self.root, ignore_errors=True)
         if self._lost:
             raise LockedError(f"this run lost the output folder's lock: {self._lost}", where=str(self.url),
                               hint="its last results were not uploaded; rerun to resume from what the folder holds")
@@ -150,7 +152,7 @@ class StagedFolder:
             if self.lock is not None and self.lock.held and not self._lost:
                 self.lock.release()
         finally:
-            shutil.rmtree(self.path, ignore_errors=True)
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _stamp(path: Path) -> tuple[int, int]:
