@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from qbatch._fs import OUTPUT_LOCK, TMP_MARK
@@ -70,6 +70,12 @@ class StagedFolder:
             self.store.download(found.url, local)
             self._synced[name] = _stamp(local)
         log.debug(f"{self.url}: {len(self._synced)} objects copied to {self.path}")
+
+    def urls_of(self, files: list[Path]) -> dict[str, str]:
+        """The URL in the store of each of `files` that lies in the local copy, by its path."""
+        local = self.path.resolve()
+        return {str(file): str(self.url.child(file.resolve().relative_to(local).as_posix()))
+                for file in files if file.resolve().is_relative_to(local)}
 
     def objects(self) -> list[ObjectInfo]:
         return self.store.walk(self.url)
@@ -172,13 +178,19 @@ def viewed(url: str) -> Iterator[StagedFolder]:
 
 
 @contextmanager
-def staged(url: str) -> Iterator[StagedFolder]:
-    """A local copy of the folder `url` to write (`qbatch merge`'s output), under its lock; uploaded when the
-    block ends without an error, dropped when it fails."""
+def staged(url: str, *, keep_on_failure: bool = False) -> Iterator[StagedFolder]:
+    """A local copy of the folder `url` to write, under its lock, errors about it naming `url`; uploaded when
+    the block ends without an error. When it fails, what it wrote goes up too with `keep_on_failure` (a run's
+    parts, for its resume; the block's own error is the one raised), else nothing (`qbatch merge`'s output)."""
     folder = StagedFolder(Url.parse(url), locked=True).open()
     try:
-        yield folder
+        with folder.naming_errors():
+            yield folder
     except BaseException:
-        folder.discard()
+        if not keep_on_failure:
+            folder.discard()
+            raise
+        with suppress(QbatchError):
+            folder.close()
         raise
     folder.close()
