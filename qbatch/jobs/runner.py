@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any
@@ -41,7 +41,7 @@ from qbatch.jobs.yardstick import estimate, measure
 from qbatch.log import log
 from qbatch.output.assemble import assemble
 from qbatch.output.done import DoneIds
-from qbatch.output.folder import OutputDir
+from qbatch.output.folder import IDS_ONLY, OutputDir
 from qbatch.output.manifest import Manifest
 from qbatch.plan import Plan
 from qbatch.plan.roofline import Work
@@ -85,7 +85,7 @@ def _run_in(spec: JobSpec, pool: EnginePool, events: RunEvents, started: float,
     assert spec.output.output_dir is not None
     copied = has_streams(spec.input.inputs) or has_remote(spec.input.inputs)
     job = None if copied else Job.setup(spec)
-    out = OutputDir(spec.output.output_dir).open()
+    out = OutputDir(spec.output.output_dir, make_whole=None if stage is None else stage.fill).open()
     try:
         if job is None:
             copies, names = spool_remote(spool_streams(spec, out.path), out.path)
@@ -106,10 +106,17 @@ def _run_staged(spec: JobSpec, pool: EnginePool, events: RunEvents, started: flo
     (storage/stage.py), under the folder's lock there; the summary names the store's folder."""
     url = spec.output.output_dir
     assert url is not None  # run() chose this path for an output folder given as a URL
-    with staged(url, keep_on_failure=True) as folder:
+    with staged_output(url) as folder:
         local = replace(spec, output=replace(spec.output, output_dir=str(folder.path)))
         summary = _run_in(local, pool, events, started, folder)
     return replace(summary, output_dir=url)
+
+
+def staged_output(url: str) -> AbstractContextManager[StagedFolder]:
+    """The local copy a run works in of the object store's folder `url`, under its lock (storage/stage.py):
+    the parts and final tables copied thin (their ids: what the resume reads), made whole when the run
+    assembles; what the run wrote uploaded even when it fails, for its resume."""
+    return staged(url, keep_on_failure=True, thin=IDS_ONLY)
 
 
 def _undo_open(out: OutputDir) -> None:

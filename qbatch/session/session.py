@@ -39,7 +39,7 @@ from qbatch.session.progress import notebook_bar, shows_notebook_bar
 from qbatch.session.reply import Reply
 from qbatch.session.result import Frames, RunResult, as_frames, frames_of, read_result
 from qbatch.spec import DEFAULT_MODEL, ENGINE_SETTINGS, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec
-from qbatch.storage.stage import StagedFolder, staged
+from qbatch.storage.stage import StagedFolder
 from qbatch.storage.urls import SCHEMES, is_remote
 
 if TYPE_CHECKING:
@@ -376,7 +376,7 @@ def _output_folder(output_dir: str | os.PathLike[str] | None) -> Iterator[tuple[
     kept in step with it and uploaded when the call ends, as `qbatch run -o s3://...` works (storage/stage.py),
     and its stage; without one, a temporary folder removed afterwards."""
     if output_dir is not None and is_remote(os.fspath(output_dir)):
-        with staged(os.fspath(output_dir), keep_on_failure=True) as stage:
+        with runner.staged_output(os.fspath(output_dir)) as stage:
             yield stage.path, stage
         return
     if output_dir is not None:
