@@ -65,7 +65,8 @@ class RunSummary(Summary):
                  f"tokens in / out {self.prompt_tokens:,} / {self.completion_tokens:,}; {rate}",
                  f"generate {self.generate_s:.1f}s of wall {self.wall_s:.1f}s (engine start {self.engine_start_s:.1f}s)"]
         lines += [f"flag: {for_python(line)}" for line in flag_lines(self.flags, self.result_rows)]
-        if self.output_dir and (is_remote(self.output_dir) or Path(self.output_dir).is_dir()):  # not a call's temporary folder, removed
+        # a bucket's folder, or a local one that is not a call's temporary folder (removed)
+        if self.output_dir and (is_remote(self.output_dir) or Path(self.output_dir).is_dir()):
             lines.append(f"output {self.output_dir}")
         return lines
 

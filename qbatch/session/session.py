@@ -97,10 +97,11 @@ class Session:
     def for_spec(cls, spec: JobSpec, *, pool: EnginePool | None = None,
                  engine_log: str | os.PathLike[str] | None = None) -> Session:
         """A Session on a whole spec's engine settings: the door `qbatch run` goes through. vLLM's output
-        goes to `engine_log`, by default the spec's output folder's engine log."""
+        goes to `engine_log`, by default the spec's output folder's engine log (an object store's folder:
+        the process's session log, as a Session's; a path made of its URL would be a local folder `s3:`)."""
         settings = dataclasses.asdict(spec.engine)
         folder = spec.output.output_dir
-        if engine_log is None and folder:
+        if engine_log is None and folder and not is_remote(folder):
             engine_log = Path(folder) / ENGINE_LOG
         return cls(settings.pop("model"), engine_log=engine_log, pool=pool, **settings)
 
@@ -382,7 +383,8 @@ def _output_folder(output_dir: str | os.PathLike[str] | None) -> Iterator[tuple[
     if output_dir is not None:
         if isinstance(output_dir, os.PathLike) and os.fspath(output_dir).startswith(MANGLED_URLS):
             raise SpecError(f"a Path holds a path, not a URL: {output_dir!r} lost the second slash of its scheme",
-                            where="output_dir=", hint="pass an object store's folder as a string: output_dir=\"s3://bucket/out\"")
+                            where="output_dir=",
+                            hint="pass an object store's folder as a string: output_dir=\"s3://bucket/out\"")
         yield Path(output_dir), None
         return
     folder = Path(tempfile.mkdtemp(prefix="qbatch-session-"))

@@ -69,7 +69,8 @@ class StagedFolder:
             if name == OUTPUT_LOCK or TMP_MARK in name:
                 continue
             local = self.path / name
-            if self.thin is not None and self.thin.names(name) and copy_thin(self.store, found, local, self.thin.columns):
+            rule = self.thin
+            if rule is not None and rule.names(name) and copy_thin(self.store, found, local, rule.columns):
                 self._thin[name] = found
             else:
                 self.store.download(found.url, local)

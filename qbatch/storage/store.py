@@ -188,7 +188,8 @@ class RangeReader(io.RawIOBase):
         if end <= self._pos:
             return b""
         with self.store.errors("read", self.found.url):
-            data = bytes(self.store._obstore().get_range(self.store._store, self.found.url.key, start=self._pos, end=end))
+            data = bytes(self.store._obstore().get_range(self.store._store, self.found.url.key, start=self._pos,
+                                                          end=end))
         self.store.bytes_read += len(data)
         self._pos += len(data)
         return data

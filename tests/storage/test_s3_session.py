@@ -48,3 +48,14 @@ def test_a_session_runs_into_an_s3_folder_and_resumes_from_it(bundled_model, s3,
             session.run(rows, output_dir=Path(url), max_tokens=4, progress="none")
         assert 'output_dir="s3://bucket/out"' in refused.value.hint
     assert not list(tmp_path.glob("qbatch-stage-*"))
+
+
+def test_the_engine_log_of_a_run_into_a_bucket_is_no_local_folder_named_after_the_url(bundled_model):
+    from qbatch.spec import JobSpec
+
+    spec = JobSpec.from_flat({"model": bundled_model, "inputs": ["in.jsonl"], "output_dir": "s3://bucket/out"})
+    session = Session.for_spec(spec)
+    try:
+        assert not str(session.engine_log).startswith(("s3:", str(Path.cwd() / "s3:")))
+    finally:
+        session.close()
