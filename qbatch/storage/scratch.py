@@ -7,7 +7,8 @@ folder for good. So each folder holds OWNER_FILE (host, boot id, pid and the pro
 the copy (COPY), and making a folder first removes every other one whose owner is dead: on this host, of
 an earlier boot, or a pid that is gone or now another process (its start time differs). A folder of
 another host (a temporary folder shared between machines) or without an owner record (one being made,
-or of an older qbatch) is left alone: nothing says its owner is dead.
+or of an older qbatch) is left alone: nothing says its owner is dead. A host is told by its hostname:
+containers that share a temporary folder under one hostname (but not their pids) are not told apart.
 """
 
 from __future__ import annotations
