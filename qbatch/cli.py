@@ -461,10 +461,11 @@ def status(output_dir: str, as_json: bool, full_plan: bool) -> None:
     from qbatch.output.status import read_status
 
     if is_url(output_dir):
+        from qbatch.output.folder import IDS_ONLY
         from qbatch.storage.lock import live_holder
         from qbatch.storage.stage import viewed
 
-        with viewed(output_dir) as view, view.naming_errors():
+        with viewed(output_dir, thin=IDS_ONLY) as view, view.naming_errors():  # status reads the parts' ids
             holder = live_holder(view.store, view.url)
             info = read_status(str(view.path), live_run=None if holder is None else (str(holder), {}))
         info["output_dir"] = output_dir

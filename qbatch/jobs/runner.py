@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any
 
 from qbatch.engines.base import Chunk
 from qbatch.engines.pool import EnginePool
-from qbatch.errors import QbatchError, SpecError
+from qbatch.errors import SpecError
 from qbatch.inputs.remote import copied_for_dry_run, has_remote, spool_remote
 from qbatch.inputs.spool import has_streams, spool_streams
 from qbatch.jobs.events import RunEvents
@@ -41,13 +41,13 @@ from qbatch.jobs.yardstick import estimate, measure
 from qbatch.log import log
 from qbatch.output.assemble import assemble
 from qbatch.output.done import DoneIds
-from qbatch.output.folder import OutputDir
+from qbatch.output.folder import IDS_ONLY, OutputDir
 from qbatch.output.manifest import Manifest
 from qbatch.plan import Plan
 from qbatch.plan.roofline import Work
 from qbatch.records import Failure, Request
 from qbatch.spec import JobSpec
-from qbatch.storage.stage import StagedFolder
+from qbatch.storage.stage import StagedFolder, staged
 from qbatch.storage.urls import Url, is_remote
 
 # Memory the windows freed is handed back to the OS at most this often, as parts are written: glibc
@@ -56,10 +56,13 @@ from qbatch.storage.urls import Url, is_remote
 TRIM_EVERY_S = 5.0
 
 
-def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Summary:
+def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None, *,
+        stage: StagedFolder | None = None) -> Summary:
     """Run a job to completion (or resume it) on the engines of `pool`. `events`: its progress for the
     caller, and the caller's stop: a run stopped so returns with status "interrupted", the rows
-    finished by then written."""
+    finished by then written. `stage`: the object store's folder whose local copy the output folder is,
+    where the caller staged it (a Session's call, which writes its rows there and reads the results there);
+    an output folder given as a URL is staged here."""
     events = events or RunEvents()
     started = time.monotonic()
     if spec.output.dry_run:
@@ -68,16 +71,27 @@ def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Sum
     if not spec.output.output_dir:
         raise SpecError("no output folder given", hint="pass -o/--output-dir OUT_DIR")
     if is_remote(spec.output.output_dir):
-        return _run_staged(spec, pool, events)
+        return _run_staged(spec, pool, events, started)
+    return _run_in(spec, pool, events, started, stage)
+
+
+def _run_in(spec: JobSpec, pool: EnginePool, events: RunEvents, started: float,
+            stage: StagedFolder | None = None) -> Summary:
+    """The run in the local folder spec.output.output_dir: `stage`'s copy of a folder in an object store,
+    where given, and then the inputs inside it (a Session's rows, a spooled stdin) are recorded by their
+    URLs there, as a resume from another copy (another machine) finds them."""
     # Inputs read once (stdin, pipes) and objects of a store are copied into the output folder: under its
     # lock, so set up after it.
+    assert spec.output.output_dir is not None
     copied = has_streams(spec.input.inputs) or has_remote(spec.input.inputs)
     job = None if copied else Job.setup(spec)
-    out = OutputDir(spec.output.output_dir).open()
+    out = OutputDir(spec.output.output_dir, make_whole=None if stage is None else stage.fill).open()
     try:
         if job is None:
             copies, names = spool_remote(spool_streams(spec, out.path), out.path)
             job = Job.setup(copies, names=names)
+        if stage is not None:
+            job = replace(job, input_names={**stage.urls_of(job.files), **job.input_names})
         with rare_collections():
             return _Run(job, out, pool, events, started).execute()
     except BaseException:
@@ -87,21 +101,22 @@ def run(spec: JobSpec, pool: EnginePool, events: RunEvents | None = None) -> Sum
         out.close()
 
 
-def _run_staged(spec: JobSpec, pool: EnginePool, events: RunEvents) -> Summary:
+def _run_staged(spec: JobSpec, pool: EnginePool, events: RunEvents, started: float) -> Summary:
     """A run whose output folder is in an object store: on a local copy that the store is kept in step with
     (storage/stage.py), under the folder's lock there; the summary names the store's folder."""
     url = spec.output.output_dir
     assert url is not None  # run() chose this path for an output folder given as a URL
-    staged = StagedFolder(Url.parse(url), locked=True).open()
-    try:
-        with staged.naming_errors():
-            summary = run(replace(spec, output=replace(spec.output, output_dir=str(staged.path))), pool, events)
-    except BaseException:
-        with suppress(QbatchError):  # what the run wrote before it failed goes up; its own error is the one said
-            staged.close()
-        raise
-    staged.close()
+    with staged_output(url) as folder:
+        local = replace(spec, output=replace(spec.output, output_dir=str(folder.path)))
+        summary = _run_in(local, pool, events, started, folder)
     return replace(summary, output_dir=url)
+
+
+def staged_output(url: str) -> AbstractContextManager[StagedFolder]:
+    """The local copy a run works in of the object store's folder `url`, under its lock (storage/stage.py):
+    the parts and final tables copied thin (their ids: what the resume reads), made whole when the run
+    assembles; what the run wrote uploaded even when it fails, for its resume."""
+    return staged(url, keep_on_failure=True, thin=IDS_ONLY)
 
 
 def _undo_open(out: OutputDir) -> None:

@@ -57,10 +57,10 @@ def assemble(out: OutputDir, *, openai_jsonl: bool = False, result_parts: list[P
     """
     recorded = out.manifest() if manifest is None else manifest
     schema = result_schema_of(recorded.result_schema if recorded is not None else None)
-    parts = out.part_files(RESULT_PREFIX) if result_parts is None else result_parts
+    parts = out.whole_part_files(RESULT_PREFIX) if result_parts is None else result_parts
     atomic_write(out.path / "results.parquet", lambda tmp: _sink_results(parts, schema, tmp))
 
-    errors = _scan(out.part_files(ERROR_PREFIX) if error_parts is None else error_parts)
+    errors = _scan(out.whole_part_files(ERROR_PREFIX) if error_parts is None else error_parts)
     if errors is None:
         errors_frame = pl.DataFrame(ERROR_SCHEMA.empty_table()).lazy()
     else:

@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from qbatch.output.manifest import Manifest
 from qbatch.output.reading import PART_HINT, reading
 from qbatch.output.summary import Summary
 from qbatch.output.telemetry import TELEMETRY_FILE, TELEMETRY_PARTS
+from qbatch.storage.thin import Thin
 
 LOCK_NAME = OUTPUT_LOCK
 RESULT_PREFIX, ERROR_PREFIX = "part-", "errors-"
@@ -48,12 +49,29 @@ DUPLICATE_ID = "duplicate_id"  # the error of a row that --dedupe dropped
 KEPT_ON_FAILURE = ("engine.log",)
 
 
+def _read_for_ids(name: str) -> bool:
+    """The files of OUT_DIR (`name` below it) of which a resume reads only ID_COLUMNS until it assembles, and
+    `qbatch status` only those: the parts and the final tables."""
+    folder, _, file = name.rpartition("/")
+    if folder == "parts":
+        return file.startswith((RESULT_PREFIX, ERROR_PREFIX)) and file.endswith(".parquet")
+    return not folder and name in ("results.parquet", "errors.parquet")
+
+
+# What a resume and `qbatch status` read of a part or a final table (done and failed ids, samples by id):
+# an object store's folder is copied so, thin (storage/thin.py), and a resume fetches the rest to assemble.
+ID_COLUMNS = ("id", "error", "sample_index")
+IDS_ONLY = Thin(_read_for_ids, ID_COLUMNS)
+
+
 class OutputDir:
     """One run's view of OUT_DIR; holds the lock from open() until close()."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, make_whole: Callable[[Path], None] | None = None):
+        """`make_whole(folder)`: where the parts may be thin copies (IDS_ONLY), what makes those in `folder` whole."""
         self.path = Path(normal_path(path))
         self.parts = self.path / "parts"
+        self.make_whole = make_whole
         self._lock_fd: int | None = None
         self._holder = ""  # "pid N since ...": the lock file's first line while this object holds it
         self._found: set[str] | None = None  # what the folder held when opened (None: open() made it)
@@ -227,6 +245,12 @@ class OutputDir:
             raise output_error("list the parts", self.parts, exc) from None
         return sorted(self.parts / name for name in names
                       if name.startswith(prefix) and name.endswith(".parquet") and TMP_MARK not in name)
+
+    def whole_part_files(self, prefix: str) -> list[Path]:
+        """part_files, each with all its columns (for assembling or rewriting them): thin copies made whole."""
+        if self.make_whole is not None:
+            self.make_whole(self.parts)
+        return self.part_files(prefix)
 
     def done_ids(self, *, include_errors: bool) -> DoneIds:
         """Ids with a result (and, unless errors are retried, with an error) in a finished part, as digests

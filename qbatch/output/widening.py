@@ -35,7 +35,7 @@ def widen_parts(out: OutputDir, recorded: ColumnTypes, types: ColumnTypes, *, ow
     (`own`: the names the results use for columns of their own, schema.own_names); how many were."""
     columns = {carried_name(name, own): kind for name, kind in widened(recorded, types).items() if name != ID_COLUMN}
     rewritten = 0
-    for path in out.part_files(RESULT_PREFIX) if columns else []:
+    for path in out.whole_part_files(RESULT_PREFIX) if columns else []:
         with reading(path, PART_HINT):
             schema = pq.read_schema(path)
         todo = {name: kind for name, kind in columns.items()

@@ -18,6 +18,7 @@ from qbatch.errors import SpecError
 from qbatch.output.summary import Summary
 from qbatch.output.flags import flag_lines
 from qbatch.session.keywords import for_python
+from qbatch.storage.urls import is_remote
 
 Frames = Literal["polars", "pandas", "arrow"]
 FRAMES: tuple[str, ...] = ("polars", "pandas", "arrow")
@@ -64,7 +65,8 @@ class RunSummary(Summary):
                  f"tokens in / out {self.prompt_tokens:,} / {self.completion_tokens:,}; {rate}",
                  f"generate {self.generate_s:.1f}s of wall {self.wall_s:.1f}s (engine start {self.engine_start_s:.1f}s)"]
         lines += [f"flag: {for_python(line)}" for line in flag_lines(self.flags, self.result_rows)]
-        if self.output_dir and Path(self.output_dir).is_dir():  # not a call's temporary folder, removed
+        # a bucket's folder, or a local one that is not a call's temporary folder (removed)
+        if self.output_dir and (is_remote(self.output_dir) or Path(self.output_dir).is_dir()):
             lines.append(f"output {self.output_dir}")
         return lines
 
@@ -117,7 +119,8 @@ class RunResult:
 
 
 def read_result(summary: Summary, output_dir: str | None, frames: str) -> RunResult:
-    """A finished call's RunResult from its folder (a dry run's: no rows), as `frames` tables."""
+    """A finished call's RunResult from its folder (a dry run's: no rows), as `frames` tables. `output_dir`:
+    the folder as the result names it (an object store's URL, whose local copy `summary` names)."""
     import polars as pl
 
     from qbatch.output.tables import ERROR_SCHEMA
@@ -127,6 +130,8 @@ def read_result(summary: Summary, output_dir: str | None, frames: str) -> RunRes
     else:
         folder = Path(summary.output_dir)
         results, errors = pl.read_parquet(folder / "results.parquet"), pl.read_parquet(folder / "errors.parquet")
+    if output_dir is not None and is_remote(output_dir):
+        summary = dataclasses.replace(summary, output_dir=output_dir)
     return RunResult(as_frames(results, frames), as_frames(errors, frames), RunSummary.of(summary), output_dir)
 
 

@@ -40,10 +40,13 @@ from qbatch.session.reply import Reply
 from qbatch.session.result import Frames, RunResult, as_frames, frames_of, read_result
 from qbatch.spec import (DEFAULT_MODEL, ENGINE_SETTINGS, JOB_OWN_ENGINE_SETTINGS, EngineSpec, JobSpec,
                          from_environment)
+from qbatch.storage.stage import StagedFolder
+from qbatch.storage.urls import SCHEMES, is_remote
 
 if TYPE_CHECKING:
     from qbatch.plan import Plan
 
+MANGLED_URLS = tuple(f"{scheme}:/" for scheme in SCHEMES)  # what Path("s3://bucket/out") makes of a URL
 SESSION_HINT = "engine settings go to Session(model=..., ...); job settings to each run(...) call"
 ENGINE_LOG = "engine.log"  # in a run's output folder (`qbatch run`), or serve's data folder
 
@@ -96,10 +99,11 @@ class Session:
     def for_spec(cls, spec: JobSpec, *, pool: EnginePool | None = None,
                  engine_log: str | os.PathLike[str] | None = None) -> Session:
         """A Session on a whole spec's engine settings: the door `qbatch run` goes through. vLLM's output
-        goes to `engine_log`, by default the spec's output folder's engine log."""
+        goes to `engine_log`, by default the spec's output folder's engine log (an object store's folder:
+        the process's session log, as a Session's; a path made of its URL would be a local folder `s3:`)."""
         settings = dataclasses.asdict(spec.engine)
         folder = spec.output.output_dir
-        if engine_log is None and folder:
+        if engine_log is None and folder and not is_remote(folder):
             engine_log = Path(folder) / ENGINE_LOG
         return cls(settings.pop("model"), engine_log=engine_log, pool=pool, **settings)
 
@@ -137,10 +141,10 @@ class Session:
         with keyword_errors():
             self._check_open()
             kind = frames_of(data, frames)
-            with _output_folder(output_dir) as folder:
+            with _output_folder(output_dir) as (folder, stage):
                 spec = self._spec(data, folder, job_settings, "session.run(...)")
-                summary = self._run_spec(spec, on_progress, stop_request)
-                return read_result(summary, None if output_dir is None else str(folder), kind)
+                summary = self._run_spec(spec, on_progress, stop_request, stage=stage)
+                return read_result(summary, _named(output_dir, folder), kind)
 
     def plan(self, data: Any, **job_settings: Any) -> Plan:
         """The plan a `run(data, **job_settings)` would follow, nothing run and no engine started: each
@@ -148,7 +152,7 @@ class Session:
         (`print(plan)` shows them)."""
         with keyword_errors():
             self._check_open()
-            with _output_folder(None) as folder:
+            with _output_folder(None) as (folder, _):
                 return runner.plan(self._spec(data, folder, job_settings, "session.plan(...)"), self.pool)
 
     def embed(self, data: Any, *, output_dir: str | os.PathLike[str] | None = None, frames: Frames | None = None,
@@ -182,10 +186,10 @@ class Session:
         with keyword_errors():
             self._check_open()
             kind = frames_of(data, frames)
-            with _output_folder(output_dir) as folder:  # task embed: an engine of its own, closed with the session
+            with _output_folder(output_dir) as (folder, stage):  # task embed: an engine of its own, closed with the session
                 spec = self._spec(data, folder, job_settings, "session.embed(...)", task="embed")
-                summary = self._run_spec(spec, on_progress, stop_request)
-                return read_result(summary, None if output_dir is None else str(folder), kind)
+                summary = self._run_spec(spec, on_progress, stop_request, stage=stage)
+                return read_result(summary, _named(output_dir, folder), kind)
 
     def generate(self, prompts: Sequence[str], **settings: Any) -> list[str]:
         """Completions of prompt strings, in order (each sent as a user turn through the chat template).
@@ -276,9 +280,11 @@ class Session:
                                     hint=f"start another Session(..., {name}={value!r}) for it")
 
     def _run_spec(self, spec: JobSpec, on_progress: Callable[[int, int], None] | None = None,
-                  stop_request: threading.Event | None = None, *, events: RunEvents | None = None) -> Summary:
+                  stop_request: threading.Event | None = None, *, events: RunEvents | None = None,
+                  stage: StagedFolder | None = None) -> Summary:
         """One job on the pool's engines (those it starts stay in the pool for the next call); Stopped
-        when `stop_request` (or `events.stop`) stopped it."""
+        when `stop_request` (or `events.stop`) stopped it. `stage`: the object store's folder whose local
+        copy the spec's output folder is (runner.run)."""
         notebook = events is None and shows_notebook_bar(spec.output.progress)
         if events is None:
             events = RunEvents(on_progress=on_progress, bar=notebook_bar if notebook else None)
@@ -290,7 +296,7 @@ class Session:
             self.runtime.start(engine_log=self.engine_log)
             self.pool.drop_dead()
             try:
-                summary = runner.run(spec, self.pool, events)
+                summary = runner.run(spec, self.pool, events, stage=stage)
             except BaseException:  # Ctrl-C, or an engine that died: the next call must find working engines
                 self.pool.drop_dead()
                 raise
@@ -364,16 +370,34 @@ def _texts(replies: list[Reply]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _output_folder(output_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
-    """The given output folder, or a temporary one removed afterwards."""
+def _output_folder(output_dir: str | os.PathLike[str] | None) -> Iterator[tuple[Path, StagedFolder | None]]:
+    """The given output folder; for an object store's (`s3://...`), a local copy under the folder's lock,
+    kept in step with it and uploaded when the call ends, as `qbatch run -o s3://...` works (storage/stage.py),
+    and its stage; without one, a temporary folder removed afterwards."""
+    if output_dir is not None and is_remote(os.fspath(output_dir)):
+        with runner.staged_output(os.fspath(output_dir)) as stage:
+            yield stage.path, stage
+        return
     if output_dir is not None:
-        yield Path(output_dir)
+        if isinstance(output_dir, os.PathLike) and os.fspath(output_dir).startswith(MANGLED_URLS):
+            raise SpecError(f"a Path holds a path, not a URL: {output_dir!r} lost the second slash of its scheme",
+                            where="output_dir=",
+                            hint="pass an object store's folder as a string: output_dir=\"s3://bucket/out\"")
+        yield Path(output_dir), None
         return
     folder = Path(tempfile.mkdtemp(prefix="qbatch-session-"))
     try:
-        yield folder
+        yield folder, None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _named(output_dir: str | os.PathLike[str] | None, folder: Path) -> str | None:
+    """The output folder as a call's result names it: the URL of an object store's (`folder` is its local
+    copy, removed), None for a temporary one."""
+    if output_dir is None:
+        return None
+    return os.fspath(output_dir) if is_remote(os.fspath(output_dir)) else str(folder)
 
 
 def _default_engine_log() -> Path:

@@ -10,6 +10,7 @@ says what failed on which URL and how to fix it, in the store's words cut to one
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ class Store:
     def __init__(self, url: Url):
         self.scheme, self.bucket = url.scheme, url.bucket
         self._store = _open(url)
+        self.bytes_read = 0  # object bytes this Store downloaded or read in ranges (logged, measured)
 
     # -- listing -------------------------------------------------------------
     def info(self, url: Url) -> ObjectInfo | None:
@@ -81,9 +83,15 @@ class Store:
                     return
                 for chunk in self._obstore().get(self._store, url.key).stream(min_chunk_size=COPY_BLOCK_BYTES):
                     copy.write(chunk)
+                    self.bytes_read += len(chunk)
 
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, write)
+
+    def ranges(self, found: ObjectInfo) -> RangeReader:
+        """The object `found` as a read-only file that fetches each read's byte range (a GET with `Range`),
+        for a reader that seeks to the little it needs (a Parquet footer and one column's pages)."""
+        return RangeReader(self, found)
 
     def upload(self, path: Path, url: Url) -> str:
         """`path` as the object `url`, its ETag: one PUT (a multipart upload for a large file, which the
@@ -152,6 +160,44 @@ class Store:
         import obstore
 
         return obstore
+
+
+class RangeReader(io.RawIOBase):
+    """An object read by byte ranges (Store.ranges): read(n) is one ranged GET of n bytes from the position."""
+
+    def __init__(self, store: Store, found: ObjectInfo):
+        super().__init__()
+        self.store, self.found, self._pos = store, found, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.found.size}[whence]
+        self._pos = max(base + offset, 0)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self.found.size if size is None or size < 0 else min(self.found.size, self._pos + size)
+        if end <= self._pos:
+            return b""
+        with self.store.errors("read", self.found.url):
+            data = bytes(self.store._obstore().get_range(self.store._store, self.found.url.key, start=self._pos,
+                                                          end=end))
+        self.store.bytes_read += len(data)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
 
 
 def storage_error(what: str, url: Url, exc: BaseException) -> StorageError:

@@ -100,3 +100,22 @@ def test_changed_input_object_is_refused_on_resume(run_null_short, s3, bucket):
     again = run_null_short(f"s3://{bucket}/in.jsonl", "-o", f"s3://{bucket}/out")
     assert again.exit_code == EXIT_MISMATCH, again.output
     assert f"input s3://{bucket}/in.jsonl changed (not only appended to): same size" in again.output
+
+
+def test_standard_input_into_an_s3_folder_resumes(engine_pool, bundled_model, s3, bucket):
+    # the spooled copy lies in the run's local copy of the folder: recorded by its URL in the bucket, which a
+    # resume's copy (another folder, another machine) has too
+    from click.testing import CliRunner
+
+    from qbatch.cli import EngineHandoff
+    from qbatch.cli import cli as qbatch_cli
+
+    rows = "".join(json.dumps({"id": f"r{i}", "prompt": f"hi {i}"}) + "\n" for i in range(6))
+    args = ["run", "-", "-o", f"s3://{bucket}/out", "--model", bundled_model, "--backend", "null", "--progress", "none",
+            "--max-tokens", "4"]
+    for _ in range(2):
+        result = CliRunner().invoke(qbatch_cli, args, input=rows, catch_exceptions=False, obj=EngineHandoff(engine_pool))
+        assert result.exit_code == 0, result.output
+    assert "rows already done               6" in result.stdout
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key="out/manifest.json")["Body"].read())
+    assert [i["path"] for i in manifest["fingerprint"]["inputs"]][0].startswith(f"s3://{bucket}/out/inputs/")
