@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seconds-per-token", type=float, default=0.0, help="an engine's batch time a token (0: at once)")
     parser.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE", help="a `qbatch run` setting")
+    parser.add_argument("--warmup-rows", type=int, default=2000,
+                        help="a first run of the first shape, not recorded (0: none): the process's one-time work "
+                             "(imports, vLLM's source read, the tokenizer's load) is a job's, not its rows'")
     parser.add_argument("--json", help="write every run's figures here")
     args = parser.parse_args(argv)
     from qbatch.inputs.prepare import load_tokenizer
@@ -44,22 +47,31 @@ def main(argv: list[str] | None = None) -> None:
     settings = dict(item.split("=", 1) for item in args.set)
     runs = []
     with tempfile.TemporaryDirectory(prefix="qbatch-coordinator-") as work:
+        if args.warmup_rows:
+            shape = args.shapes.split(",")[0]
+            path = Path(work) / "warmup.jsonl"
+            write_shape(shape, tokenizer, args.warmup_rows, path)
+            run_coordinator(_spec(args, settings, path, Path(work), int(args.gpus.split(",")[0])), shape,
+                            seconds_per_token=args.seconds_per_token)
         for shape in args.shapes.split(","):
             path = Path(work) / f"{shape}.jsonl"
             described = write_shape(shape, tokenizer, args.rows or DEFAULT_ROWS.get(shape, 10_000), path)
             print(f"{shape}: {described}", file=sys.stderr)
             for num_gpus in map(int, args.gpus.split(",")):
                 for _ in range(args.repeats):
-                    spec = JobSpec.from_flat({"progress": "none", **settings, "model": args.model, "backend": "null",
-                                              "inputs": [str(path)], "output_dir": str(Path(work) / "out"),
-                                              "ignore_eos": True, "restart": True, "data_parallel_size": num_gpus,
-                                              "engines_per_gpu": args.engines_per_gpu},
-                                             source="benchmarks/coordinator.py")
+                    spec = _spec(args, settings, path, Path(work), num_gpus)
                     run = run_coordinator(spec, shape, seconds_per_token=args.seconds_per_token)
                     runs.append({**run.as_dict(), "tokenizer_cpu_ms_per_row": described["tokenizer_cpu_ms_per_row"]})
                     print(_line(runs[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1))
+
+
+def _spec(args: argparse.Namespace, settings: dict[str, str], path: Path, work: Path, num_gpus: int) -> JobSpec:
+    return JobSpec.from_flat({"progress": "none", **settings, "model": args.model, "backend": "null",
+                              "inputs": [str(path)], "output_dir": str(work / "out"), "ignore_eos": True,
+                              "restart": True, "data_parallel_size": num_gpus,
+                              "engines_per_gpu": args.engines_per_gpu}, source="benchmarks/coordinator.py")
 
 
 def _line(r: dict) -> str:
