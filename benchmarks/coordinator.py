@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
                              "(imports, vLLM's source read, the tokenizer's load) is a job's, not its rows'")
     parser.add_argument("--json", help="write every run's figures here")
     args = parser.parse_args(argv)
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     settings = dict(item.split("=", 1) for item in args.set)

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", default="prefill-short,prefill,docqa", help="bench workloads (workloads.py)")
     parser.add_argument("--rows", type=int, default=8192, help="rows per shape")
     args = parser.parse_args(argv)
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     with tempfile.TemporaryDirectory(prefix="qbatch-stages-") as work, rare_collections():

@@ -24,6 +24,19 @@ class Row:
     bad_text: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PromptText:
+    """A prompt that travels to its engine as its text, which the engine encodes by the driver's rule
+    (qbatch/tokens.py): `num_tokens` is the count the driver planned with, checked there."""
+
+    text: str
+    add_special_tokens: bool  # False for a chat-templated prompt: the template wrote its special tokens
+    num_tokens: int
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+
 @dataclass(slots=True)
 class Request:
     """A validated, tokenized row ready for the engine."""
@@ -31,7 +44,9 @@ class Request:
     id: str
     source_index: int
     row_index: int
-    prompt_token_ids: list[int]
+    # the prompt's token ids, or its text for the engine to encode (a generated row from text); an engine
+    # gives every request of a chunk its ids before it sends them (tokens.encode_prompts)
+    tokens: list[int] | PromptText
     # complete vLLM SamplingParams kwargs for this row; an embedding row's is EMBED_SAMPLING (no output
     # tokens: chunk budgets and the longest-first sort count its prompt alone)
     sampling: dict[str, Any]
@@ -41,13 +56,20 @@ class Request:
     adapter: str | None = None  # the LoRA adapter's name (EngineSpec.lora); None: the base model
 
     @property
+    def prompt_token_ids(self) -> list[int]:
+        """The token ids, once known where this request is (an engine encodes a PromptText first)."""
+        if isinstance(self.tokens, PromptText):
+            raise ValueError(f"row {self.id}: its prompt is text, not encoded yet (qbatch.tokens.encode_prompts)")
+        return self.tokens
+
+    @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return len(self.tokens)
 
     @property
     def cost(self) -> int:
         """The most tokens this row can occupy: what chunk budgets count."""
-        return len(self.prompt_token_ids) + int(self.sampling["max_tokens"]) * int(self.sampling.get("n", 1))
+        return len(self.tokens) + int(self.sampling["max_tokens"]) * int(self.sampling.get("n", 1))
 
 
 @dataclass(slots=True)

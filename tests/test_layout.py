@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qbatch"
-MAX_TOP_LEVEL_MODULES = 10
+MAX_TOP_LEVEL_MODULES = 11  # 11th: tokens.py, the one encoding rule of the driver and the engines
 
 
 def _imports(path: Path) -> list[tuple[str, str, int]]:

@@ -350,7 +350,7 @@ def _mean(runs: list[Measurement]) -> Measurement:
 def write_workloads(settings: BenchSettings, *, log: Callable[[str], None] = print) -> list[Path]:
     """Write each workload's JSONL file into settings.work_dir (to time `qbatch run` on its own)."""
     from qbatch.models import registry as models
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     settings.validate()
     spec = qbatch_spec(settings, Path("unused.jsonl"), Path("unused"))

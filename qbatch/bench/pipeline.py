@@ -58,7 +58,7 @@ def pipeline_bench(settings: BenchSettings, engines: EnginePool, *, prompts_file
                    log: Callable[[str], None] = print) -> dict[str, Any]:
     """qbatch's pipeline with the null engine (from `engines`) vs bare batch tokenization of the same prompts."""
     from qbatch.models import registry as models
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
     from qbatch.jobs.job import Job
     from qbatch.jobs.runner import run
 

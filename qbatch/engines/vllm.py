@@ -37,6 +37,7 @@ from qbatch.engines.vllm_output import EngineLog, engine_processes
 from qbatch.errors import EngineError, MissingDependency, first_line
 from qbatch.log import log
 from qbatch.records import Completion, Embedding, Request, Sample
+from qbatch.tokens import TextEncoder, encode_prompts, load_tokenizer
 
 # Requests kept in the engine, as a multiple of max_num_seqs: enough that the scheduler
 # always has the next rows waiting when a sequence finishes, and that the longest rows of
@@ -77,6 +78,7 @@ class VllmEngine:
     _num_finished = _num_prompt_tokens = _num_cached_tokens = _num_generated_tokens = 0
     _log = EngineLog(None)  # where vLLM's output goes (vllm_output.py)
     _loras = LoraRequests()  # each row's LoRA adapter as vLLM's LoRARequest (none: the base model)
+    _encoder: TextEncoder | None = None
 
     @property
     def adapters(self) -> LoraRequests:
@@ -105,6 +107,9 @@ class VllmEngine:
             self.max_num_seqs, self.max_num_batched_tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
             self._decoder = None if self.embeds else FinalDecoder.for_llm(self.llm)
             self._watchdog = EngineWatchdog(self.llm.llm_engine)
+            # rows that come as text are encoded here, by the driver's tokenizer and rule (tokens.py)
+            self._encoder = None if self.embeds else TextEncoder(
+                load_tokenizer(kwargs.get("tokenizer") or config.model_path, kwargs.get("revision")))
         except BaseException:
             self._shutdown()  # the engine processes would outlive a worker that fails here
             raise
@@ -173,6 +178,8 @@ class VllmEngine:
                             break
                         if chunk is None:  # a live feed with nothing ready yet (data-parallel workers)
                             break
+                        if self._encoder is not None:  # rows that came as text (tokens.py)
+                            encode_prompts(chunk.requests, self._encoder)
                         state = open_chunks[chunk.index] = OpenChunk(chunk, len(chunk.requests))
                         pending.extend((state, pos) for pos in range(len(chunk.requests)))
                     state, pos = pending.popleft()

@@ -12,19 +12,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qbatch.errors import ModelError, RowError, SpecError, first_line
-from qbatch.records import EMBED_SAMPLING, THINK_CLOSE, THINK_OPEN, Failure, Request, Row
+from qbatch.records import EMBED_SAMPLING, THINK_CLOSE, THINK_OPEN, Failure, PromptText, Request, Row
 from qbatch.inputs.adapters import ADAPTER_COLUMN_SET, AdapterChoice
 from qbatch.inputs.length import encode_within
 from qbatch.inputs.row_kinds import BATCH_URLS, fallback_id, is_openai, own_id, positional_id, row_shape
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.inputs.text import escaped
 from qbatch.spec import JobSpec
+from qbatch.tokens import TextEncoder
 from qbatch.inputs.validate import (
     BODY_SAMPLING_KEYS, EMBEDDINGS_URL, OPENAI_URLS, check_body_keys, check_messages, check_text, prompt_or_tokens,
     render_template, response_format, sampling_overrides, thinking_flag,
@@ -34,7 +34,7 @@ from qbatch.sampling import check_params, row_seed, to_vllm
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # The body key an OpenAI batch line's input is in, by url: carried under that name (Preparer._openai_extra)
 OPENAI_INPUT_KEYS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", EMBEDDINGS_URL: "input"}
-Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (its `.ids`)
+Encoded = Any  # a prompt's token ids: a list of ints, or a tokenizers.Encoding (`len()`, `.ids`)
 
 
 @dataclass(slots=True)
@@ -60,35 +60,6 @@ def _rendered(draft: Draft) -> str:
     return draft.text
 
 
-_TOKENIZER_LOCK = threading.Lock()
-
-
-def load_tokenizer(path: str, revision: str | None = None) -> Any:
-    """The model's fast tokenizer (no engine needed).
-
-    Cached per (path, revision): a warm Session's next run must not load it again.
-    The tokenizer is shared, so callers must not change it (use a copy to set a template).
-    One thread loads at a time: the service's first online requests come on many threads at once,
-    and Transformers' lazy import is not thread-safe (a second thread importing it midway got
-    "cannot import name 'AutoTokenizer'"); the others then find it in the cache.
-    """
-    with _TOKENIZER_LOCK:
-        return _load_tokenizer(path, revision)
-
-
-@functools.lru_cache(maxsize=8)
-def _load_tokenizer(path: str, revision: str | None) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, revision=revision)
-    except Exception as exc:  # hub/IO/format errors all mean "cannot load"
-        raise ModelError(
-            f"cannot load the tokenizer of model '{path}': {first_line(exc, 300)}",
-            hint="pass a local model folder, or --model smollm2-135m (bundled, works offline)",
-        ) from None
-
-
 def generation_defaults(model_path: str) -> dict[str, Any]:
     """Sampling defaults from the model's generation_config.json, as vLLM would apply them."""
     path = Path(model_path) / "generation_config.json"
@@ -105,6 +76,11 @@ def _chat_template(tokenizer: Any) -> str | None:
     except (ValueError, AttributeError):
         return None
     return template
+
+
+def _ids(encoded: Encoded) -> list[int]:
+    ids: list[int] = encoded if isinstance(encoded, list) else encoded.ids
+    return ids
 
 
 def _failure(row: Row, rid: str, exc: RowError) -> Failure:
@@ -138,7 +114,7 @@ class Preparer:
         self.model_thinks = self._think_ids[1] is not None and not self.embeds
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
         self.splicer = ChatSplicer(_chat_template(tokenizer) if self.has_template else None, self._apply_template)
-        self._backend_agrees: dict[bool, bool] = {}  # add_special_tokens -> backend gives tokenizer()'s ids
+        self.encoder = TextEncoder(tokenizer)
         self.adapters = (AdapterChoice(spec.engine.lora or {}, spec.engine.model, unusable_adapters)
                          if spec.engine.lora or unusable_adapters else None)
         if not self.input.raw and not self.has_template and self.input.shape != "openai" and not self.embeds:
@@ -384,7 +360,7 @@ class Preparer:
             try:
                 if isinstance(item, RowError):
                     raise item
-                requests.append(self._request(draft, item if isinstance(item, list) else item.ids))
+                requests.append(self._request(draft, item))
             except RowError as exc:
                 failures.append(_failure(draft.row, draft.id, exc))
         return requests, failures
@@ -408,24 +384,7 @@ class Preparer:
             return RowError("bad_text", f"the tokenizer cannot encode the prompt: {escaped(first_line(exc))}")
 
     def _encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded]:
-        """The fast tokenizer's Rust batch encoder, which uses every core.
-
-        Skipping transformers' per-text wrapping of `tokenizer(list)` (attention masks, dicts)
-        makes tokenization faster; the backend is used only after it
-        gave the same ids as `tokenizer(...)` on the first texts.
-        """
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None and add_special_tokens not in self._backend_agrees:
-            sample = texts[:8]
-            self._backend_agrees[add_special_tokens] = (
-                [e.ids for e in backend.encode_batch(sample, add_special_tokens=add_special_tokens)]
-                == self.tokenizer(sample, add_special_tokens=add_special_tokens)["input_ids"])
-        encoded: list[Encoded]
-        if backend is not None and self._backend_agrees[add_special_tokens]:
-            encoded = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
-        else:
-            encoded = self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
-        return encoded
+        return self.encoder.encode(texts, add_special_tokens=add_special_tokens)
 
     def _render(self, conversations: list[Any], thinking: bool | None) -> list[str | RowError]:
         """Jinja renders of conversations (one list or several): the template's own output."""
@@ -445,12 +404,14 @@ class Preparer:
         kwargs = {} if thinking is None else {"enable_thinking": thinking}
         return self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True, **kwargs)
 
-    def _request(self, draft: Draft, ids: list[int]) -> Request:
-        num = len(ids)
+    def _request(self, draft: Draft, encoded: Encoded) -> Request:
+        """The row's request. A prompt from text travels as its text (PromptText): its ids are made a list
+        only where the driver reads them (an embedding's truncation, a raw constrained row's last think token)."""
+        num = len(encoded)
         if num == 0:
             raise RowError("empty_prompt", "prompt is empty after tokenization")
         if self.embeds:
-            return self._embed_request(draft, ids)
+            return self._embed_request(draft, _ids(encoded))
         if num >= self.max_model_len:
             raise RowError(
                 "prompt_too_long",
@@ -461,12 +422,13 @@ class Preparer:
         if self.spec.engine.seed is not None and "seed" not in sampling:  # a row's own seed is kept as given
             sampling["seed"] = row_seed(self.spec.engine.seed, draft.id)
         sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - num)
-        thinking = self._thinks(draft, sampling, ids)
+        thinking = self._thinks(draft, sampling, encoded)
         prompt = draft.text if self.spec.output.include_prompt else None
-        return Request(draft.id, draft.row.source_index, draft.row.row_index, ids, sampling, thinking,
+        tokens = encoded if isinstance(encoded, list) else PromptText(_rendered(draft), draft.messages is None, num)
+        return Request(draft.id, draft.row.source_index, draft.row.row_index, tokens, sampling, thinking,
                        draft.extra, prompt, draft.adapter)
 
-    def _thinks(self, draft: Draft, sampling: dict[str, Any], ids: list[int]) -> bool | None:
+    def _thinks(self, draft: Draft, sampling: dict[str, Any], encoded: Encoded) -> bool | None:
         """Whether a row thinks: its output is split into reasoning and text (None: no split, the text as
         vLLM gives it). The rules, and why:
         - only a chat-templated row of a thinking model thinks: the template opens the reasoning (or closes
@@ -479,7 +441,7 @@ class Preparer:
           constraint would silently never apply."""
         constrained = "structured_outputs" in sampling
         if draft.messages is None:
-            if constrained and self.spec.engine.reasoning_parser and not self._closes_reasoning(ids):
+            if constrained and self.spec.engine.reasoning_parser and not self._closes_reasoning(_ids(encoded)):
                 raise RowError("constraint_not_applied", f"the row's prompt is sent as is (not through the chat "
                                f"template) and opens no reasoning, so the engine's reasoning parser "
                                f"({self.spec.engine.reasoning_parser}) would hold its constraint until a "

@@ -19,7 +19,8 @@ from typing import Any
 from qbatch.engines.base import hidden_size
 from qbatch.engines.lora import batch_adapters
 from qbatch.errors import InputError, SpecError
-from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard, load_tokenizer
+from qbatch.inputs.prepare import Draft, Encoded, Preparer, generation_defaults, in_shard
+from qbatch.tokens import load_tokenizer
 from qbatch.inputs.row_kinds import STAND_IN_HINT, NamedColumns, StandIns
 from qbatch.inputs.readers import detect_format, expand_inputs, parquet_schema, read_rows, rows_size
 from qbatch.jobs.chunking import DOCUMENT_SAMPLE, FIRST_WINDOW, by_adapter, cut_group_chunks, order_groups

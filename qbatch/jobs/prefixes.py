@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from qbatch.records import Request
+from qbatch.records import PromptText, Request
 
 # Depths (tokens) at which prompts are compared; the shallowest is the shortest prefix worth a
 # group (8 of vLLM's 16-token KV blocks). A document is found when a depth falls between the
@@ -30,9 +30,10 @@ PREFIX_DEPTHS = (*range(128, 2048, 128), 2048, 4096, 8192, 16384)
 # (nearly) every row of a small window has, such as a system prompt, from being one group.
 MAX_GROUP_ROWS = 256
 MAX_GROUP_SHARE = 0.5
-# The same depths in characters of a prompt's text (a token is ~4 characters of English), to see
-# before tokenizing whether a job's rows share documents (Job._row_windows).
-CHAR_DEPTHS = tuple(4 * depth for depth in PREFIX_DEPTHS)
+# A prompt given as its text is compared at the same depths in characters (a token is ~4 characters of
+# English): before tokenizing, to see whether a job's rows share documents (Job._row_windows), and for the
+# rows that travel as their text (records.PromptText), whose ids the driver never makes a list of.
+CHARS_PER_TOKEN = 4
 
 Key = Callable[[Request], Any]
 
@@ -41,14 +42,18 @@ def prefix_labels(prompts: Sequence[Sequence[Any]], *, depths: Sequence[int] = P
                   max_group_rows: int = MAX_GROUP_ROWS) -> list[int | None]:
     """Each prompt's group (a prefix hash), or None for a prompt that shares no prefix worth a group.
 
-    A prompt is its token ids, or its text (with CHAR_DEPTHS) before it is tokenized."""
+    A prompt is its token ids, or its text (compared at CHARS_PER_TOKEN times the depths); a text and
+    a list of ids never share a prefix."""
     levels: list[list[int | None]] = [[None] * len(prompts) for _ in depths]
-    for i, ids in enumerate(prompts):
+    char_depths = [CHARS_PER_TOKEN * depth for depth in depths]
+    for i, prompt in enumerate(prompts):
+        text = isinstance(prompt, str)
         digest, start = 0, 0
-        for level, depth in enumerate(depths):
-            if len(ids) < depth:
+        for level, depth in enumerate(char_depths if text else depths):
+            if len(prompt) < depth:
                 break
-            digest = hash((digest, tuple(ids[start:depth])))  # the prefix's hash, built on the one before
+            part = prompt[start:depth] if text else tuple(prompt[start:depth])  # a str slice hashes as is, in C
+            digest = hash((digest, text, part))  # the prefix's hash, built on the one before
             start = depth
             levels[level][i] = digest
     counts = [Counter(k for k in keys if k is not None) for keys in levels]
@@ -68,7 +73,7 @@ def prefix_labels(prompts: Sequence[Sequence[Any]], *, depths: Sequence[int] = P
 
 def shares_prefixes(texts: Sequence[str]) -> bool:
     """Whether some of these prompt texts share a long prefix that makes a group (a document)."""
-    return any(label is not None for label in prefix_labels(texts, depths=CHAR_DEPTHS))
+    return any(label is not None for label in prefix_labels(texts))
 
 
 def grouped(requests: Sequence[Request], key: Key, *, depths: Sequence[int] = PREFIX_DEPTHS,
@@ -79,8 +84,14 @@ def grouped(requests: Sequence[Request], key: Key, *, depths: Sequence[int] = PR
     comes out in the order of sorted(requests, key=key, reverse=True), one row a group.
     """
     groups: dict[Any, list[Request]] = {}
-    labels = prefix_labels([r.prompt_token_ids for r in requests], depths=depths, max_group_rows=max_group_rows)
+    labels = prefix_labels([_compared(r) for r in requests], depths=depths, max_group_rows=max_group_rows)
     for i, (request, label) in enumerate(zip(requests, labels, strict=True)):
         groups.setdefault(("alone", i) if label is None else label, []).append(request)
     ordered = [sorted(group, key=key, reverse=True) for group in groups.values()]
     return sorted(ordered, key=lambda group: key(group[0]), reverse=True)
+
+
+def _compared(request: Request) -> Sequence[Any]:
+    """What a request's prefix is read from: its ids, or its text where it travels as text."""
+    tokens = request.tokens
+    return tokens.text if isinstance(tokens, PromptText) else tokens

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from qbatch.errors import InputError
 from qbatch.records import Request, Row
 from qbatch.spec import InputSpec, JobSpec
+from qbatch.tokens import encode_prompts
 
 if TYPE_CHECKING:
     from qbatch.inputs.prepare import Preparer
@@ -113,4 +114,5 @@ def _requests(files: list[Path], tokenizer: Any, calibration: Calibration) -> It
 def _prepare(preparer: Preparer, window: list[tuple[Row, str]], calibration: Calibration) -> list[Request]:
     requests, failures = preparer.prepare(window)
     calibration.num_rows_failed += len(failures)
+    encode_prompts(requests, preparer.encoder)  # AWQ takes token ids: the engines' step, done here
     return requests

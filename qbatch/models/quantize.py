@@ -192,7 +192,7 @@ def build(source: str, target: Path, settings: AwqSettings, *, model_name: str, 
 
 def check(source: str, settings: AwqSettings) -> tuple[Any, Any, Calibration]:
     """Everything checked before the weights load: (config, tokenizer, calibration data)."""
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     config = check_model(source, settings)
     tokenizer = load_tokenizer(source)

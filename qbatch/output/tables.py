@@ -77,7 +77,7 @@ def results_table(completions: list[Completion], sources: list[str], *, include_
         columns["reasoning"] = [None] * len(completions)
     columns["finish_reason"] = [c.finish_reason for c in completions]
     columns["flag"] = None  # its place; set once the parse errors are known
-    columns["prompt_tokens"] = [len(r.prompt_token_ids) for r in requests]
+    columns["prompt_tokens"] = [r.num_prompt_tokens for r in requests]
     columns["completion_tokens"] = [c.num_completion_tokens for c in completions]
     columns["cached_tokens"] = [c.num_cached_tokens for c in completions]
     if sample_indexes is not None:

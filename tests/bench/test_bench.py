@@ -81,7 +81,7 @@ def test_scaling_keeps_the_shared_prefixes():
 
 @pytest.fixture(scope="module")
 def tokenizer(bundled_model):
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     return load_tokenizer(bundled_model)
 
@@ -143,12 +143,15 @@ def test_shared_segments_are_shared_token_prefixes(tokenizer, scale):
 def test_qbatch_tokenizes_the_jsonl_exactly_like_the_raw_modes(tokenizer, bundled_model, tmp_path):
     """`qbatch` and `vllm-tokens` must see the same token ids, or the comparison is void."""
     from qbatch.jobs.job import Job
+    from qbatch.tokens import encode_prompts
     from qbatch.spec import JobSpec
 
     workload = make_workload("varied", tokenizer, 30, scale=0.2)
     path = workload.write_jsonl(tmp_path / "varied.jsonl")
     spec = JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "ignore_eos": True})
-    requests = [r for item in Job.setup(spec).work(set()) for r in item]
+    job = Job.setup(spec)
+    requests = [r for item in job.work(set()) for r in item]
+    encode_prompts(requests, job.preparer.encoder)  # what the engines do with rows that travel as text
     by_id = {r.id: r for r in requests}
     assert len(by_id) == 30
     for i, (ids, max_tokens) in enumerate(zip(workload.prompt_token_ids, workload.max_tokens, strict=True)):

@@ -22,7 +22,7 @@ def test_embed_lengths_are_passages_without_output():
 def test_embed_workload_is_raw_text_tokenized_as_qbatch_embed_does(bundled_model, tmp_path):
     from qbatch.jobs.job import Job
 
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(bundled_model)
     workload = make_workload("embed", tokenizer, 40, scale=0.25)

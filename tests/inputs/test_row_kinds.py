@@ -87,7 +87,7 @@ def test_token_id_inputs_are_one_input_and_arrays_of_several_are_refused(embed_n
                                                                          tmp_path):
     """OpenAI's `input` is a string, an array of strings, an array of token ids or an array of token
     arrays; qbatch embeds one input a line: a token list (or an array holding one input) is that input."""
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     vocab = len(load_tokenizer(bundled_model))
     path = write_jsonl([

@@ -19,7 +19,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer(bundled_model):
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     return load_tokenizer(bundled_model)
 
@@ -121,7 +121,7 @@ def test_preparer_gives_the_same_requests_with_and_without_splicing(write_jsonl,
     assert job.preparer.splicer.render([{"role": "user", "content": "hi"}], None) is not None
     job.preparer.splicer.uses = None  # jinja only
     slow, slow_failures = job.preparer.prepare(window)
-    assert [(r.id, r.prompt, r.prompt_token_ids) for r in fast] == [(r.id, r.prompt, r.prompt_token_ids) for r in slow]
+    assert [(r.id, r.prompt, r.tokens) for r in fast] == [(r.id, r.prompt, r.tokens) for r in slow]  # text, count
     assert fast_failures == slow_failures
     assert [f.error for f in fast_failures] == ["prompt_too_long"]  # the 100,000-character probe
     assert len(fast) + len(fast_failures) == len(rows)

@@ -7,7 +7,7 @@ import sys
 
 SCRIPT = """
 import sys, threading
-from qbatch.inputs.prepare import _load_tokenizer, load_tokenizer
+from qbatch.tokens import _load_tokenizer, load_tokenizer
 errors, got = [], []
 def load():
     try:

@@ -169,3 +169,41 @@ def test_rows_sharing_documents_get_whole_windows_from_the_start(bundled_model, 
     assert window_sizes(bundled_model, asked, tmp_path / "docs.jsonl") == [2000]  # one window (up to 2,048)
     plain = [{"id": f"r{i}", "prompt": " ".join(rng.choice(words) for _ in range(200))} for i in range(2000)]
     assert window_sizes(bundled_model, plain, tmp_path / "plain.jsonl") == [64, 128, 256, 512, 1040]  # 64, ..., 1,024 + the tail
+
+
+def test_rows_that_travel_as_text_group_as_their_token_ids_do(bundled_model, tmp_path):
+    """A generated row travels as its text (records.PromptText) and is grouped on it (CHARS_PER_TOKEN x the
+    depths): the same documents as grouping the same rows' token ids, with a system prompt every row has."""
+    import copy
+    import json
+
+    from qbatch.jobs.job import Job
+    from qbatch.jobs.prefixes import grouped
+    from qbatch.records import PromptText
+    from qbatch.spec import JobSpec
+    from qbatch.tokens import encode_prompts
+
+    rng = random.Random(11)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "lambda", "and", "the"]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randrange(200, 900))) for _ in range(40)]
+    rows = [{"id": f"d{d}q{q}", "prompt": f"{docs[d]}\n\nQuestion {q}: what is word {rng.randrange(99)}?"}
+            for d in range(40) for q in range(rng.randrange(1, 5))]
+    rows += [{"id": f"s{i}", "prompt": " ".join(rng.choice(words) for _ in range(300))} for i in range(30)]
+    rng.shuffle(rows)
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = Job.setup(JobSpec.from_flat({"inputs": [str(path)], "model": bundled_model, "max_tokens": 8,
+                                       "system_prompt": "You answer questions about documents. " * 20}))
+    requests, failures = job.preparer.prepare(list(job.identified_rows(set())))
+    assert not failures and all(isinstance(r.tokens, PromptText) for r in requests)
+    as_ids = copy.deepcopy(requests)
+    encode_prompts(as_ids, job.preparer.encoder)
+    assert all(isinstance(r.tokens, list) for r in as_ids)
+
+    def documents(window: list[Request]) -> set[frozenset[str]]:
+        return {frozenset(r.id for r in group) for group in grouped(window, length_key) if len(group) > 1}
+
+    by_text = documents(requests)
+    assert by_text == documents(as_ids)
+    assert by_text == {frozenset(r["id"] for r in rows if doc_of(r["id"]) == f"d{d}")
+                       for d in range(40) if sum(doc_of(r["id"]) == f"d{d}" for r in rows) > 1}

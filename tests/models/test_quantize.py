@@ -176,7 +176,7 @@ def test_quantize_checks_its_flags_and_output_folder(cli, tiny_qwen3, tmp_path):
 
 def test_calibration_renders_like_run_and_skips_what_autoawq_would(tiny_qwen3, write_jsonl):
     from qbatch.models.calibration import load_calibration
-    from qbatch.inputs.prepare import load_tokenizer
+    from qbatch.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_qwen3)
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]

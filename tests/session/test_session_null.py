@@ -186,7 +186,7 @@ def test_a_pandas_index_is_carried_or_is_the_id(session):
 
 
 def test_the_tokenizer_loads_once_per_model(session):
-    from qbatch.inputs.prepare import _load_tokenizer
+    from qbatch.tokens import _load_tokenizer
 
     session.run(["warm"], progress="none")
     misses = _load_tokenizer.cache_info().misses
