@@ -78,7 +78,8 @@ def _line(r: dict) -> str:
     return (f"{r['shape']:<14} K={r['num_engines']:<3} {r['rows']:>7,} rows  {r['rows_per_s']:>8,.0f} rows/s  "
             f"{r['prompt_tok_per_s']:>10,} prompt tok/s  {r['output_tok_per_s']:>10,} output tok/s  "
             f"gen {r['generate_s']:6.1f}s wall {r['wall_s']:6.1f}s  cpu {r['cpu_ms_per_row']:.3f} ms/row, "
-            f"{r['python_cpu_ms_per_row']:.3f} in Python threads (tokenizer alone {r['tokenizer_cpu_ms_per_row']:.3f})  "
+            f"{r['python_cpu_ms_per_row']:.3f} in Python threads, {r['scan_cpu_ms_per_row']:.3f} of it the pre-scan "
+            f"(tokenizer alone {r['tokenizer_cpu_ms_per_row']:.3f})  "
             f"wire {r['bytes_out_per_row']:,} B/row out, {r['bytes_in_per_row']:,} in, "
             f"{r['messages_per_chunk']} msg/chunk, {r['num_chunks']} chunks, {r['num_parts']} parts")
 

@@ -12,6 +12,7 @@ worker process or a Ray actor, and is counted (messages and bytes, each way).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import multiprocessing as mp
 import os
@@ -21,6 +22,7 @@ import random
 import resource
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,9 @@ class CoordinatorRun:
     generate_s: float  # from the engines' start to the last row taken and written
     cpu_s: float  # the driver's own CPU (every thread), the whole run
     python_cpu_s: float  # of it, in Python's threads (the GIL lets one run Python at a time)
+    # of that, the pre-scan's (Job.scan, its thread's CPU): a first run scans while its engines start, a
+    # warm Session's run beside its first chunks, so it is no part of the feed once the engines are fed
+    scan_cpu_s: float
     wire: Wire
 
     @property
@@ -172,6 +177,8 @@ class CoordinatorRun:
                 "output_tok_per_s": round(self.output_tokens / gen),
                 "cpu_ms_per_row": round(1000 * self.cpu_s / max(1, self.rows), 3),
                 "python_cpu_ms_per_row": round(1000 * self.python_cpu_s / max(1, self.rows), 3),
+                "scan_cpu_ms_per_row": round(1000 * self.scan_cpu_s / max(1, self.rows), 3),
+                "feed_python_ms_per_row": round(1000 * (self.python_cpu_s - self.scan_cpu_s) / max(1, self.rows), 3),
                 "bytes_out_per_row": round(self.wire.bytes_out / max(1, self.rows)),
                 "bytes_in_per_row": round(self.wire.bytes_in / max(1, self.rows)),
                 "messages_per_chunk": round((self.wire.messages_out + self.wire.messages_in) / max(1, self.num_chunks),
@@ -190,12 +197,35 @@ def run_coordinator(spec: Any, shape: str = "", *, seconds_per_token: float = 0.
         return engines[-1]
 
     cpu0, started = _cpu_seconds(), time.monotonic()
-    with ThreadCpu() as threads, EnginePool(start=start) as pool:
+    with ThreadCpu() as threads, EnginePool(start=start) as pool, _scan_cpu() as scan:
         summary = run(spec, pool)
     wall_s, cpu_s = time.monotonic() - started, _cpu_seconds() - cpu0
     return CoordinatorRun(shape, engines[0].num_engines, summary.rows_ok, summary.prompt_tokens,
                           summary.completion_tokens, summary.num_chunks, len(summary.parts), round(wall_s, 3),
-                          round(summary.generate_s, 3), round(cpu_s, 3), round(threads.python_s, 3), engines[0].wire)
+                          round(summary.generate_s, 3), round(cpu_s, 3), round(threads.python_s, 3),
+                          round(scan[0], 3), engines[0].wire)
+
+
+@contextlib.contextmanager
+def _scan_cpu() -> Iterator[list[float]]:
+    """The CPU seconds the pre-scan's thread spends in Job.scan while the block runs (one figure, in a list)."""
+    from qbatch.jobs.job import Job
+
+    spent = [0.0]
+    scan = Job.scan
+
+    def timed(job: Job, *args: Any, **kwargs: Any) -> Any:
+        before = time.thread_time()
+        try:
+            return scan(job, *args, **kwargs)
+        finally:
+            spent[0] += time.thread_time() - before
+
+    Job.scan = timed  # type: ignore[method-assign, assignment]
+    try:
+        yield spent
+    finally:
+        Job.scan = scan  # type: ignore[method-assign]
 
 
 class ThreadCpu:
