@@ -104,6 +104,7 @@ def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = No
         if kv_bytes:
             decisions.append(Decision("kv_cache_memory_bytes", kv_bytes, f"{count} engines share a GPU: a fixed "
                                       "KV cache each, so they start together"))
+    decisions.append(_warm_up(engine))
     chunk_tokens = _chunk_tokens(spec, engine, decisions)
     resolved = dataclasses.replace(spec, engine=engine, plan=dataclasses.replace(spec.plan, chunk_tokens=chunk_tokens))
     env = engine_env(engine, machine, tuple(gpu_ids(engine, machine.cuda_visible_devices)))
@@ -131,7 +132,7 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
         max_model_len=max_model_len, platform=machine.platform,
         devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
         data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes), mps=bool(spec.mps),
-        ray_address=spec.ray_address, compile_marker=marker, reasons=tuple(sorted(why.items())),
+        ray_address=spec.ray_address, warm_up=_warms_up(spec), compile_marker=marker, reasons=tuple(sorted(why.items())),
         lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())),
         env=tuple((-1 if s.rank is None else s.rank, s.name, s.value) for s in env if s.value is not None))
 
@@ -199,6 +200,20 @@ def _max_model_len(engine: EngineSpec, machine: Machine, decisions: list[Decisio
         raise ValueError("the machine's model facts lack max_model_len (probe() reads it when the spec has none)")
     decisions.append(Decision("max_model_len", machine.model.max_model_len, "the model's context length"))
     return machine.model.max_model_len
+
+
+def _warms_up(spec: EngineSpec) -> bool:
+    """Whether each engine runs a warm-up batch at its start: generation engines of vLLM only (an embedding
+    engine only prefills and captures no decode graphs; the null engine has nothing to warm)."""
+    return spec.warm_up and spec.task == "generate" and spec.backend != "null"
+
+
+def _warm_up(spec: EngineSpec) -> Decision:
+    if _warms_up(spec):
+        return Decision("warm_up", True, "set: a dummy decode batch in each engine before the job's rows")
+    if spec.warm_up:
+        return Decision("warm_up", False, "set, but only vLLM's generation engines warm up")
+    return Decision("warm_up", False, "off by default: its gain on a first run is not measured yet")
 
 
 def _chunk_tokens(spec: JobSpec, engine: EngineSpec, decisions: list[Decision]) -> int:
