@@ -6,8 +6,8 @@ are slower than the next. A job's first rows pay them unless something else ran 
 warm-up showed the first run on fresh engines slower than the next: docs/benchmarks.md). The batch is
 shaped like a real decode batch: as many rows as the engine runs at once, all prefilled in one step
 (their prompts fit one step's token budget) at several prompt lengths, then decoded together for a few
-tokens while rows end an eighth at a time, so the decode steps go down through the batch sizes from the
-largest captured graph. It goes through `LLM.generate`, not the engine's run(): qbatch's counters
+tokens while half the rows end at each step, so the decode steps go through the batch sizes the engine
+captured graphs for, from every row at once down to one. It goes through `LLM.generate`, not the engine's run(): qbatch's counters
 (telemetry, stats, results) never see it; its blocks are dropped from vLLM's prefix cache after it, so
 the job's cached share is its own.
 """
@@ -21,8 +21,6 @@ from typing import Any
 
 from qbatch.log import log
 
-# Output tokens of the batch's longest rows: a few decode steps, each with an eighth fewer rows.
-MAX_TOKENS = 8
 # The prompt lengths, as quarters of the mean length one step's budget allows: several lengths, as a real
 # batch has, whose mean is that (so the whole batch is prefilled in one step).
 LENGTH_QUARTERS = (1, 3, 5, 7)
@@ -46,20 +44,32 @@ def warm_up_batch(max_num_seqs: int, max_num_batched_tokens: int, max_model_len:
                   kv_cache_tokens: int | None = None, block_size: int = 16) -> WarmUpBatch:
     """The batch for an engine of these limits: max_num_seqs rows (fewer where one step's token budget or
     the KV cache, `kv_cache_tokens` in blocks of `block_size`, holds fewer), prompts of LENGTH_QUARTERS of
-    the budget's mean, each shorter than max_model_len with its output, and 1..MAX_TOKENS output tokens."""
+    the budget's mean, each shorter than max_model_len with its output, and output_tokens(rows) each."""
     num_rows = max(1, min(max_num_seqs, max_num_batched_tokens))
     mean = max_num_batched_tokens // num_rows
-    longest = max(1, max_model_len - MAX_TOKENS - 1)  # vLLM wants prompt + output under max_model_len
+    most = max_output_tokens(num_rows)
+    longest = max(1, max_model_len - most - 1)  # vLLM wants prompt + output under max_model_len
     lengths = [max(1, min(longest, mean * q // 4)) for q in LENGTH_QUARTERS]
     if kv_cache_tokens:  # each row holds the blocks of its longest case at once (a batch that fits runs at once)
-        blocks = math.ceil((max(lengths) + MAX_TOKENS) / block_size)
+        blocks = math.ceil((max(lengths) + most) / block_size)
         num_rows = max(1, min(num_rows, kv_cache_tokens // block_size // blocks))
     first = min(FIRST_TOKEN_ID, vocab_size // 2)  # a tiny vocabulary: its upper half
     return WarmUpBatch(
         prompts=[[first + i % (vocab_size - first)] * lengths[i % len(lengths)] for i in range(num_rows)],
-        # by rank: the first eighth of the rows ends after one token, the last after MAX_TOKENS
-        max_tokens=[1 + i * MAX_TOKENS // num_rows for i in range(num_rows)],
+        max_tokens=output_tokens(num_rows),
     )
+
+
+def output_tokens(num_rows: int) -> list[int]:
+    """Each row's output tokens, by rank: the prefill step gives every row its first token, the first decode
+    step runs every row, and each decode step after it half as many (the row of rank i runs while
+    num_rows // (i + 1) >= 2**step), down to one row: the decode batch sizes from the largest to the smallest."""
+    return [1 + (num_rows // (i + 1)).bit_length() for i in range(num_rows)]
+
+
+def max_output_tokens(num_rows: int) -> int:
+    """The longest row's output tokens (rank 0's): two more than log2 of the rows, rounded down."""
+    return 1 + num_rows.bit_length()
 
 
 def run_warm_up(llm: Any) -> float:
@@ -84,6 +94,6 @@ def run_warm_up(llm: Any) -> float:
     if not llm.reset_prefix_cache():  # every warm-up row has finished: vLLM refuses only with rows running
         log.warning("warm-up: vLLM kept its prefix cache; the job's first rows may find the warm-up's blocks")
     seconds = time.monotonic() - started
-    log.info(f"engine warm-up: {len(batch.prompts)} rows, {batch.num_prompt_tokens} prompt tokens, up to "
-             f"{MAX_TOKENS} output tokens each, in {seconds:.2f}s (not counted in the job)")
+    log.info(f"engine warm-up: {len(batch.prompts)} rows, {batch.num_prompt_tokens} prompt tokens, "
+             f"{sum(batch.max_tokens)} output tokens, in {seconds:.2f}s (not counted in the job)")
     return seconds

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from qbatch.engines import vllm as vllm_engine
-from qbatch.engines.warm_up import MAX_TOKENS, warm_up_batch
+from qbatch.engines.warm_up import max_output_tokens, warm_up_batch
 from qbatch.plan import resolve
 from qbatch.session import Session
 from qbatch.spec import JobSpec
@@ -73,17 +73,20 @@ def test_the_batch_fills_the_engine_in_one_prefill_step_then_decodes_down_from_i
     assert batch.num_prompt_tokens <= 16384  # one step's budget: every row decodes from the second step on
     assert len({len(p) for p in batch.prompts}) == 4  # several prompt lengths
     assert len({p[0] for p in batch.prompts}) == 1024  # no row shares a prefix with another
-    assert sorted(set(batch.max_tokens)) == list(range(1, MAX_TOKENS + 1))  # an eighth ends each step
-    assert batch.max_tokens.count(1) == 1024 // MAX_TOKENS
+    # the prefill step gives each row its first token; then each decode step runs half the rows of the one
+    # before, from every row down to one: the batch sizes of the engine's CUDA graphs, from its largest
+    decode_steps = [sum(n > step for n in batch.max_tokens) for step in range(1, max(batch.max_tokens))]
+    assert decode_steps == [1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1]
+    assert max(batch.max_tokens) == max_output_tokens(1024) == 12  # a few output tokens
 
 
 def test_the_batch_keeps_to_the_engines_limits():
     small = warm_up_batch(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=24, vocab_size=600)
-    assert all(len(p) + MAX_TOKENS < 24 for p in small.prompts)  # vLLM wants prompt + output under max_model_len
+    assert all(len(p) + n < 24 for p, n in zip(small.prompts, small.max_tokens, strict=True))  # vLLM's rule
     assert all(0 <= t < 600 for p in small.prompts for t in p)
-    # a KV cache of 64 blocks of 16 tokens holds 64 rows of up to 16 tokens each
+    # a KV cache of 64 blocks of 16 tokens holds 64 rows of up to 16 tokens each (7 prompt + 10 output: 2 blocks)
     held = warm_up_batch(max_num_seqs=256, max_num_batched_tokens=1024, max_model_len=1024, vocab_size=50000,
-                         kv_cache_tokens=64 * 16, block_size=16)
-    assert len(held.prompts) == 64 and max(map(len, held.prompts)) + MAX_TOKENS <= 16
+                         kv_cache_tokens=128 * 16, block_size=16)
+    assert len(held.prompts) == 64 and max(map(len, held.prompts)) + max_output_tokens(256) <= 32
     # more rows than one step's tokens: as many rows as tokens, one token each
     assert {len(p) for p in warm_up_batch(2048, 1024, 4096, 50000).prompts} == {1}
