@@ -1,15 +1,15 @@
 """The warm-up batch an engine runs inside its start (`--warm-up`), before it takes a job's rows.
 
-A fresh engine pays one-time costs in its first steps: under CUDA MPS a client's first allocations go
-through the server, CUDA loads a kernel at its first launch, and a captured CUDA graph's first replays
-are slower than the next. A job's first rows pay them unless something else ran first (the bench's own
-warm-up showed the first run on fresh engines slower than the next: docs/benchmarks.md). The batch is
-shaped like a real decode batch: as many rows as the engine runs at once, all prefilled in one step
-(their prompts fit one step's token budget) at several prompt lengths, then decoded together for a few
-tokens while half the rows end at each step, so the decode steps go through the batch sizes the engine
-captured graphs for, from every row at once down to one. It goes through `LLM.generate`, not the engine's run(): qbatch's counters
-(telemetry, stats, results) never see it; its blocks are dropped from vLLM's prefix cache after it, so
-the job's cached share is its own.
+A fresh engine may pay one-time costs in its first steps (suspected, not measured: docs/benchmarks.md): under
+CUDA MPS a client's first allocations go through the server, CUDA loads a kernel at its first launch, a
+captured CUDA graph's first replay may be slower than the next. A job's first rows pay them unless something
+ran first (the bench warms its engines: the first run on fresh engines was slower than the next). The batch
+is shaped like a real decode batch: as many rows as the engine runs at once, all prefilled in one step (their
+prompts fit one step's token budget) at several prompt lengths, then decoded together for a few tokens while
+half the rows end at each step, so the decode steps go through the batch sizes the engine captured graphs for,
+from every row at once down to one. It goes through `LLM.generate`, not the engine's run(): qbatch's counters
+(telemetry, stats, results) never see it; its blocks are dropped from vLLM's prefix cache after it, so the
+job's cached share is its own.
 """
 
 from __future__ import annotations
