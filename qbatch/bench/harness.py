@@ -551,7 +551,7 @@ def _qbatch_engine_settings(spec: Any, pool: EnginePool) -> dict[str, Any]:
             "max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens,
             "max_model_len": job.max_model_len, "dtype": engine.dtype, "enforce_eager": engine.enforce_eager,
             "performance_mode": engine.performance_mode, "gpu_memory_utilization": engine.gpu_memory_utilization,
-            "kv_cache_memory_bytes": engine.kv_cache_memory_bytes}
+            "kv_cache_memory_bytes": engine.kv_cache_memory_bytes, "warm_up": engine.warm_up}
 
 
 def _run_job(spec: Any, pool: EnginePool) -> Any:

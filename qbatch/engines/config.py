@@ -30,6 +30,7 @@ class EngineConfig:
     start_together: bool = False  # engines sharing a GPU start at once (their KV cache is fixed)
     mps: bool = False  # engines sharing a GPU run under a CUDA MPS daemon of their own (mps.py)
     ray_address: str | None = None
+    warm_up: bool = False  # each vLLM engine runs a short dummy batch before it reports ready (warm_up.py)
     compile_marker: str | None = None  # with torch.compile: what to note in the compile cache once started
     lora: tuple[tuple[str, str], ...] = ()  # the job's LoRA adapters: (name, folder), by name
     # the environment variables the engines' processes get (plan/environment.py): (rank, name, value),

@@ -43,6 +43,7 @@ from qbatch.engines.messages import Drop, Failed, Message, Ready, Stop, Want
 from qbatch.engines.vllm_output import engine_processes, enter_engine_process
 from qbatch.errors import ModelError, QbatchError, first_line
 from qbatch.log import log
+from qbatch.log import setup as setup_log
 
 
 class DataParallelEngine(Dispatcher):
@@ -183,6 +184,7 @@ class Turn:
 
 def _worker_main(rank: int, world: int, turn: Turn, config: EngineConfig, tasks: Any, results: Any) -> None:
     enter_engine_process()  # its output, and its engine's, to the engine log
+    setup_log("log")  # its qbatch lines there too, at INFO (its engine's warm-up: warm_up.py)
     os.environ["CUDA_VISIBLE_DEVICES"] = turn.device
     os.environ.update(turn.env)
     try:

@@ -34,6 +34,7 @@ from qbatch.engines.platform import spawn_if_forks_lose_cuda
 from qbatch.engines.scratch import scratch_folder
 from qbatch.engines.start_errors import start_error, start_log
 from qbatch.engines.vllm_output import EngineLog, engine_processes
+from qbatch.engines.warm_up import run_warm_up
 from qbatch.errors import EngineError, MissingDependency, first_line
 from qbatch.log import log
 from qbatch.records import Completion, Embedding, Request, Sample
@@ -110,6 +111,8 @@ class VllmEngine:
             # rows that come as text are encoded here, by the driver's tokenizer and rule (tokens.py)
             self._encoder = None if self.embeds else TextEncoder(
                 load_tokenizer(kwargs.get("tokenizer") or config.model_path, kwargs.get("revision")))
+            if config.warm_up and not self.embeds:  # before the engine is handed out (a worker's Ready)
+                self.warm_up()
         except BaseException:
             self._shutdown()  # the engine processes would outlive a worker that fails here
             raise
@@ -117,6 +120,10 @@ class VllmEngine:
         self._log_stats = not kwargs.get("disable_log_stats", True)
         if config.compile_marker is not None:  # it compiled: the next job of these settings finds the cache warm
             compile_cache.note_compiled(config.compile_marker)
+
+    def warm_up(self) -> float:
+        """Run the warm-up batch (warm_up.py) outside run(): this engine's counters never count it. Its seconds."""
+        return run_warm_up(self.llm)
 
     def sample(self) -> EngineSample:
         """This engine's counters now (telemetry): cheap, read from another thread once a second."""

