@@ -6,7 +6,8 @@ Completion, or Embedding for embedding jobs (engines) -> result and error rows (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import operator
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -35,6 +36,9 @@ class PromptText:
 
     def __len__(self) -> int:
         return self.num_tokens
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return PromptText, (self.text, self.add_special_tokens, self.num_tokens)  # as Request's, below
 
 
 @dataclass(slots=True)
@@ -70,6 +74,14 @@ class Request:
     def cost(self) -> int:
         """The most tokens this row can occupy: what chunk budgets count."""
         return len(self.tokens) + int(self.sampling["max_tokens"]) * int(self.sampling.get("n", 1))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its fields' values in order: every row of a chunk crosses to a worker process or a Ray
+        actor, and a slotted dataclass's own pickling looks its fields up again for each row (~2.5x slower)."""
+        return Request, _request_fields(self)
+
+
+_request_fields = operator.attrgetter(*(f.name for f in fields(Request)))
 
 
 @dataclass(slots=True)

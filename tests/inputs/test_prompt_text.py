@@ -55,3 +55,14 @@ def test_a_count_other_than_the_drivers_stops_the_engine(bundled_model):
     assert "same model folder" in (err.value.hint or "")
     with pytest.raises(ValueError, match="not encoded yet"):
         Request("r8", 0, 8, PromptText("x", True, 1), {"max_tokens": 4}, None).prompt_token_ids
+
+
+def test_a_request_pickles_whole():
+    """Request and PromptText pickle by their fields' values in order (records.py): every field, kept."""
+    from dataclasses import fields
+
+    request = Request("r", 3, 9, PromptText("some text", False, 2), {"max_tokens": 4, "seed": 7}, True,
+                      {"doc": "d"}, "the prompt", "adapter-a")
+    assert all(getattr(request, f.name) not in (None, {}) for f in fields(Request))  # no field left at a default
+    assert pickle.loads(pickle.dumps(request)) == request
+    assert pickle.loads(pickle.dumps(Request("s", 0, 0, [1, 2], {"max_tokens": 1}, None))).tokens == [1, 2]
