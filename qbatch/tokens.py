@@ -64,13 +64,16 @@ class TextEncoder:
         """Each text's encoding: a tokenizers.Encoding (`len()` its count, `.ids` its ids) or a list of ids."""
         texts = list(texts)
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None and add_special_tokens not in self._backend_agrees:
+        # without the characters' offsets, which no caller reads: the encoding is faster, and freeing its
+        # encodings (a string a token) costs a seventh (docs/benchmarks.md, the coordinator's ceiling)
+        encode_batch = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
+        if encode_batch is not None and add_special_tokens not in self._backend_agrees:
             sample = texts[:8]
             self._backend_agrees[add_special_tokens] = (
-                [e.ids for e in backend.encode_batch(sample, add_special_tokens=add_special_tokens)]
+                [e.ids for e in encode_batch(sample, add_special_tokens=add_special_tokens)]
                 == self.tokenizer(sample, add_special_tokens=add_special_tokens)["input_ids"])
-        if backend is not None and self._backend_agrees[add_special_tokens]:
-            encoded: list[Any] = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        if encode_batch is not None and self._backend_agrees[add_special_tokens]:
+            encoded: list[Any] = encode_batch(texts, add_special_tokens=add_special_tokens)
             return encoded
         ids: list[Any] = self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
         return ids

@@ -285,7 +285,8 @@ def write_shape(shape: str, tokenizer: Any, num_rows: int, path: Path, *, seed: 
 def tokenizer_cpu_ms(tokenizer: Any, prompts: list[str]) -> float:
     """CPU milliseconds (every thread) a rendered prompt costs the fast tokenizer's batch encoder, the
     call the driver makes (inputs/prepare.py): the driver's work that spreads over a host's cores."""
-    encode = tokenizer.backend_tokenizer.encode_batch
+    backend = tokenizer.backend_tokenizer
+    encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch  # as qbatch/tokens.py
     encode(prompts[:64], add_special_tokens=False)  # its thread pool up
     cpu0 = _cpu_seconds()
     for start in range(0, len(prompts), 8192):

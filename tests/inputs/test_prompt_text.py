@@ -66,3 +66,12 @@ def test_a_request_pickles_whole():
     assert all(getattr(request, f.name) not in (None, {}) for f in fields(Request))  # no field left at a default
     assert pickle.loads(pickle.dumps(request)) == request
     assert pickle.loads(pickle.dumps(Request("s", 0, 0, [1, 2], {"max_tokens": 1}, None))).tokens == [1, 2]
+
+
+def test_the_batch_encoder_gives_the_tokenizers_own_ids(bundled_model):
+    """TextEncoder takes the fast tokenizer's batch call without offsets: the ids `tokenizer(...)` gives."""
+    tokenizer = load_tokenizer(bundled_model)
+    texts = ["\ufeffA BOM first", "émoji 🤖 and ß", "tabs\tand\nnewlines  ", "<|im_start|>user\nhi<|im_end|>", " "]
+    for special in (False, True):
+        assert TextEncoder(tokenizer).ids(texts, add_special_tokens=special) == \
+            tokenizer(texts, add_special_tokens=special)["input_ids"]
