@@ -34,7 +34,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from qbatch.engines import compile_cache
@@ -47,7 +47,7 @@ from qbatch.engines.vllm import VllmEngine
 from qbatch.engines.vllm_output import EngineLog
 from qbatch.errors import EngineError
 from qbatch.log import log
-from qbatch.records import Completion
+from qbatch.records import Completion, Request
 
 POLL_S = 1.0
 STATS_S = 1.0  # a worker sends its engine's counters this often (telemetry)
@@ -240,7 +240,9 @@ def _rows(worker: Worker) -> int:
 def slim(chunk: Chunk, number: int) -> Chunk:
     """The chunk as a worker needs it, numbered as it travels: token ids, sampling and the LoRA adapter's name,
     not the carried columns or prompt text."""
-    return Chunk(number, [replace(r, extra={}, prompt=None) for r in chunk.requests])
+    # not dataclasses.replace, which reads the fields anew for every row
+    return Chunk(number, [Request(r.id, r.source_index, r.row_index, r.tokens, r.sampling, r.thinking, {}, None,
+                                  r.adapter) for r in chunk.requests])
 
 
 def start_engine(config: EngineConfig, local_rank: int, local_world: int) -> Any:

@@ -30,6 +30,11 @@ class Output:
                    completion.num_cached_tokens, completion.error, completion.logprobs,
                    tuple(completion.more_samples))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its fields' values (every row comes back so), as records.Request is."""
+        return Output, (self.text, self.finish_reason, self.num_completion_tokens, self.num_cached_tokens,
+                        self.error, self.logprobs, self.more_samples)
+
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingOutput:

@@ -60,6 +60,7 @@ def test_the_engine_warms_up_inside_its_start_when_its_configuration_says_so(mon
     monkeypatch.setattr(vllm_engine.FinalDecoder, "for_llm", classmethod(lambda cls, llm: None))
     monkeypatch.setattr(vllm_engine, "run_warm_up", lambda llm: warmed.append(llm) or 0.0)
     monkeypatch.setattr(vllm_engine, "scratch_folder", lambda: "")
+    monkeypatch.setattr(vllm_engine, "load_tokenizer", lambda path, revision=None: None)  # no model folder here
     # the engine does as its configuration says; no environment for it (it would stay in this process's)
     config = dataclasses.replace(_plan(CPU).engine, warm_up=on, env=())
     engine = vllm_engine.VllmEngine(config)
