@@ -79,7 +79,13 @@ class TextEncoder:
         return ids
 
     def ids(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[int]]:
-        return [e if isinstance(e, list) else e.ids for e in self.encode(texts, add_special_tokens=add_special_tokens)]
+        return [ids_of(e) for e in self.encode(texts, add_special_tokens=add_special_tokens)]
+
+
+def ids_of(encoded: Any) -> list[int]:
+    """An encoding's token ids (TextEncoder.encode gives a tokenizers.Encoding or a list of ids)."""
+    ids: list[int] = encoded if isinstance(encoded, list) else encoded.ids
+    return ids
 
 
 def encode_prompts(requests: Sequence[Request], encoder: TextEncoder) -> None:

@@ -284,10 +284,11 @@ def write_shape(shape: str, tokenizer: Any, num_rows: int, path: Path, *, seed: 
 
 def tokenizer_cpu_ms(tokenizer: Any, prompts: list[str]) -> float:
     """CPU milliseconds (every thread) a rendered prompt costs the fast tokenizer's batch encoder, the
-    call the driver makes (inputs/prepare.py): the driver's work that spreads over a host's cores."""
-    backend = tokenizer.backend_tokenizer
-    encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch  # as qbatch/tokens.py
-    encode(prompts[:64], add_special_tokens=False)  # its thread pool up
+    call the driver makes (qbatch/tokens.py): the driver's work that spreads over a host's cores."""
+    from qbatch.tokens import TextEncoder
+
+    encode = TextEncoder(tokenizer).encode
+    encode(prompts[:64], add_special_tokens=False)  # its thread pool up, its backend checked
     cpu0 = _cpu_seconds()
     for start in range(0, len(prompts), 8192):
         encode(prompts[start:start + 8192], add_special_tokens=False)

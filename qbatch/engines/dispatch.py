@@ -238,8 +238,8 @@ def _rows(worker: Worker) -> int:
 
 
 def slim(chunk: Chunk, number: int) -> Chunk:
-    """The chunk as a worker needs it, numbered as it travels: token ids, sampling and the LoRA adapter's name,
-    not the carried columns or prompt text."""
+    """The chunk as a worker needs it, numbered as it travels: each row's prompt (its token ids, or its text:
+    records.PromptText), sampling and LoRA adapter's name, not the carried columns nor --include-prompt's copy."""
     # not dataclasses.replace, which reads the fields anew for every row
     return Chunk(number, [Request(r.id, r.source_index, r.row_index, r.tokens, r.sampling, r.thinking, {}, None,
                                   r.adapter) for r in chunk.requests])

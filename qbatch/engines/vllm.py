@@ -111,7 +111,7 @@ class VllmEngine:
             # rows that come as text are encoded here, by the driver's tokenizer and rule (tokens.py)
             self._encoder = None if self.embeds else TextEncoder(
                 load_tokenizer(kwargs.get("tokenizer") or config.model_path, kwargs.get("revision")))
-            if config.warm_up and not self.embeds:  # before the engine is handed out (a worker's Ready)
+            if config.warm_up:  # generation engines on a GPU (plan/resolve.py); before a worker's Ready
                 self.warm_up()
         except BaseException:
             self._shutdown()  # the engine processes would outlive a worker that fails here

@@ -24,7 +24,7 @@ from qbatch.inputs.row_kinds import BATCH_URLS, fallback_id, is_openai, own_id, 
 from qbatch.inputs.splice import ChatSplicer
 from qbatch.inputs.text import escaped
 from qbatch.spec import JobSpec
-from qbatch.tokens import TextEncoder
+from qbatch.tokens import TextEncoder, ids_of
 from qbatch.inputs.validate import (
     BODY_SAMPLING_KEYS, EMBEDDINGS_URL, OPENAI_URLS, check_body_keys, check_messages, check_text, prompt_or_tokens,
     render_template, response_format, sampling_overrides, thinking_flag,
@@ -78,9 +78,10 @@ def _chat_template(tokenizer: Any) -> str | None:
     return template
 
 
-def _ids(encoded: Encoded) -> list[int]:
-    ids: list[int] = encoded if isinstance(encoded, list) else encoded.ids
-    return ids
+def _adds_special_tokens(draft: Draft) -> bool:
+    """Whether the tokenizer adds its special tokens to a draft's text: not to a chat-templated prompt, whose
+    template wrote its own; to any other text (as vLLM's /v1/completions does)."""
+    return draft.messages is None
 
 
 def _failure(row: Row, rid: str, exc: RowError) -> Failure:
@@ -337,19 +338,19 @@ class Preparer:
     def encode(self, drafts: list[Draft]) -> list[Encoded | RowError]:
         """Encodings of rendered drafts, in at most two batch calls (chat templates carry their own special tokens).
 
-        They are the fast tokenizer's own objects where it is used: turning them into lists
-        of ints (`requests`) is Python work, which the encoding thread leaves to another. A draft
-        with its own token ids keeps them; a text the tokenizer refuses gets a RowError in its place.
+        They are the fast tokenizer's own objects where it is used: `requests` reads their counts, and
+        their ids only where it needs them (a prompt from text travels as its text). A draft with its own
+        token ids keeps them; a text the tokenizer refuses gets a RowError in its place.
         """
-        kinds = [None if d.ids is not None else d.messages is not None for d in drafts]  # None: ids given
+        kinds = [None if d.ids is not None else _adds_special_tokens(d) for d in drafts]  # None: ids given
         if len(set(kinds)) == 1 and kinds[0] is not None:  # one batch call: the usual window
-            return self._encode([_rendered(d) for d in drafts], add_special_tokens=not kinds[0])
+            return self._encode([_rendered(d) for d in drafts], add_special_tokens=kinds[0])
         encoded: list[Encoded | RowError] = [d.ids for d in drafts]
-        for templated in (True, False):
-            group = [i for i, kind in enumerate(kinds) if kind is templated]
+        for special in (False, True):
+            group = [i for i, kind in enumerate(kinds) if kind is special]
             if group:
                 texts = [_rendered(drafts[i]) for i in group]
-                for i, item in zip(group, self._encode(texts, add_special_tokens=not templated), strict=True):
+                for i, item in zip(group, self._encode(texts, add_special_tokens=special), strict=True):
                     encoded[i] = item
         return encoded
 
@@ -373,18 +374,15 @@ class Preparer:
 
     def _encode_all(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded | RowError]:
         try:
-            return self._encode_batch(texts, add_special_tokens=add_special_tokens)
+            return self.encoder.encode(texts, add_special_tokens=add_special_tokens)
         except Exception:  # one text the tokenizer refuses fails the whole call: encode one by one
             return [self._encode_one(text, add_special_tokens) for text in texts]
 
     def _encode_one(self, text: str, add_special_tokens: bool) -> Encoded | RowError:
         try:
-            return self._encode_batch([text], add_special_tokens=add_special_tokens)[0]
+            return self.encoder.encode([text], add_special_tokens=add_special_tokens)[0]
         except Exception as exc:  # the tokenizer's errors have no one type (TypeError for text that is not Unicode)
             return RowError("bad_text", f"the tokenizer cannot encode the prompt: {escaped(first_line(exc))}")
-
-    def _encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[Encoded]:
-        return self.encoder.encode(texts, add_special_tokens=add_special_tokens)
 
     def _render(self, conversations: list[Any], thinking: bool | None) -> list[str | RowError]:
         """Jinja renders of conversations (one list or several): the template's own output."""
@@ -411,7 +409,7 @@ class Preparer:
         if num == 0:
             raise RowError("empty_prompt", "prompt is empty after tokenization")
         if self.embeds:
-            return self._embed_request(draft, _ids(encoded))
+            return self._embed_request(draft, ids_of(encoded))
         if num >= self.max_model_len:
             raise RowError(
                 "prompt_too_long",
@@ -424,7 +422,7 @@ class Preparer:
         sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - num)
         thinking = self._thinks(draft, sampling, encoded)
         prompt = draft.text if self.spec.output.include_prompt else None
-        tokens = encoded if isinstance(encoded, list) else PromptText(_rendered(draft), draft.messages is None, num)
+        tokens = encoded if isinstance(encoded, list) else PromptText(_rendered(draft), _adds_special_tokens(draft), num)
         return Request(draft.id, draft.row.source_index, draft.row.row_index, tokens, sampling, thinking,
                        draft.extra, prompt, draft.adapter)
 
@@ -441,7 +439,7 @@ class Preparer:
           constraint would silently never apply."""
         constrained = "structured_outputs" in sampling
         if draft.messages is None:
-            if constrained and self.spec.engine.reasoning_parser and not self._closes_reasoning(_ids(encoded)):
+            if constrained and self.spec.engine.reasoning_parser and not self._closes_reasoning(ids_of(encoded)):
                 raise RowError("constraint_not_applied", f"the row's prompt is sent as is (not through the chat "
                                f"template) and opens no reasoning, so the engine's reasoning parser "
                                f"({self.spec.engine.reasoning_parser}) would hold its constraint until a "
