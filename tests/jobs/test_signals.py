@@ -26,7 +26,9 @@ import pytest
 from qbatch.errors import EXIT_LOCKED, EXIT_SIGTERM
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWS = [{"id": f"r{i:03d}", "prompt": "word " * (1 + i % 30)} for i in range(400)]
+# enough rows that the rerun of step 3 still runs well after its second worker joins (a worker starts
+# after the other on the CPU, ~11 s later on CI's 2 cores): 400 once finished before the kill landed
+ROWS = [{"id": f"r{i:03d}", "prompt": "word " * (1 + i % 30)} for i in range(800)]
 GONE_WITHIN_S = 20
 
 
