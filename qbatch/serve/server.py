@@ -70,19 +70,24 @@ class Service:
         this_process().start(reaper=self.settings.engine.get("backend") != "null")
         worker = self.worker
 
+        def stopping(sig: int) -> None:
+            log.info(f"serve: {signal.Signals(sig).name}: finishing the current chunk, the rest stays queued")
+            worker.stop()
+
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
                 if self.should_exit:  # the second signal: no more waiting
                     _exit_now(sig, frame)
-                self.stop(sig, frame)
+                stopping(sig)
+                # uvicorn's own graceful stop; it must find should_exit unset, or it takes a SIGINT for the
+                # second one and exits at once (force_exit: its lifespan task cancelled, a traceback printed)
                 super().handle_exit(sig, frame)
 
             def stop(self, sig: int, frame: Any) -> None:
                 """A signal before uvicorn takes them over, or one it hands back once it has stopped:
                 the service stops (once), it does not exit."""
                 if not self.should_exit:
-                    log.info(f"serve: {signal.Signals(sig).name}: finishing the current chunk, the rest stays queued")
-                    worker.stop()
+                    stopping(sig)
                 self.should_exit = True
 
         server = Server(uvicorn_config(self.app, self.settings, timeout_graceful_shutdown=5))

@@ -254,3 +254,28 @@ def test_a_second_signal_while_the_worker_finishes_exits_at_once(bundled_model, 
         assert "second signal, exiting now" in "".join(lines)
     finally:
         proc.kill()
+
+
+def test_ctrl_c_stops_the_service_quietly(serve_process, bundled_model, tmp_path):
+    """SIGINT (Ctrl-C) is a graceful stop like SIGTERM: uvicorn took our first SIGINT for its second and
+    force-exited, its lifespan task cancelled with a CancelledError traceback on stderr (seen on every Ctrl-C)."""
+    import signal
+    import urllib.request
+
+    from tests.serve.conftest import wait_until
+
+    base, proc = serve_process("--model", bundled_model, "--backend", "null", data_dir=tmp_path / "data")
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(base + "/v1/models", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    wait_until(up, 60)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) is not None
+    log = next(tmp_path.glob("serve-*.log")).read_text()
+    assert "SIGINT: finishing the current chunk" in log and "serve: stopped" in log
+    assert "Traceback" not in log and "CancelledError" not in log, log
