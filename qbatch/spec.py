@@ -254,6 +254,11 @@ class EngineSpec:
     load_format: str | None = setting(None, "vLLM load_format (e.g. dummy for random weights).", panel=ENGINE,
                                       results=True)
     performance_mode: str | None = setting("throughput", "vLLM performance_mode.", panel=ENGINE)
+    # None: vLLM's fcfs; `qbatch serve` sets priority (serve/config.py) so that its online rows go first
+    scheduling_policy: Literal["fcfs", "priority"] | None = setting(
+        None, "vLLM scheduling_policy: with priority, rows someone waits on (the service's online requests) go "
+        "before the rows of batches queued in the engine.", shown="priority for qbatch serve's engines, else fcfs",
+        panel=ENGINE)
     quantize: Literal["awq"] | None = setting(None, "Quantize the model with AutoAWQ first (cached).", panel=ENGINE,
                                               results=True, task=GENERATE)
     data_parallel_size: int = setting(1, "GPUs to use, each with its own engine process(es).", panel=GPUS, low=1)

@@ -43,7 +43,7 @@ VLLM_MAX_GRAPH_SIZE = 512
 THROUGHPUT_MAX_NUM_SEQS = 2048
 LARGE_GRAPH_STEP = 128
 USER_SETTINGS = ("enforce_eager", "tokenizer", "revision", "gpu_memory_utilization", "kv_cache_memory_bytes",
-                 "max_num_seqs", "max_num_batched_tokens", "quantization", "load_format")
+                 "max_num_seqs", "max_num_batched_tokens", "quantization", "load_format", "scheduling_policy")
 
 
 def llm_kwargs(spec: EngineSpec, max_model_len: int, machine: Machine, *,

@@ -37,6 +37,10 @@ class ServeSettings:
     window_s: float = COMPLETION_WINDOW_S
 
     def __post_init__(self) -> None:
+        # Online requests are rows someone waits on: vLLM's priority policy lets them go before the batch rows
+        # queued in the engine (engines/vllm.py gives them the higher priority), unless the service was told otherwise.
+        if self.engine.get("backend") != "null":
+            object.__setattr__(self, "engine", {"scheduling_policy": "priority", **self.engine})
         if not is_loopback(self.host) and not self.api_key:
             raise SpecError(f"binding {self.host} exposes the service to the network, and no API key is set",
                             where="--host",
