@@ -8,7 +8,8 @@ engine, performance_mode=throughput, token ids, one generate) runs on it; then e
 (a tree holding its `qbatch` package, e.g. `git archive d8cbba8 qbatch | tar x -C old/d8cbba8`) runs
 `qbatch run FILE --ignore-eos` at its defaults, as the bench's qbatch mode does. For each: total
 tok/s over the generate time (stats.json), the cached share of prompt tokens, and each engine's
-cached share from telemetry.parquet (its last sample of each engine). Dummy weights. Prints JSON.
+cached share from telemetry.parquet (its last sample of each engine). Each run's log (its phases, timed) is
+WORK_DIR/NAME.out. Dummy weights. Prints JSON.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def per_engine(folder: Path) -> dict:
     if not path.exists():
         return {}
     df = pl.read_parquet(path).filter(pl.col("prompt_tokens").is_not_null())
-    last = df.group_by("source").agg(pl.col("prompt_tokens").max(), pl.col("cached_tokens").max())
-    return {row["source"]: {"prompt_tokens": row["prompt_tokens"], "cached_share": round(row["cached_tokens"] / max(row["prompt_tokens"], 1), 4)}
+    df = df.filter(pl.col("source") == "engine")  # one engine a device label ("worker 0 (device 0)", ...)
+    last = df.group_by("device").agg(pl.col("prompt_tokens").max(), pl.col("cached_tokens").max())
+    return {row["device"]: {"prompt_tokens": row["prompt_tokens"], "cached_share": round(row["cached_tokens"] / max(row["prompt_tokens"], 1), 4)}
             for row in last.iter_rows(named=True)}
 
 
@@ -59,7 +61,7 @@ def main() -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(tree).resolve()), here) if p)}
         t0 = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "qbatch.cli", "run", str(work / f"{workload}.jsonl"), "-o", str(out),
-                               "--model", model, "--load-format", "dummy", "--ignore-eos", "--progress", "none"],
+                               "--model", model, "--load-format", "dummy", "--ignore-eos", "--progress", "log"],
                               env=env, stdout=open(work / f"{name}.out", "w"), stderr=subprocess.STDOUT)
         wall = time.monotonic() - t0
         entry: dict = {"exit": done.returncode, "wall_s": round(wall, 1)}
