@@ -40,6 +40,11 @@ FinishedRows = list[Completion] | list[Embedding]  # a chunk's rows an engine ha
 class Chunk:
     index: int
     requests: list[Request]
+    # Someone waits on each of its rows (an online request: serve/gather.py): an engine returns them at the
+    # step they finish, not at its next REPORT_S, which would add up to that much to every answer and hold
+    # back each client's next request. A run's chunks leave it off: a message a step would cost the
+    # coordinator, whose per-row time bounds a run (docs/benchmarks.md#prompts-as-text).
+    urgent: bool = False
 
 
 class Engine(Protocol):

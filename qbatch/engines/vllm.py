@@ -3,7 +3,8 @@ modules that import vLLM (inside functions).
 
 The engine keeps itself fed across chunk boundaries: it adds the next chunk's requests
 while the current one is still running, so no chunk ends in an idle drain. Finished rows
-go back as they finish, every REPORT_S (base.py), not when their whole chunk is done.
+go back as they finish, every REPORT_S (base.py), not when their whole chunk is done; an
+urgent chunk's (an online request's) at the step they finish.
 Its LLM(...) arguments come resolved in an EngineConfig (qbatch/plan/): it passes them on as they are.
 """
 
@@ -205,11 +206,15 @@ class VllmEngine:
                 elif not exhausted:
                     time.sleep(IDLE_S)  # a live feed with nothing for us yet: wait without spinning
                 # Finished rows go back every REPORT_S, and at once when nothing else runs (nothing
-                # would finish after them): rows never wait in here for the end of a long one.
+                # would finish after them): rows never wait in here for the end of a long one. An urgent
+                # chunk's rows go back at the step they finish (base.Chunk), alone: the others keep
+                # their period, which an urgent report does not restart.
                 now = time.monotonic()
                 if now - reported >= REPORT_S or (not in_flight and any(s.finished for s in open_chunks.values())):
                     reported = now
                     yield from self._report(open_chunks)
+                elif any(s.finished and s.chunk.urgent for s in open_chunks.values()):
+                    yield from self._report(open_chunks, urgent_only=True)
                 if exhausted and not in_flight:  # the feed ended with `pending` empty
                     return
         finally:
@@ -275,10 +280,11 @@ class VllmEngine:
         self._num_cached_tokens += output.num_cached_tokens or 0
         state.remaining -= 1
 
-    def _report(self, open_chunks: dict[int, OpenChunk]) -> Iterator[tuple[Chunk, list[Any]] | None]:
-        """The rows finished since the last report, a chunk at a time, their texts decoded in one batch
-        (None when none finished); a chunk whose rows have all been reported is forgotten."""
-        states = [s for s in open_chunks.values() if s.finished]
+    def _report(self, open_chunks: dict[int, OpenChunk], urgent_only: bool = False
+                ) -> Iterator[tuple[Chunk, list[Any]] | None]:
+        """The rows finished since the last report (of urgent chunks only, or of all), a chunk at a time, their
+        texts decoded in one batch (None when none finished); a chunk whose rows have all been reported is forgotten."""
+        states = [s for s in open_chunks.values() if s.finished and (s.chunk.urgent or not urgent_only)]
         if not states:
             yield None
             return

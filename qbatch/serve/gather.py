@@ -10,8 +10,12 @@ So whoever drives the engine feeds the online requests too:
   arrives within `GATHER_S` (or whatever queued while the engine was busy) into one chunk. A run that
   wants the engine asks for it (`turn`): the driver takes no more online chunks, the rows it has out
   finish, and it hands the engine over; the online queue then rides in the run's stream.
-Online latency is therefore bounded by the engine's step and report period (engines/vllm.py REPORT_S)
-and, in a run, by one slice's rows going in before the next pull: never by the run's length. Online chunks carry negative indexes; the runner never sees them (a None tick instead).
+Online chunks are urgent (engines/base.py Chunk): an engine returns their rows at the step they finish,
+not at its report period (REPORT_S), and a coordinator of several engines looks at the online queue every
+few ms (engines/dispatch.py LIVE_POLL_S), so a client's answer, and so its next request, waits for neither.
+Online latency is therefore bounded by the engine's step and, in a run, by one slice's rows going in before
+the next pull: never by the run's length. Online chunks carry negative indexes; the runner never sees them
+(a None tick instead).
 """
 
 from __future__ import annotations
@@ -175,7 +179,7 @@ class Feeder:
             self.stats.gathers += 1
             self.stats.largest = max(self.stats.largest, len(tickets))
             self._log_stats()
-            return Chunk(index, requests)
+            return Chunk(index, requests, urgent=True)  # a client waits on each row
 
     def _log_stats(self) -> None:
         """At most every STATS_LOG_S, as online chunks go in: what the online side has done."""

@@ -334,3 +334,21 @@ def test_the_plan_says_what_share_of_its_gpu_each_engine_takes():
     pool.get(plain)
     assert pool.crowded_out(schema) == [plain]
     assert resolve(JobSpec.from_flat({"model": "m"}), MACHINE).engine.gpu_shares() == {}
+
+
+def test_an_urgent_chunks_rows_come_back_at_the_step_they_finish(monkeypatch):
+    """An online request's rows (an urgent chunk) go back at the step they finish, not at the next REPORT_S
+    (a client waited up to that long for each answer); a run's rows beside them keep the period: here they
+    come back together once nothing else runs."""
+    from qbatch.engines import vllm
+
+    monkeypatch.setattr(vllm, "REPORT_S", 3600.0)
+    engine = fake_vllm_engine()
+    llm = engine.llm.llm_engine
+    online = Chunk(-1, chunk(9, 2).requests, urgent=True)
+    run = engine.run([online, chunk(0, 2)])
+    for done in (["q0"], ["q0", "q1"]):  # each step finishes one row, the online ones first
+        back, completions = next(run)
+        assert back is online and [c.request.id for c in completions] == [f"9-{len(done) - 1}"]
+        assert llm.finished == done  # the run's rows still run
+    assert [(back.index, [c.request.id for c in completions]) for back, completions in run] == [(0, ["0-0", "0-1"])]
