@@ -50,6 +50,10 @@ from qbatch.log import log
 from qbatch.records import Completion, Request
 
 POLL_S = 1.0
+# How long the coordinator waits for a worker's message while a worker wants work and the source has none
+# ready (a live feed: serve's online queue), before it asks the source again: a request that arrives then
+# waits this long, not until some worker next speaks (up to POLL_S). A run's source is never "not ready".
+LIVE_POLL_S = 0.002
 STATS_S = 1.0  # a worker sends its engine's counters this often (telemetry)
 RESUME_HINT = "finished parts are kept; rerun the same command to resume"
 
@@ -67,7 +71,8 @@ class Held:
 
     def left(self) -> Chunk:
         """Its rows not answered yet, as a chunk of the same index (for another worker)."""
-        return Chunk(self.chunk.index, [r for i, r in enumerate(self.chunk.requests) if i not in self.answered])
+        return Chunk(self.chunk.index, [r for i, r in enumerate(self.chunk.requests) if i not in self.answered],
+                     self.chunk.urgent)
 
 
 @dataclass
@@ -115,8 +120,9 @@ class Dispatcher:
             exhausted = self._hand_out(source, retry, exhausted)
             if exhausted and not retry and not any(w.outstanding for w in self._workers.values()):
                 return
-            message = self._receive(POLL_S)
-            if message is None or time.monotonic() - reaped > POLL_S:  # even while other workers keep talking
+            waiting = not exhausted and self._next_wanting() is not None  # the source had nothing ready
+            message = self._receive(LIVE_POLL_S if waiting else POLL_S)
+            if (message is None and not waiting) or time.monotonic() - reaped > POLL_S:  # even while others talk
                 self._reap(retry)
                 reaped = time.monotonic()
             if message is None or self._note(message):
@@ -242,7 +248,7 @@ def slim(chunk: Chunk, number: int) -> Chunk:
     records.PromptText), sampling and LoRA adapter's name, not the carried columns nor --include-prompt's copy."""
     # not dataclasses.replace, which reads the fields anew for every row
     return Chunk(number, [Request(r.id, r.source_index, r.row_index, r.tokens, r.sampling, r.thinking, {}, None,
-                                  r.adapter) for r in chunk.requests])
+                                  r.adapter) for r in chunk.requests], chunk.urgent)
 
 
 def start_engine(config: EngineConfig, local_rank: int, local_world: int) -> Any:

@@ -359,3 +359,38 @@ def test_a_ray_actor_sends_rows_back_as_they_finish_and_counts_a_chunk_done_with
     assert actor._open == 0
     actor._tasks.put(Stop())
     actor._thread.join(timeout=10)
+
+
+class Recorded(InProcessWorkers):
+    """One worker; what the coordinator waits for each message, and whether each chunk came to it urgent."""
+
+    def __init__(self):
+        super().__init__(1)
+        self.waits, self.urgent = [], []
+
+    def _send(self, worker, chunk):
+        self.urgent.append(chunk.urgent)
+        super()._send(worker, chunk)
+
+    def _receive(self, timeout):
+        self.waits.append(timeout)
+        return super()._receive(timeout)
+
+
+def test_a_live_feed_is_asked_again_within_ms_and_its_urgent_chunks_stay_urgent():
+    """serve's online queue: while a worker waits for work and the source has none ready, the coordinator
+    asks the source again after LIVE_POLL_S, not once some worker next speaks (up to POLL_S, which a request
+    arriving then waited); an online chunk reaches its worker urgent (slim keeps the mark)."""
+    from qbatch.engines.dispatch import LIVE_POLL_S, POLL_S
+
+    online = Chunk(-1, make_chunks(1)[0].requests, urgent=True)
+
+    def source():
+        yield None
+        yield None
+        yield online
+
+    workers = Recorded()
+    assert [chunk for chunk, _ in rows_back(workers.run(source()))] == [online]
+    assert workers.waits[:3] == [POLL_S, LIVE_POLL_S, LIVE_POLL_S] and set(workers.waits[3:]) == {POLL_S}
+    assert workers.urgent == [True]
