@@ -185,6 +185,31 @@ def test_a_warm_up_leaves_the_jobs_results_and_counts_as_they_were(run_tiny, eng
     assert grew == [0, 12, after_stats["prompt_tokens"], after_stats["cached_tokens"], after_stats["completion_tokens"]]
 
 
+def test_an_urgent_row_comes_back_at_its_step_while_a_runs_rows_still_run(run_tiny, engine_pool, write_jsonl, tmp_path,
+                                                                          monkeypatch):
+    """On this file's engine: an online request's row (an urgent chunk: serve/gather.py) comes back at the
+    step it finishes, while the run's rows added with it still run, though the report period (made an hour
+    here) holds every other row until nothing runs."""
+    from qbatch.engines import vllm
+    from qbatch.engines.base import Chunk
+    from qbatch.records import Request
+
+    assert run_tiny(write_jsonl([{"id": "0", "prompt": "hi"}]), "-o", tmp_path / "out", "--max-tokens", "2").exit_code == 0
+    engine = engine_pool.engines()[-1]  # the one that ran it
+    monkeypatch.setattr(vllm, "REPORT_S", 3600.0)
+
+    def rows(prefix, count, max_tokens):
+        sampling = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+        return [Request(f"{prefix}{i}", 0, i, [5, 6, 7, 8 + i], sampling, None, {}) for i in range(count)]
+
+    online = Chunk(-1, rows("online", 1, 2), urgent=True)
+    run = engine.run([online, Chunk(0, rows("run", 4, 64))])
+    back, completions = next(run)
+    assert back is online and completions[0].num_completion_tokens == 2
+    assert engine.sample().requests_in_engine == 4  # the run's rows, still running
+    assert sorted(c.request.id for item in run for c in item[1]) == ["run0", "run1", "run2", "run3"]
+
+
 def _counts(sample):
     """An engine's counters (telemetry's), without vLLM's scheduler gauges."""
     return (sample.requests_in_engine, sample.finished_requests, sample.prompt_tokens, sample.cached_tokens,
