@@ -1,19 +1,20 @@
 """Issue #54 on a GPU: `qbatch serve`'s online routes against `vllm serve`, the same model and GPU, one after the other.
 
     python benchmarks/online_gpu.py MODEL_DIR WORK_DIR [--load-format dummy] [--rows 200] [--batch-rows 4096]
-        [--latency 20] [--servers vllm,qbatch] [--port 8100]
+        [--latency 20] [--servers vllm,qbatch] [--port 8100] [--max-tokens 256] [--qbatch-args "FLAGS"]
 
 For each server, started here and stopped before the next (its output in WORK_DIR/<server>.log):
-- job: ROWS chat requests (~140 words in, 256 tokens out, thinking off through
+- job: ROWS chat requests (~140 words in, MAX_TOKENS out, thinking off through
   `chat_template_kwargs`, ignore_eos) from a pool of 64 threads calling the `openai` SDK's
   `chat.completions.create`, which is what LangChain's `ChatOpenAI.batch(max_concurrency=64)` does
-  (a thread pool calling `invoke`); requests/s and output tok/s over the job's wall time.
+  (a thread pool calling `invoke`); requests/s and output tok/s over the job's wall time, p50/p90 a request.
 - idle latency: LATENCY requests one at a time, 128 tokens out: p50 and p90 (seconds).
-- qbatch only, latency beside a batch: a BATCH_ROWS-row Batch-API batch (256 tokens out a row) is
+- qbatch only (BATCH_ROWS 0: none), latency beside a batch: a BATCH_ROWS-row Batch-API batch (256 tokens out a row) is
   created, and once it is in progress the same one-at-a-time requests run: p50 against idle; then
   the batch is waited for (it must complete with every row).
 `vllm serve` runs as its users start it for Qwen3: `--reasoning-parser qwen3`. Prints one JSON object.
 `vllm serve` listens on PORT, `qbatch serve` on PORT + 1 (another port where others run it on the same machine).
+MAX_TOKENS: the job's tokens out a request; QBATCH_ARGS: more `qbatch serve` flags (a CPU run: its engines).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def opt(args: list[str], name: str, default: str) -> str:
     return args[args.index(name) + 1] if name in args else default
 
 
-def start(kind: str, model: str, work: Path, port: int, load_format: str) -> subprocess.Popen:
+def start(kind: str, model: str, work: Path, port: int, load_format: str, more: list[str]) -> subprocess.Popen:
     if kind == "vllm":
         cmd = [sys.executable, "-c", "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; main()",
                "serve", model, "--port", str(port), "--reasoning-parser", "qwen3", "--load-format", load_format]
@@ -48,7 +49,7 @@ def start(kind: str, model: str, work: Path, port: int, load_format: str) -> sub
             cmd += ["--kv-cache-memory-bytes", str(1 << 30)]
     else:
         cmd = [sys.executable, "-m", "qbatch.cli", "serve", "--model", model, "--port", str(port),
-               "--load-format", load_format, "--data-dir", str(work / "serve-data")]
+               "--load-format", load_format, "--data-dir", str(work / "serve-data"), *more]
     log = open(work / f"{kind}.log", "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -89,14 +90,16 @@ def chat(client: Any, model: str, text: str, max_tokens: int) -> tuple[float, in
     return time.perf_counter() - t0, r.usage.completion_tokens, r.choices[0].message.content
 
 
-def job(client: Any, model: str, rows: int) -> dict:
+def job(client: Any, model: str, rows: int, max_tokens: int = 256) -> dict:
     rng = random.Random(0)
     texts = [prompt(rng, i) for i in range(rows)]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(64) as pool:
-        got = list(pool.map(lambda t: chat(client, model, t, 256), texts))
+        got = list(pool.map(lambda t: chat(client, model, t, max_tokens), texts))
     wall = time.perf_counter() - t0
+    q = statistics.quantiles([g[0] for g in got], n=10)
     return {"rows": rows, "wall_s": round(wall, 3), "requests_s": round(rows / wall, 2),
+            "p50_s": round(statistics.median(g[0] for g in got), 4), "p90_s": round(q[-1], 4),
             "output_tok_s": round(sum(g[1] for g in got) / wall, 1), "answers": sum(g[2] is not None for g in got)}
 
 
@@ -134,15 +137,16 @@ def measure(kind: str, model: str, work: Path, port: int, args: list[str]) -> di
     from openai import OpenAI
 
     base = f"http://127.0.0.1:{port}/v1"
-    proc = start(kind, model, work, port, opt(args, "--load-format", "dummy"))
+    proc = start(kind, model, work, port, opt(args, "--load-format", "dummy"), opt(args, "--qbatch-args", "").split())
     try:
         report: dict = {"ready_s": round(wait_ready(base, proc), 1)}
         client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=600)
         served = client.models.list().data[0].id
-        job(client, served, 64)  # warm: first requests pay lazy starts (graphs, compiled sizes)
-        report["job"] = job(client, served, int(opt(args, "--rows", "200")))
+        max_tokens = int(opt(args, "--max-tokens", "256"))
+        job(client, served, 64, max_tokens)  # warm: first requests pay lazy starts (graphs, compiled sizes)
+        report["job"] = job(client, served, int(opt(args, "--rows", "200")), max_tokens)
         report["idle"] = latency(client, served, int(opt(args, "--latency", "20")))
-        if kind == "qbatch":
+        if kind == "qbatch" and opt(args, "--batch-rows", "4096") != "0":  # 0: none
             report["beside_batch"] = beside_batch(client, served, int(opt(args, "--batch-rows", "4096")),
                                                   int(opt(args, "--latency", "20")))
         print(kind, json.dumps(report), flush=True)
@@ -165,7 +169,8 @@ def main() -> None:
     q, v = report["qbatch"], report["vllm"]
     report["ratios"] = {"job_requests_s_qbatch_over_vllm": round(q["job"]["requests_s"] / v["job"]["requests_s"], 3),
                         "idle_p50_qbatch_over_vllm": round(q["idle"]["p50_s"] / v["idle"]["p50_s"], 3),
-                        "beside_batch_p50_over_idle": round(q["beside_batch"]["latency"]["p50_s"] / q["idle"]["p50_s"], 3)}
+                        **({"beside_batch_p50_over_idle": round(q["beside_batch"]["latency"]["p50_s"] / q["idle"]["p50_s"], 3)}
+                           if "beside_batch" in q else {})}
     (work / "online.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 
