@@ -53,6 +53,7 @@ POLL_S = 1.0
 # How long the coordinator waits for a worker's message while a worker wants work and the source has none
 # ready (a live feed: serve's online queue), before it asks the source again: a request that arrives then
 # waits this long, not until some worker next speaks (up to POLL_S). A run's source is never "not ready".
+# Its value, and what a shorter one cost on a 2-core CPU: docs/benchmarks.md#online-waits.
 LIVE_POLL_S = 0.02
 STATS_S = 1.0  # a worker sends its engine's counters this often (telemetry)
 RESUME_HINT = "finished parts are kept; rerun the same command to resume"

@@ -11,8 +11,9 @@ So whoever drives the engine feeds the online requests too:
   wants the engine asks for it (`turn`): the driver takes no more online chunks, the rows it has out
   finish, and it hands the engine over; the online queue then rides in the run's stream.
 Online chunks are urgent (engines/base.py Chunk): an engine returns their rows at the step they finish,
-not at its report period (REPORT_S), and a coordinator of several engines looks at the online queue every
-few ms (engines/dispatch.py LIVE_POLL_S), so a client's answer, and so its next request, waits for neither.
+not at its report period (REPORT_S), and a coordinator of several engines looks at the online queue again
+within LIVE_POLL_S (engines/dispatch.py), not when a worker next speaks: a client's answer, and so its next
+request, waits for neither.
 Online latency is therefore bounded by the engine's step and, in a run, by one slice's rows going in before
 the next pull: never by the run's length. Online chunks carry negative indexes; the runner never sees them
 (a None tick instead).
