@@ -48,6 +48,10 @@ from qbatch.tokens import TextEncoder, encode_prompts, load_tokenizer
 # coordinator keeps a running one to max_num_seqs rows (dispatch.py): rows waiting in it
 # cannot go to another.
 FEED_FACTOR = 1.5
+# An urgent chunk's rows (an online request's) on an engine with vLLM's priority policy (`qbatch serve`'s):
+# vLLM schedules lower values first, every other row has its default 0, so they go before the rows queued
+# in the engine (up to (FEED_FACTOR - 1) x max_num_seqs of a batch's), not behind them.
+URGENT_PRIORITY = -1
 # Prompt tokens added between two engine steps, in steps' worth (max_num_batched_tokens each). vLLM's
 # engine core takes in every request waiting in its input queue before its next step, so a chunk of
 # thousands of rows added at once leaves the GPU idle while the core takes them in, as raw vLLM's
@@ -81,6 +85,7 @@ class VllmEngine:
     _log = EngineLog(None)  # where vLLM's output goes (vllm_output.py)
     _loras = LoraRequests()  # each row's LoRA adapter as vLLM's LoRARequest (none: the base model)
     _encoder: TextEncoder | None = None
+    _prioritised = False  # vLLM's scheduling_policy is "priority": urgent rows get URGENT_PRIORITY
 
     @property
     def adapters(self) -> LoraRequests:
@@ -107,6 +112,7 @@ class VllmEngine:
             self._loras.load(self.llm.llm_engine, _engine_dead_errors())
             scheduler = self.llm.llm_engine.vllm_config.scheduler_config
             self.max_num_seqs, self.max_num_batched_tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
+            self._prioritised = getattr(scheduler, "policy", "fcfs") == "priority"
             self._decoder = None if self.embeds else FinalDecoder.for_llm(self.llm)
             self._watchdog = EngineWatchdog(self.llm.llm_engine)
             # rows that come as text are encoded here, by the driver's tokenizer and rule (tokens.py)
@@ -245,8 +251,9 @@ class VllmEngine:
             self._next_id += 1
             # vLLM's own engine input (its TokensInput): a raw prompt would be parsed and rendered again
             # for every row, a path vLLM deprecates; the checks of length and ids stay vLLM's.
+            priority = {"priority": URGENT_PRIORITY} if state.chunk.urgent and self._prioritised else {}
             engine.add_request(request_id, {"type": "token", "prompt_token_ids": request.prompt_token_ids}, params,
-                               lora_request=self._loras.get(request.adapter))
+                               lora_request=self._loras.get(request.adapter), **priority)
         except _engine_dead_errors() as exc:  # the engine died between steps: no row's fault
             raise self._failed(exc) from exc
         except _rejected_errors() as exc:  # a row vLLM rejects fails alone
