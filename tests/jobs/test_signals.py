@@ -27,8 +27,9 @@ from qbatch.errors import EXIT_LOCKED, EXIT_SIGTERM
 
 ROOT = Path(__file__).resolve().parents[2]
 # enough rows that the rerun of step 3 still runs well after its second worker joins (a worker starts
-# after the other on the CPU, ~11 s later on CI's 2 cores): 400 once finished before the kill landed
-ROWS = [{"id": f"r{i:03d}", "prompt": "word " * (1 + i % 30)} for i in range(800)]
+# after the other on the CPU, ~11 s later on CI's 2 cores): 400 once finished before the kill landed, and 800
+# once ended 19 s after the join with the kill unnoticed (CI, session 62, beside another real-engine test)
+ROWS = [{"id": f"r{i:04d}", "prompt": "word " * (1 + i % 30)} for i in range(1200)]
 GONE_WITHIN_S = 20
 
 
