@@ -8,9 +8,11 @@ running a worker's loop (processes._serve_chunks) with queues for the transport.
 request (after JITTER_MS at most, at random: the SDK's and HTTP's own time, which spreads the requests over
 steps), wait for its answer and submit the next, ROWS in all: what `ChatOpenAI.batch(max_concurrency=64)` does
 against `qbatch serve`. The floor is MAX_TOKENS x STEP_MS a request; what comes above it is the jitter's and qbatch's.
+With --batch-rows, a batch's rows (256 tokens out each) fill the engines first and the requests run beside it;
+the stand-in schedules by priority as `qbatch serve`'s engines do (an urgent row takes a running row's place).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/online_steps.py [--rows 640] [--clients 64] [--step-ms 10]
-        [--max-tokens 32] [--engines 1] [--jitter-ms 20]
+        [--max-tokens 32] [--engines 1] [--jitter-ms 20] [--batch-rows 0]
 
 Prints one JSON line: requests/s, and p50/p90 a request against the floor.
 """
@@ -29,11 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
+from qbatch.engines.base import Chunk
 from qbatch.engines.dispatch import Dispatcher, Worker
 from qbatch.engines.processes import _serve_chunks
 from qbatch.engines.vllm import VllmEngine
 from qbatch.records import Request
-from qbatch.serve.gather import Feeder, Ticket
+from qbatch.serve.gather import Feeder, SharedEngine, Ticket
 
 MAX_NUM_SEQS = 256
 
@@ -46,15 +49,22 @@ class SteppedLlmEngine:
         self.step_s = step_s
         self.waiting: deque[tuple[str, int]] = deque()
         self.running: dict[str, int] = {}
+        self.urgent: set[str] = set()
+        self.tokens: dict[str, int] = {}  # each request's max_tokens
 
-    def add_request(self, request_id: str, prompt: Any, params: Any, lora_request: Any = None) -> None:
-        self.waiting.append((request_id, params.max_tokens))
+    def add_request(self, request_id: str, prompt: Any, params: Any, lora_request: Any = None,
+                    priority: int = 0) -> None:
+        if priority < 0:  # vLLM's priority policy: before every waiting request of the default priority
+            self.waiting.insert(sum(1 for r in self.waiting if r[0] in self.urgent), (request_id, params.max_tokens))
+            self.urgent.add(request_id)
+        else:
+            self.waiting.append((request_id, params.max_tokens))
 
     def step(self) -> list[Any]:
         time.sleep(self.step_s)
-        while self.waiting and len(self.running) < MAX_NUM_SEQS:
+        while self.waiting and (len(self.running) < MAX_NUM_SEQS or self._preempt()):
             request_id, tokens = self.waiting.popleft()
-            self.running[request_id] = tokens
+            self.running[request_id] = self.tokens.setdefault(request_id, tokens)
         finished = []
         for request_id in list(self.running):
             self.running[request_id] -= 1
@@ -65,6 +75,18 @@ class SteppedLlmEngine:
                                                 num_cached_tokens=0))
         return finished
 
+    def _preempt(self) -> bool:
+        """vLLM's priority policy with every sequence running: an urgent request waiting takes the place of the
+        latest default one, which waits again from its start (vLLM recomputes it)."""
+        if self.waiting[0][0] not in self.urgent:
+            return False
+        victim = next((r for r in reversed(self.running) if r not in self.urgent), None)
+        if victim is None:
+            return False
+        del self.running[victim]
+        self.waiting.insert(sum(1 for r in self.waiting if r[0] in self.urgent), (victim, self.tokens[victim]))
+        return True
+
     def abort_request(self, request_ids: list[str]) -> None:
         self.running = {k: v for k, v in self.running.items() if k not in request_ids}
 
@@ -73,6 +95,7 @@ def stepped_engine(step_s: float) -> VllmEngine:
     engine = object.__new__(VllmEngine)
     engine.llm = SimpleNamespace(llm_engine=SteppedLlmEngine(step_s))
     engine.max_num_seqs, engine.max_num_batched_tokens, engine._decoder, engine._next_id = MAX_NUM_SEQS, 8192, None, 0
+    engine._prioritised = True  # as `qbatch serve`'s engines
     return engine
 
 
@@ -101,6 +124,18 @@ class ThreadWorkers(Dispatcher):
         return True
 
 
+def start_batch(engine: Any, feeder: Feeder, rows: int) -> threading.Thread | None:
+    """A run of `rows` rows on the engines, as a batch of `qbatch serve` runs (SharedEngine), in a thread; once
+    its rows are in."""
+    if not rows:
+        return None
+    chunk = Chunk(0, [Request(f"b{i}", 0, i, [1, 2, 3, 4], {"max_tokens": 256}, None, {}) for i in range(rows)])
+    thread = threading.Thread(target=lambda: list(SharedEngine(engine, feeder).run([chunk])), daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    return thread
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=640)
@@ -109,6 +144,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--engines", type=int, default=1)
     parser.add_argument("--jitter-ms", type=float, default=20.0)
+    parser.add_argument("--batch-rows", type=int, default=0,
+                        help="a run of this many rows (256 tokens out each) beside the requests, started first")
     args = parser.parse_args()
     step_s = args.step_ms / 1000
     engine = stepped_engine(step_s) if args.engines == 1 else ThreadWorkers(args.engines, step_s)
@@ -127,9 +164,12 @@ def main() -> None:
 
     with ThreadPoolExecutor(args.clients) as pool:
         list(pool.map(ask, range(-args.clients, 0)))  # warm: threads and the driver started
+        batch = start_batch(engine, feeder, args.batch_rows)
         t0 = time.perf_counter()
         times = list(pool.map(ask, range(args.rows)))
         wall = time.perf_counter() - t0
+        if batch is not None and not batch.is_alive():
+            print(json.dumps({"warning": "the batch ended before the requests did"}))
     floor = args.max_tokens * step_s
     print(json.dumps({**vars(args), "requests_s": round(args.rows / wall, 2),
                       "floor_requests_s": round(min(args.clients, MAX_NUM_SEQS * args.engines) / floor, 2),

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qbatch.engines import compile_cache
-from qbatch.engines.base import END, REPORT_S, Chunk, FinishedRows
+from qbatch.engines.base import END, REPORT_S, Chunk, FinishedRows, urgent_door
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.messages import (Drop, EngineSample, Failed, Finished, Message, Ready, Stats, Stop, Want, pack,
                                      unpack)
@@ -51,8 +51,9 @@ from qbatch.records import Completion, Request
 
 POLL_S = 1.0
 # How long the coordinator waits for a worker's message while a worker wants work and the source has none
-# ready (a live feed: serve's online queue), before it asks the source again: a request that arrives then
-# waits this long, not until some worker next speaks (up to POLL_S). A run's source is never "not ready".
+# ready (a live feed: serve's online queue), or while the source has an urgent door (base.Stream: serve's
+# runs), before it asks the source again: a request that arrives then waits this long, not until some
+# worker next speaks (up to POLL_S). A run's own source is never "not ready" and has no such door.
 # Its value, and what a shorter one cost on a 2-core CPU: docs/benchmarks.md#online-waits.
 LIVE_POLL_S = 0.02
 STATS_S = 1.0  # a worker sends its engine's counters this often (telemetry)
@@ -105,12 +106,13 @@ class Dispatcher:
     def run(self, chunks: Iterable[Chunk | None]) -> Iterator[tuple[Chunk, FinishedRows] | None]:
         self._abandon()  # what a run that stopped early left (its consumer may not have closed it)
         try:
-            yield from self._run(iter(chunks))
+            yield from self._run(iter(chunks), urgent_door(chunks), hasattr(chunks, "urgent"))
         except BaseException:  # an error, Ctrl-C, a consumer that stopped: the engines drop this run's chunks
             self._abandon()
             raise
 
-    def _run(self, source: Iterator[Chunk | None]) -> Iterator[tuple[Chunk, FinishedRows] | None]:
+    def _run(self, source: Iterator[Chunk | None], take_urgent: Callable[[], Chunk | None],
+             live: bool) -> Iterator[tuple[Chunk, FinishedRows] | None]:
         retry: deque[Chunk] = deque()
         exhausted, reaped = False, time.monotonic()
         reported = reaped
@@ -119,9 +121,12 @@ class Dispatcher:
                 reported = time.monotonic()
                 yield None
             exhausted = self._hand_out(source, retry, exhausted)
+            while (chunk := take_urgent()) is not None:
+                self._push(chunk, retry)
             if exhausted and not retry and not any(w.outstanding for w in self._workers.values()):
                 return
-            waiting = not exhausted and self._next_wanting() is not None  # the source had nothing ready
+            # the source had nothing ready for a worker that asked, or may have an urgent chunk any time
+            waiting = live or (not exhausted and self._next_wanting() is not None)
             message = self._receive(LIVE_POLL_S if waiting else POLL_S)
             if (message is None and not waiting) or time.monotonic() - reaped > POLL_S:  # even while others talk
                 self._reap(retry)
@@ -191,6 +196,22 @@ class Dispatcher:
             worker.outstanding[number] = Held(chunk)
             self._send(worker, slim(chunk, number))
         return exhausted
+
+    def _push(self, chunk: Chunk, retry: deque[Chunk]) -> None:
+        """An urgent chunk to the engine that asked first, else to the running one with the fewest rows,
+        asked or not: it goes in at that engine's next step, room or not (Feed.urgent)."""
+        worker = self._next_wanting()
+        if worker is not None:
+            self._wanting.remove(worker.rank)
+        else:
+            running = [w for rank, w in self._workers.items() if rank not in self._starting]
+            if not running:  # the first engine is not ready yet: it goes to whichever asks first
+                retry.appendleft(chunk)
+                return
+            worker = min(running, key=_rows)
+        number = next(self._numbers)
+        worker.outstanding[number] = Held(chunk)
+        self._send(worker, slim(chunk, number))
 
     def _abandon(self) -> None:
         """Forget the chunks workers still hold (a run that stopped early) and tell them to drop theirs."""
@@ -310,25 +331,50 @@ class Dropped(Exception):
     """Raised through a worker's engine loop: the coordinator dropped the chunks it holds."""
 
 
-def feed(tasks: Any, ask: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> Iterator[Chunk | None]:
-    """A worker's chunks from the coordinator, until Stop.
+class Feed:
+    """A worker's chunks from the coordinator, until Stop: a Stream (base.py) whose urgent door takes an
+    online chunk the coordinator sent unasked while the engine had no room (Dispatcher._push).
 
     The engine draws from it whenever it has room; when no chunk is waiting this asks the
-    coordinator for one (once until it comes) and yields None, so the engine keeps generating.
+    coordinator for one (once until one comes) and yields None, so the engine keeps generating.
     """
-    asked = False
-    while not orphaned():
+
+    def __init__(self, tasks: Any, ask: Callable[[], None], orphaned: Callable[[], bool] = lambda: False):
+        self._tasks, self._ask, self._orphaned = tasks, ask, orphaned
+        self._asked = False
+        self._kept: deque[Any] = deque()  # what the urgent door took from the queue that was not urgent, in order
+
+    def __iter__(self) -> Iterator[Chunk | None]:
+        while not self._orphaned():
+            item = self._kept.popleft() if self._kept else self._next()
+            if item is None:
+                if not self._asked:
+                    self._ask()
+                    self._asked = True
+                yield None
+                continue
+            if isinstance(item, Stop):
+                return
+            if isinstance(item, Drop):
+                raise Dropped  # the engine aborts the requests it holds (VllmEngine.run), the worker goes on
+            self._asked = False
+            yield item
+
+    def urgent(self) -> Chunk | None:
+        """An urgent chunk waiting in the queue (taken), else None; the rest stays for the stream, in order."""
+        while (item := self._next()) is not None:
+            if isinstance(item, Chunk) and item.urgent:
+                self._asked = False  # it may be the answer to the engine's ask
+                return item
+            self._kept.append(item)
+        return None
+
+    def _next(self) -> Any:
         try:
-            item = tasks.get_nowait()
+            return self._tasks.get_nowait()
         except queue.Empty:
-            if not asked:
-                ask()
-                asked = True
-            yield None
-            continue
-        if isinstance(item, Stop):
-            return
-        if isinstance(item, Drop):
-            raise Dropped  # the engine aborts the requests it holds (VllmEngine.run), the worker goes on
-        asked = False
-        yield item
+            return None
+
+
+def feed(tasks: Any, ask: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> Feed:
+    return Feed(tasks, ask, orphaned)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbatch.engines import compile_cache
-from qbatch.engines.base import END, REPORT_S, Chunk
+from qbatch.engines.base import END, REPORT_S, Chunk, urgent_door
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.detokenize import FinalDecoder
 from qbatch.engines.lora import LoraRequests
@@ -46,7 +46,7 @@ from qbatch.tokens import TextEncoder, encode_prompts, load_tokenizer
 # a later window get in early instead of running alone at the end (a smaller feed lost
 # to plain vLLM: docs/benchmarks.md). While other engines are still starting, the
 # coordinator keeps a running one to max_num_seqs rows (dispatch.py): rows waiting in it
-# cannot go to another.
+# cannot go to another. An urgent chunk (an online request's) goes in past it (base.Stream).
 FEED_FACTOR = 1.5
 # An urgent chunk's rows (an online request's) on an engine with vLLM's priority policy (`qbatch serve`'s):
 # vLLM schedules lower values first, every other row has its default 0, so they go before the rows queued
@@ -171,7 +171,7 @@ class VllmEngine:
         engine = self.llm.llm_engine
         target = int(self.max_num_seqs * FEED_FACTOR)
         per_step = ADD_STEPS * self.max_num_batched_tokens  # prompt tokens added between two steps
-        chunk_iter = iter(chunks)
+        chunk_iter, take_urgent = iter(chunks), urgent_door(chunks)
         open_chunks: dict[int, OpenChunk] = {}
         in_flight: dict[str, tuple[OpenChunk, int]] = {}  # request id -> (its chunk, its position there)
         pending: deque[tuple[OpenChunk, int]] = deque()  # rows of chunks taken, not added yet
@@ -181,6 +181,8 @@ class VllmEngine:
         add = functools.partial(self._add, engine, SamplingParams, RequestOutputKind)
         try:
             while True:
+                while (urgent := take_urgent()) is not None:  # someone waits on it: in now, room or not
+                    pending.extendleft(reversed(self._open(urgent, open_chunks)))
                 budget = per_step
                 while budget > 0:
                     if not pending:
@@ -192,10 +194,7 @@ class VllmEngine:
                             break
                         if chunk is None:  # a live feed with nothing ready yet (data-parallel workers)
                             break
-                        if self._encoder is not None:  # rows that came as text (tokens.py)
-                            encode_prompts(chunk.requests, self._encoder)
-                        state = open_chunks[chunk.index] = OpenChunk(chunk, len(chunk.requests))
-                        pending.extend((state, pos) for pos in range(len(chunk.requests)))
+                        pending.extend(self._open(chunk, open_chunks))
                     state, pos = pending.popleft()
                     budget -= add(state, pos, in_flight)
                 if in_flight:
@@ -221,13 +220,20 @@ class VllmEngine:
                     yield from self._report(open_chunks)
                 elif any(s.finished and s.chunk.urgent for s in open_chunks.values()):
                     yield from self._report(open_chunks, urgent_only=True)
-                if exhausted and not in_flight:  # the feed ended with `pending` empty
+                if exhausted and not in_flight and not pending:
                     return
         finally:
             # A consumer that stops early (an error, Ctrl-C) leaves requests in the engine: abort them,
             # or the next run on this engine (kept in its pool) would step through them first.
             if in_flight:
                 self._abort(list(in_flight))
+
+    def _open(self, chunk: Chunk, open_chunks: dict[int, OpenChunk]) -> list[tuple[OpenChunk, int]]:
+        """A chunk taken from the feed: its rows, to be added."""
+        if self._encoder is not None:  # rows that came as text (tokens.py)
+            encode_prompts(chunk.requests, self._encoder)
+        state = open_chunks[chunk.index] = OpenChunk(chunk, len(chunk.requests))
+        return [(state, pos) for pos in range(len(chunk.requests))]
 
     def _failed(self, exc: BaseException) -> EngineError:
         """The run's error when the engine fails mid-run: finished parts are kept and a rerun resumes."""

@@ -14,8 +14,11 @@ Online chunks are urgent (engines/base.py Chunk): an engine returns their rows a
 not at its report period (REPORT_S), and a coordinator of several engines looks at the online queue again
 within LIVE_POLL_S (engines/dispatch.py), not when a worker next speaks: a client's answer, and so its next
 request, waits for neither.
-Online latency is therefore bounded by the engine's step and, in a run, by one slice's rows going in before
-the next pull: never by the run's length. Online chunks carry negative indexes; the runner never sees them
+An engine takes a run's next chunk only while it has room (its requests in flight under their cap), which a
+large batch fills for the time its first rows take; the online queue is also the run's stream's urgent door
+(engines/base.py Stream), through which an engine takes online rows at its next step, room or not, and a
+coordinator hands them to an engine that did not ask. Online latency is therefore bounded by the engine's
+step and, in a run, by one slice's rows going in before the next pull: never by the run's length. Online chunks carry negative indexes; the runner never sees them
 (a None tick instead).
 """
 
@@ -30,7 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from qbatch.engines.base import Chunk, FinishedRows
+from qbatch.engines.base import Chunk, FinishedRows, Stream
 from qbatch.engines.config import EngineConfig
 from qbatch.engines.pool import EnginePool
 from qbatch.errors import EngineError, first_line
@@ -119,23 +122,29 @@ class Feeder:
         finally:
             self._turn.release()
 
-    def merged(self, chunks: Iterable[Chunk], taken: list[int], batch_rows: list[int]) -> Iterator[Chunk | None]:
+    def merged(self, chunks: Iterable[Chunk], taken: list[int], batch_rows: list[int]) -> Stream:
         """A run's chunks with the online queue's before each; then, while the run's rows are out (`batch_rows`),
-        online chunks beside them (None: nothing new, keep generating)."""
-        for chunk in chunks:
+        online chunks beside them (None: nothing new, keep generating). The online queue is also the stream's
+        urgent door (base.Stream): an engine whose requests in flight are at their cap takes it still."""
+
+        def beside() -> Chunk | None:
             online = self._take()
             if online is not None:
                 taken.append(online.index)
                 self.stats.in_runs += 1
-                yield online
-            batch_rows[0] += len(chunk.requests)
-            yield chunk
-        while batch_rows[0] > 0:
-            online = self._take()
-            if online is not None:
-                taken.append(online.index)
-                self.stats.in_runs += 1
-            yield online
+            return online
+
+        def stream() -> Iterator[Chunk | None]:
+            for chunk in chunks:
+                online = beside()
+                if online is not None:
+                    yield online
+                batch_rows[0] += len(chunk.requests)
+                yield chunk
+            while batch_rows[0] > 0:
+                yield beside()
+
+        return Stream(stream(), beside)
 
     def deliver(self, chunk: Chunk, completions: FinishedRows) -> None:
         with self._lock:

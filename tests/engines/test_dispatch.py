@@ -155,7 +155,7 @@ def test_feed_asks_once_until_a_chunk_comes():
     from qbatch.engines.dispatch import feed
 
     tasks, asks = queue.Queue(), []
-    chunks = feed(tasks, ask=lambda: asks.append(1))
+    chunks = iter(feed(tasks, ask=lambda: asks.append(1)))
     assert next(chunks) is None and next(chunks) is None
     assert len(asks) == 1  # asked once, not at every engine step
     tasks.put("chunk")
@@ -163,6 +163,38 @@ def test_feed_asks_once_until_a_chunk_comes():
     assert next(chunks) is None and len(asks) == 2  # room again: asks again
     tasks.put(Stop())
     assert list(chunks) == []
+
+
+def test_an_urgent_chunk_jumps_what_waits_in_a_workers_queue():
+    """An engine with no room takes only urgent chunks (its door); what else came stays, in order, for when it
+    has room again, and an urgent chunk that answered the engine's ask lets it ask again."""
+    import queue
+
+    from qbatch.engines.dispatch import feed
+
+    tasks, asks = queue.Queue(), []
+    stream = feed(tasks, ask=lambda: asks.append(1))
+    chunks = iter(stream)
+    assert next(chunks) is None and len(asks) == 1
+    batch, online, later = Chunk(0, []), Chunk(-1, [], urgent=True), Chunk(1, [])
+    for item in (batch, online, later, Stop()):
+        tasks.put(item)
+    assert stream.urgent() is online and stream.urgent() is None
+    assert next(chunks) is batch and next(chunks) is later and list(chunks) == []
+
+
+def test_the_coordinator_hands_an_urgent_chunk_to_a_worker_that_did_not_ask():
+    """Engines full of a batch's rows do not ask for more; an online chunk (urgent, from the run's stream's
+    door) goes at once to the running engine holding the fewest rows, not when one next asks."""
+    from qbatch.engines.base import Stream
+
+    workers = InProcessWorkers(2, room={0: 0, 1: 0})  # neither ever asks
+    online = deque(Chunk(-1 - c, chunk.requests, urgent=True) for c, chunk in enumerate(make_chunks(2)))
+    run = workers.run(Stream([], lambda: online.popleft() if online else None))
+    back = [next(item for item in run if item is not None) for _ in range(2)]
+    run.close()  # (these workers never ask, so the run would never learn that its stream ended)
+    assert sorted(chunk.index for chunk, _ in back) == [-2, -1]
+    assert workers.received == {0: [0], 1: [1]}  # the second to the other engine: the first held 2 rows
 
 
 class SlowSecondEngine(InProcessWorkers):

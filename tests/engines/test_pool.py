@@ -370,3 +370,27 @@ def test_urgent_rows_go_first_on_an_engine_scheduling_by_priority(policy):
     list(engine.run([chunk(0, 2), Chunk(-1, chunk(9, 1).requests, urgent=True)]))
     urgent = {"priority": -1} if policy == "priority" else {}
     assert given == {"q0": {}, "q1": {}, "q2": urgent}
+
+
+def test_an_engine_at_its_cap_still_takes_an_urgent_chunk_at_its_next_step():
+    """A batch's rows fill an engine to its cap (FEED_FACTOR x max_num_seqs in flight): it takes no more of the
+    run's chunks until rows end, but an online request's chunk (the stream's urgent door) goes in at the next
+    step (beside an 8,192-row batch on an H100, one in ten waited ~6.5 s for the batch's first rows to end)."""
+    from qbatch.engines.base import Stream
+    from qbatch.engines.vllm import FEED_FACTOR
+
+    engine = fake_vllm_engine()
+    llm = engine.llm.llm_engine
+    cap = int(engine.max_num_seqs * FEED_FACTOR)
+    online = [Chunk(-1, chunk(9, 1).requests, urgent=True)]
+    door = lambda: online.pop() if online and len(llm.finished) == 1 else None  # noqa: E731 - after one step
+    steps_before: dict[str, int] = {}  # each request: how many steps had run when it was added
+    add = llm.add_request
+    llm.add_request = lambda request_id, *args, **kw: (steps_before.setdefault(request_id, len(llm.finished)),
+                                                       add(request_id, *args))
+    run = engine.run(Stream([chunk(0, cap), chunk(1, 2)], door))
+    back, completions = next(item for item in run if item is not None)
+    assert back.index == -1 and [c.request.id for c in completions] == ["9-0"]
+    assert llm.added[cap] == f"q{cap}" and steps_before[f"q{cap}"] == 1  # at the step after it came, the cap full
+    rest = [c.request.id for item in run if item is not None for c in item[1]]
+    assert sorted(rest) == sorted([f"0-{r}" for r in range(cap)] + ["1-0", "1-1"])
