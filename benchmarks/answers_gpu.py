@@ -15,7 +15,8 @@
    the same rows unconstrained and against vLLM's constrained rows (output tok/s over each side's
    generate time, warm against warm); the share of rows finished by `stop` that parse and validate,
    raw and with the chat template (thinking off and on), and qbatch's flags.
-Prints one JSON object (also WORK_DIR/answers.json).
+Prints one JSON object (also WORK_DIR/answers.json). $ANSWERS_QBATCH_SETTINGS (JSON): the qbatch side's Session
+settings, e.g. '{"compilation_mode": 3}' for the compiled model vLLM's defaults run.
 """
 
 from __future__ import annotations
@@ -88,12 +89,13 @@ def vllm_side(model: str, work: Path) -> dict:
 
 
 def qbatch_side(model: str, work: Path) -> dict:
-    """A qbatch.Session at qbatch's defaults: each workload as one `session.run`."""
+    """A qbatch.Session at qbatch's defaults (or with $ANSWERS_QBATCH_SETTINGS, a JSON object of Session
+    settings, e.g. '{"compilation_mode": 3}'): each workload as one `session.run`."""
     import qbatch
 
     rows = json.loads((work / "rows.json").read_text())
     out: dict = {}
-    with qbatch.Session(model=model) as session:
+    with qbatch.Session(model=model, **json.loads(os.environ.get("ANSWERS_QBATCH_SETTINGS") or "{}")) as session:
         for name, (key, mode, thinking, schema) in WORKLOADS.items():
             settings: dict = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "progress": "none"}
             if mode == "raw":
