@@ -9,7 +9,8 @@ request (after JITTER_MS at most, at random: the SDK's and HTTP's own time, whic
 steps), wait for its answer and submit the next, ROWS in all: what `ChatOpenAI.batch(max_concurrency=64)` does
 against `qbatch serve`. The floor is MAX_TOKENS x STEP_MS a request; what comes above it is the jitter's and qbatch's.
 With --batch-rows, a batch's rows (256 tokens out each) fill the engines first and the requests run beside it;
-the stand-in schedules by priority as `qbatch serve`'s engines do (an urgent row takes a running row's place).
+the stand-in schedules by priority as `qbatch serve`'s engines do, and as vLLM admits no waiting request while
+MAX_NUM_SEQS run, whatever its priority.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/online_steps.py [--rows 640] [--clients 64] [--step-ms 10]
         [--max-tokens 32] [--engines 1] [--jitter-ms 20] [--batch-rows 0]
@@ -50,7 +51,6 @@ class SteppedLlmEngine:
         self.waiting: deque[tuple[str, int]] = deque()
         self.running: dict[str, int] = {}
         self.urgent: set[str] = set()
-        self.tokens: dict[str, int] = {}  # each request's max_tokens
 
     def add_request(self, request_id: str, prompt: Any, params: Any, lora_request: Any = None,
                     priority: int = 0) -> None:
@@ -62,9 +62,9 @@ class SteppedLlmEngine:
 
     def step(self) -> list[Any]:
         time.sleep(self.step_s)
-        while self.waiting and (len(self.running) < MAX_NUM_SEQS or self._preempt()):
+        while self.waiting and len(self.running) < MAX_NUM_SEQS:  # vLLM admits no more, whatever the priority
             request_id, tokens = self.waiting.popleft()
-            self.running[request_id] = self.tokens.setdefault(request_id, tokens)
+            self.running[request_id] = tokens
         finished = []
         for request_id in list(self.running):
             self.running[request_id] -= 1
@@ -75,20 +75,10 @@ class SteppedLlmEngine:
                                                 num_cached_tokens=0))
         return finished
 
-    def _preempt(self) -> bool:
-        """vLLM's priority policy with every sequence running: an urgent request waiting takes the place of the
-        latest default one, which waits again from its start (vLLM recomputes it)."""
-        if self.waiting[0][0] not in self.urgent:
-            return False
-        victim = next((r for r in reversed(self.running) if r not in self.urgent), None)
-        if victim is None:
-            return False
-        del self.running[victim]
-        self.waiting.insert(sum(1 for r in self.waiting if r[0] in self.urgent), (victim, self.tokens[victim]))
-        return True
-
     def abort_request(self, request_ids: list[str]) -> None:
-        self.running = {k: v for k, v in self.running.items() if k not in request_ids}
+        gone = set(request_ids)
+        self.running = {k: v for k, v in self.running.items() if k not in gone}
+        self.waiting = deque(r for r in self.waiting if r[0] not in gone)
 
 
 def stepped_engine(step_s: float) -> VllmEngine:

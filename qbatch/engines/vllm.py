@@ -182,7 +182,8 @@ class VllmEngine:
         try:
             while True:
                 while (urgent := take_urgent()) is not None:  # someone waits on it: in now, room or not
-                    pending.extendleft(reversed(self._open(urgent, open_chunks)))
+                    rows = self._open(urgent, open_chunks)
+                    pending.extendleft(reversed(rows + self._make_room(len(rows), in_flight)))
                 budget = per_step
                 while budget > 0:
                     if not pending:
@@ -227,6 +228,23 @@ class VllmEngine:
             # or the next run on this engine (kept in its pool) would step through them first.
             if in_flight:
                 self._abort(list(in_flight))
+
+    def _make_room(self, rows: int, in_flight: dict[str, tuple[OpenChunk, int]]) -> list[tuple[OpenChunk, int]]:
+        """Running places for `rows` urgent rows on an engine scheduling by priority: the rows of the run it
+        admitted last, aborted, to be added again behind the urgent ones (their few tokens computed again, as
+        vLLM's own preemption does). vLLM admits a waiting request, whatever its priority, only while fewer
+        than max_num_seqs run (it preempts for priority only when the KV cache runs short), so beside a batch
+        that fills them an online request waited for the batch's first rows to end (docs/benchmarks.md#make-room).
+        Urgent rows in flight run (they go first); the run's rows take the places left in the order they came."""
+        if not self._prioritised:
+            return []
+        ours = [request_id for request_id, (state, _) in in_flight.items() if not state.chunk.urgent]
+        places = self.max_num_seqs - (len(in_flight) - len(ours))  # what the run's rows can hold
+        running = ours[:max(places, 0)]
+        needed = rows - (places - len(running))
+        victims = running[::-1][:max(needed, 0)]
+        self._abort(victims)
+        return [in_flight.pop(request_id) for request_id in victims]
 
     def _open(self, chunk: Chunk, open_chunks: dict[int, OpenChunk]) -> list[tuple[OpenChunk, int]]:
         """A chunk taken from the feed: its rows, to be added."""

@@ -394,3 +394,60 @@ def test_an_engine_at_its_cap_still_takes_an_urgent_chunk_at_its_next_step():
     assert llm.added[cap] == f"q{cap}" and steps_before[f"q{cap}"] == 1  # at the step after it came, the cap full
     rest = [c.request.id for item in run if item is not None for c in item[1]]
     assert sorted(rest) == sorted([f"0-{r}" for r in range(cap)] + ["1-0", "1-1"])
+
+
+class AdmittingLlmEngine:
+    """vLLM's admission under its priority policy: at most `places` requests run, a waiting one is admitted only
+    into a free place (urgent ones first, whatever else waits), each runs `steps` steps."""
+
+    def __init__(self, places: int, steps: int = 3):
+        self.places, self.steps = places, steps
+        self.waiting: list[tuple[int, str]] = []
+        self.running: dict[str, int] = {}
+        self.aborted: list[str] = []
+        self.step_of: dict[str, int] = {}  # the step each request finished at
+        self.clock = 0
+
+    def add_request(self, request_id, prompt, params, lora_request=None, priority=0):
+        self.waiting.append((priority, request_id))
+        self.waiting.sort(key=lambda item: item[0])  # stable: in order of arrival within a priority
+
+    def step(self):
+        self.clock += 1
+        while self.waiting and len(self.running) < self.places:
+            self.running[self.waiting.pop(0)[1]] = self.steps
+        done = []
+        for request_id in list(self.running):
+            self.running[request_id] -= 1
+            if not self.running[request_id]:
+                del self.running[request_id]
+                self.step_of[request_id] = self.clock
+                completion = SimpleNamespace(text="ok", finish_reason="length", token_ids=[1])
+                done.append(SimpleNamespace(finished=True, request_id=request_id, outputs=[completion],
+                                            num_cached_tokens=0))
+        return done
+
+    def abort_request(self, request_ids):
+        self.aborted.extend(request_ids)
+        self.running = {k: v for k, v in self.running.items() if k not in request_ids}
+        self.waiting = [item for item in self.waiting if item[1] not in request_ids]
+
+
+def test_an_urgent_row_takes_the_place_of_the_run_row_admitted_last_which_runs_again_later():
+    """vLLM admits a waiting request only into a free place, whatever its priority: beside a run that fills them
+    an urgent row would wait for the run's first rows to end. The engine aborts the run's row admitted last and
+    adds it again behind the urgent one: the urgent row runs from the next step, every row comes back once."""
+    from qbatch.engines.base import Stream
+
+    engine = fake_vllm_engine()
+    engine.max_num_seqs, engine._prioritised = 4, True
+    llm = engine.llm.llm_engine = AdmittingLlmEngine(places=4, steps=3)
+    online = [Chunk(-1, chunk(9, 1).requests, urgent=True)]
+    door = lambda: online.pop() if online and llm.clock == 1 else None  # noqa: E731 - after one step
+    back = [item for item in engine.run(Stream([chunk(0, 6)], door)) if item is not None]
+    ids = sorted(c.request.id for _, completions in back for c in completions)
+    assert ids == sorted(["9-0"] + [f"0-{r}" for r in range(6)])  # every row once
+    assert llm.aborted == ["q3"]  # the fourth row, admitted last, gave its place
+    # q6 the urgent row, admitted at step 2 and done at 4 (without the place: admitted at 4, done at 6); q7 the
+    # fourth row again
+    assert llm.step_of["q6"] == 4 and "q7" in llm.step_of
