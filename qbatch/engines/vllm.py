@@ -234,7 +234,7 @@ class VllmEngine:
         admitted last, aborted, to be added again behind the urgent ones (their few tokens computed again, as
         vLLM's own preemption does). vLLM admits a waiting request, whatever its priority, only while fewer
         than max_num_seqs run (it preempts for priority only when the KV cache runs short), so beside a batch
-        that fills them an online request waited for the batch's first rows to end (docs/benchmarks.md#make-room).
+        that fills them an online request waited for the batch's first rows to end (docs/benchmarks.md#urgent-door).
         Urgent rows in flight run (they go first); the run's rows take the places left in the order they came."""
         if not self._prioritised:
             return []
