@@ -375,6 +375,3 @@ class Feed:
         except queue.Empty:
             return None
 
-
-def feed(tasks: Any, ask: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> Feed:
-    return Feed(tasks, ask, orphaned)

@@ -38,7 +38,7 @@ from typing import Any
 from qbatch.engines import mps
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
 from qbatch.engines.config import EngineConfig
-from qbatch.engines.dispatch import POLL_S, Answers, Dispatcher, Dropped, Worker, feed, send_stats, start_engine
+from qbatch.engines.dispatch import POLL_S, Answers, Dispatcher, Dropped, Feed, Worker, send_stats, start_engine
 from qbatch.engines.messages import Drop, Failed, Message, Ready, Stop, Want
 from qbatch.engines.vllm_output import engine_processes, enter_engine_process
 from qbatch.errors import ModelError, QbatchError, first_line
@@ -221,7 +221,7 @@ def _serve_chunks(engine: Any, rank: int, tasks: Any, results: Any, orphaned: Ca
     while True:
         answers = Answers(rank)
         try:
-            for finished in engine.run(feed(tasks, ask=lambda: results.put(Want(rank)), orphaned=orphaned)):
+            for finished in engine.run(Feed(tasks, ask=lambda: results.put(Want(rank)), orphaned=orphaned)):
                 if finished is not None:
                     results.put(answers.finished(*finished)[0])
             return

@@ -25,7 +25,7 @@ from typing import Any
 
 from qbatch.engines.base import STARTUP_TIMEOUT_S, Chunk
 from qbatch.engines.config import EngineConfig
-from qbatch.engines.dispatch import STATS_S, Answers, Dispatcher, Worker, feed, start_engine
+from qbatch.engines.dispatch import STATS_S, Answers, Dispatcher, Feed, Worker, start_engine
 from qbatch.engines.messages import Failed, Message, Stats, Stop, Want
 from qbatch.engines.start_errors import MEMORY_HINT, memory_reason
 from qbatch.errors import EngineError, MissingDependency, ModelError, QbatchError, first_line
@@ -218,7 +218,7 @@ class EngineActor:
 
     def _generate(self) -> None:
         try:
-            chunks = feed(self._tasks, ask=lambda: self._events.put(Want(self._rank)))
+            chunks = Feed(self._tasks, ask=lambda: self._events.put(Want(self._rank)))
             answers = Answers(self._rank)
             for finished in self._engine.run(chunks):
                 if finished is None:

@@ -16,11 +16,12 @@ within LIVE_POLL_S (engines/dispatch.py), not when a worker next speaks: a clien
 request, waits for neither.
 An engine takes a run's next chunk only while it has room (its requests in flight under their cap), which a
 large batch fills for the time its first rows take; the online queue is also the run's stream's urgent door
-(engines/base.py Stream), through which an engine takes online rows at its next step, room or not, making them
-places among its running rows (engines/vllm.py `_make_room`: vLLM admits nothing, whatever its priority, while all
-are taken), and a coordinator hands them to an engine that did not ask. Online latency is therefore bounded by the engine's
-step and, in a run, by one slice's rows going in before the next pull: never by the run's length. Online chunks carry negative indexes; the runner never sees them
-(a None tick instead).
+(engines/base.py Stream), through which an engine takes online rows at its next step, room or not, making
+them places among its running rows (engines/vllm.py `_make_room`: vLLM admits nothing, whatever its
+priority, while all are taken), and a coordinator hands them to an engine that did not ask. Online latency
+is therefore bounded by the engine's step and, in a run, by one slice's rows going in before the next pull:
+never by the run's length. Online chunks carry negative indexes; the runner never sees them (a None tick
+instead).
 """
 
 from __future__ import annotations

@@ -152,10 +152,10 @@ def test_chunks_go_only_to_workers_that_ask():
 def test_feed_asks_once_until_a_chunk_comes():
     import queue
 
-    from qbatch.engines.dispatch import feed
+    from qbatch.engines.dispatch import Feed
 
     tasks, asks = queue.Queue(), []
-    chunks = iter(feed(tasks, ask=lambda: asks.append(1)))
+    chunks = iter(Feed(tasks, ask=lambda: asks.append(1)))
     assert next(chunks) is None and next(chunks) is None
     assert len(asks) == 1  # asked once, not at every engine step
     tasks.put("chunk")
@@ -170,10 +170,10 @@ def test_an_urgent_chunk_jumps_what_waits_in_a_workers_queue():
     has room again, and an urgent chunk that answered the engine's ask lets it ask again."""
     import queue
 
-    from qbatch.engines.dispatch import feed
+    from qbatch.engines.dispatch import Feed
 
     tasks, asks = queue.Queue(), []
-    stream = feed(tasks, ask=lambda: asks.append(1))
+    stream = Feed(tasks, ask=lambda: asks.append(1))
     chunks = iter(stream)
     assert next(chunks) is None and len(asks) == 1
     batch, online, later = Chunk(0, []), Chunk(-1, [], urgent=True), Chunk(1, [])
