@@ -39,10 +39,12 @@ def agreement(reference: dict[str, str], other: dict[str, str]) -> tuple[int, fl
 
 def main(root: str, name: str) -> None:
     reference = texts(Path(root) / name)
-    print(f"{'run':<12} {'rows':>6} {'equal':>7} {'prefix':>7}")
+    print(f"{'run':<12} {'rows':>6} {'equal':>7} {'prefix':>7} {'empty':>6}")
+    print(f"{name:<12} {len(reference):>6} {'':>7} {'':>7} {sum(not t for t in reference.values()):>6}")
     for folder in sorted(p for p in Path(root).iterdir() if p.is_dir() and p.name != name):
-        rows, equal, prefix = agreement(reference, texts(folder))
-        print(f"{folder.name:<12} {rows:>6} {equal:>7.3f} {prefix:>7.3f}")
+        other = texts(folder)
+        rows, equal, prefix = agreement(reference, other)
+        print(f"{folder.name:<12} {rows:>6} {equal:>7.3f} {prefix:>7.3f} {sum(not t for t in other.values()):>6}")
 
 
 if __name__ == "__main__":
