@@ -266,7 +266,8 @@ def _check_user(request: Request, *, keyed: bool = False) -> None:
     """runs.check_client on the request's socket: its peer (never a header) and the service's port."""
     server = request.scope.get("server") or (None, None)
     check_client(request.client.host if request.client else None,
-                 port=request.client.port if request.client else None, server_port=server[1], keyed=keyed)
+                 port=request.client.port if request.client else None, server_port=server[1], keyed=keyed,
+                 server_host=server[0])
 
 
 def routes(app: FastAPI) -> list[str]:

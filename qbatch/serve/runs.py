@@ -36,6 +36,7 @@ from qbatch.errors import EXIT_ENGINE, EXIT_USAGE, QbatchError, SpecError, Stopp
 from qbatch.jobs.events import RunEvents, StopRequest
 from qbatch.output.summary import exit_code
 from qbatch.log import current_job, log
+from qbatch.serve import sockets
 from qbatch.serve.config import ServeSettings, is_loopback
 from qbatch.serve.objects import ApiError
 from qbatch.serve.wire import FOLDER_SETTINGS, HEARTBEAT_S, ErrorInfo, RunEnd, RunRequest, canonical, line
@@ -67,18 +68,19 @@ def refused(status: int, message: str, *, where: str | None = None, hint: str | 
 
 # -- checks, before anything runs ------------------------------------------------------------------
 def check_client(host: str | None, *, port: int | None = None, server_port: int | None = None,
-                 keyed: bool = False) -> None:
+                 keyed: bool = False, server_host: str | None = None) -> None:
     """Loopback clients only: a job names files on this machine, and what they hold goes back. Without an API
     key, clients of the service's own user only, on every route but /health (app.py): another user's job would
     read and write files with the service's rights, and the batches hold what the service's user uploaded.
-    The client's user is the owner of its socket, where the system says (Linux); where it does not, the
-    request is refused (fail closed): an address is no proof of a user, a header less still."""
+    The client's user is the owner of its socket, where the system says (Linux: sockets.py); where it does not,
+    the request is refused (fail closed): an address is no proof of a user, a header less still. `server_host`:
+    the address the client connected to (the request's own), else the client's (loopback to loopback)."""
     if not is_loopback(host or ""):
         raise refused(403, f"jobs are taken from this machine only (127.0.0.1, ::1); the request came from {host}",
                       hint="run the command on the service's host, or without --server", code="not_loopback")
     if keyed:
         return
-    uid = socket_owner(port, server_port) if port and server_port else None
+    uid = sockets.owner((host or "", port), (server_host or host or "", server_port)) if port and server_port else None
     if uid is None:
         raise refused(403, "the service cannot tell which user the request comes from (the system does not name "
                       "the owner of the client's socket); a service without an API key serves its own user only",
@@ -90,28 +92,6 @@ def check_client(host: str | None, *, port: int | None = None, server_port: int 
 
 
 KEY_HINT = "--api-key KEY (or QBATCH_API_KEY) and pass the same key"
-
-
-PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")  # Linux's TCP sockets: local and remote address, owner's uid
-
-
-def socket_owner(local_port: int, remote_port: int, tables: tuple[str, ...] | None = None) -> int | None:
-    """The uid that owns this host's TCP socket from `local_port` to `remote_port`; None where the system
-    does not say (no /proc/net/tcp) or the socket is gone."""
-    for table in tables or PROC_TCP:
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()  # sl local_address rem_address st tx:rx tr:when retrnsmt uid ...
-            if len(fields) > 7 and _port(fields[1]) == local_port and _port(fields[2]) == remote_port:
-                return int(fields[7])
-    return None
-
-
-def _port(address: str) -> int:
-    return int(address.rsplit(":", 1)[1], 16)
 
 
 def accept(body: Any, settings: ServeSettings, worker: BatchWorker) -> tuple[JobSpec, bool]:

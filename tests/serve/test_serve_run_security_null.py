@@ -59,7 +59,14 @@ def test_a_client_whose_socket_has_no_owner_is_refused(tmp_path, monkeypatch):
     """Fail closed: a socket the system does not list (or a system that does not say) is no proof of a user."""
     from qbatch.serve import runs
 
-    monkeypatch.setattr(runs, "PROC_TCP", (str(tmp_path / "none"),))
+    monkeypatch.setattr(runs.sockets, "PROC_TCP", (str(tmp_path / "none"),))
+    with pytest.raises(runs.RunRefused, match="cannot tell which user"):  # netlink: no such socket
+        runs.check_client("127.0.0.1", port=5001, server_port=8000)
+
+    def no_netlink(*ends):
+        raise runs.sockets.Unavailable("no netlink here")
+
+    monkeypatch.setattr(runs.sockets, "netlink_owner", no_netlink)  # nor /proc/net/tcp: a system that does not say
     with pytest.raises(runs.RunRefused) as refused:
         runs.check_client("127.0.0.1", port=5001, server_port=8000)
     assert refused.value.status == 403

@@ -142,21 +142,59 @@ def test_only_loopback_clients_and_only_the_clients_version(make_service, monkey
     with pytest.raises(Exception, match="from this machine only"):
         check_client("10.0.0.5")
 
-    monkeypatch.setattr(runs, "socket_owner", lambda *ports: os.getuid())  # TestClient has no socket
+    monkeypatch.setattr(runs.sockets, "owner", lambda *ends: os.getuid())  # TestClient has no socket
     local = TestClient(service.app, client=("127.0.0.1", 5000))
     answer = local.post(RUN_ROUTE, json=body)
     assert answer.status_code == 409 and "this client qbatch 0" in answer.json()["error"]["message"]
 
 
-def test_the_owner_of_a_clients_socket_is_found():
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_owner_of_a_clients_socket_is_found(host):
+    """By netlink's exact lookup and by /proc/net/tcp alike; the server's end of the connection is not the client's."""
     import socket
 
-    from qbatch.serve.runs import socket_owner
+    from qbatch.serve.sockets import PROC_TCP, netlink_owner, owner, proc_owner
 
+    family = socket.AF_INET if "." in host else socket.AF_INET6
+    with socket.create_server((host, 0), family=family) as server, \
+            socket.create_connection(server.getsockname()[:2]) as client:
+        ends = client.getsockname()[:2], server.getsockname()[:2]
+        assert owner(*ends) == netlink_owner(*ends) == proc_owner(ends[0][1], ends[1][1], PROC_TCP) == os.getuid()
+        assert netlink_owner((host, ends[0][1] + 1), ends[1]) is None  # no such socket
+    assert owner(("127.0.0.1", 1), ("127.0.0.1", 2), tables=("/nonexistent/tcp",)) is None  # a system that does not say
+
+
+def test_an_ipv4_client_of_a_dual_stack_service_is_found():
+    """A dual-stack socket shows an IPv4 client as ::ffff:127.0.0.1: its socket is looked up as IPv4."""
+    import socket
+
+    from qbatch.serve.sockets import netlink_owner
+
+    if not socket.has_dualstack_ipv6():
+        pytest.skip("no dual-stack IPv6 here")
+    with socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True) as server, \
+            socket.create_connection(("127.0.0.1", server.getsockname()[1])) as _:
+        connection, peer = server.accept()
+        with connection:
+            assert peer[0] == "::ffff:127.0.0.1"
+            assert netlink_owner(peer[:2], connection.getsockname()[:2]) == os.getuid()
+
+
+def test_the_owner_lookup_does_not_read_the_whole_tcp_table(monkeypatch):
+    """/proc/net/tcp is read (the whole table: milliseconds, on every request) only where netlink cannot answer."""
+    import socket
+
+    from qbatch.serve import sockets
+
+    monkeypatch.setattr(sockets, "PROC_TCP", ("/nonexistent/tcp",))
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as client:
-        client_port, server_port = client.getsockname()[1], server.getsockname()[1]
-        assert socket_owner(client_port, server_port) == os.getuid()
-    assert socket_owner(1, 2, tables=("/nonexistent/tcp",)) is None  # a system that does not say
+        assert sockets.owner(client.getsockname(), server.getsockname()) == os.getuid()
+
+        def unavailable(*ends):
+            raise sockets.Unavailable("no netlink here")
+
+        monkeypatch.setattr(sockets, "netlink_owner", unavailable)
+        assert sockets.owner(client.getsockname(), server.getsockname()) is None
 
 
 def test_without_an_api_key_jobs_come_from_the_services_own_user_only(tmp_path, monkeypatch):
@@ -166,7 +204,8 @@ def test_without_an_api_key_jobs_come_from_the_services_own_user_only(tmp_path, 
     table = tmp_path / "tcp"
     table.write_text("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
                      f"   0: 0100007F:1388 0100007F:1F40 01 00000000:00000000 00:00000000 00000000 {other} 0 1 1\n")
-    monkeypatch.setattr(runs, "PROC_TCP", (str(table),))
+    monkeypatch.setattr(runs.sockets, "PROC_TCP", (str(table),))
+    monkeypatch.setattr(runs.sockets, "netlink_owner", _no_netlink)  # a system that has only /proc/net/tcp
     with pytest.raises(runs.RunRefused, match=f"another user \\(uid {other}\\)") as refused:
         runs.check_client("127.0.0.1", port=5000, server_port=8000)
     assert refused.value.status == 403 and "--api-key" in refused.value.error.hint
@@ -351,3 +390,9 @@ def test_a_job_files_single_string_inputs_is_one_path(make_service, cli, work):
     (work / "engine.toml").write_text('inputs = "prompts.jsonl"\noutput_dir = "out/engine"\nmax-model-len = 64\n')
     engine = cli("run", "--job", "engine.toml", "--progress", "none", "--server", _server(base_url))
     assert engine.exit_code == 2 and "the service runs max_model_len None; this job asks for 64" in engine.stderr
+
+
+def _no_netlink(*ends):
+    from qbatch.serve.sockets import Unavailable
+
+    raise Unavailable("no netlink here")
