@@ -7,7 +7,7 @@ ROWS chat requests from CLIENTS threads through the `openai` SDK, as `benchmarks
 requests/s and p50/p90 against the floor (MAX_TOKENS x STEP_MS a request).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/online_http.py [--rows 600] [--clients 64] [--step-ms 3.3]
-        [--max-tokens 256] [--model smollm2-135m]
+        [--max-tokens 256] [--model smollm2-135m] [--stream]
 
 Prints one JSON line.
 """
@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=3.3)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--stream", action="store_true", help="each answer as server-sent events, read to the end")
     parser.add_argument("--serve", nargs=3, metavar=("PORT", "DATA", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     step_s = args.step_ms / 1000
@@ -86,8 +87,10 @@ def main() -> None:
 
             def ask(i: int) -> float:
                 t0 = time.perf_counter()
-                client.chat.completions.create(model=model, messages=[{"role": "user", "content": f"Question {i}"}],
-                                               max_tokens=args.max_tokens)
+                answer = client.chat.completions.create(model=model, max_tokens=args.max_tokens, stream=args.stream,
+                                                        messages=[{"role": "user", "content": f"Question {i}"}])
+                if args.stream:
+                    list(answer)
                 return time.perf_counter() - t0
 
             with ThreadPoolExecutor(args.clients) as pool:

@@ -23,6 +23,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qbatch._fs import TMP_MARK, fsync_dir
 from qbatch.errors import InputError
@@ -82,25 +83,7 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
         log.exception(f"serve: {request.method} {request.url.path} failed")
         return error_response(500, "internal error; the service logged it", kind="server_error")
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        """Authentication before any body is read: the API key (Bearer, constant-time compare), or without one
-        the client's Unix user (runs.check_client); then the upload size."""
-        if settings.api_key and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
-                return error_response(401, "missing or wrong API key; send Authorization: Bearer KEY",
-                                      code="invalid_api_key")
-        elif request.url.path != "/health":
-            try:
-                _check_user(request)
-            except ApiError as exc:
-                return api_error_response(exc)
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes + FORM_BYTES:
-            return api_error_response(too_large(settings.max_upload_bytes))
-        return await call_next(request)
+    app.add_middleware(Guard, settings=settings)
 
     # -- service -----------------------------------------------------------------
     @app.get("/health")
@@ -260,6 +243,42 @@ def create_app(settings: ServeSettings, store: Store, worker: BatchWorker) -> Fa
 
     online.install(app, settings, worker)  # /v1/chat/completions, /v1/completions on the batches' engines
     return app
+
+
+class Guard:
+    """Authentication before any body is read: the API key (Bearer, constant-time compare), or without one the
+    client's Unix user (runs.check_client); then the upload size. A plain ASGI middleware: Starlette's
+    `@app.middleware("http")` runs each request in a task of its own and passes every response chunk (each event
+    of a stream) through a queue, a cost on every online request."""
+
+    def __init__(self, app: ASGIApp, settings: ServeSettings):
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(Request(scope))
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, request: Request) -> JSONResponse | None:
+        settings = self.settings
+        if settings.api_key and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+                return error_response(401, "missing or wrong API key; send Authorization: Bearer KEY",
+                                      code="invalid_api_key")
+        elif request.url.path != "/health":
+            try:
+                _check_user(request)
+            except ApiError as exc:
+                return api_error_response(exc)
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes + FORM_BYTES:
+            return api_error_response(too_large(settings.max_upload_bytes))
+        return None
 
 
 def _check_user(request: Request, *, keyed: bool = False) -> None:
