@@ -257,12 +257,13 @@ class BatchWorker(threading.Thread):
                 files.append(record)
                 changes[key] = record.id
         changes.update(request_counts=counts, usage=batch_usage(out / "results.parquet"))
-        batch = self.store.update_batch(batch_id, lambda b: b.changed(status, **changes), new_files=files)
-        log.info(f"serve: batch {batch_id} {status} ({counts.completed} completed, {counts.failed} failed)")
-        # the lines stay OpenAI's (finish_reason "length"); the log says what a user must not miss (flags.py)
-        # (counted over results.parquet's rows: with n > 1 a request's line holds several)
+        # the lines stay OpenAI's (finish_reason "length"); the log says what a user must not miss (flags.py),
+        # before a client can see the batch done (counted over results.parquet's rows: with n > 1 a request's
+        # line holds several)
         for line in flag_lines(flag_counts(out / "results.parquet"), _num_rows(out / "results.parquet")):
             log.warning(f"serve: batch {batch_id}: {line}")
+        batch = self.store.update_batch(batch_id, lambda b: b.changed(status, **changes), new_files=files)
+        log.info(f"serve: batch {batch_id} {status} ({counts.completed} completed, {counts.failed} failed)")
         return batch
 
     def _for_clients(self, batch: Batch, status: BatchStatus, out: Path, errors_path: Path) -> None:
