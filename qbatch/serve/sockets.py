@@ -33,15 +33,13 @@ class Unavailable(Exception):
     """The system has no sock_diag to ask (not Linux, or netlink refused): read /proc instead."""
 
 
-def owner(client: tuple[str, int], server: tuple[str, int], tables: tuple[str, ...] | None = None) -> int | None:
+def owner(client: tuple[str, int], server: tuple[str, int]) -> int | None:
     """The uid that owns the socket from `client` (address, port) to `server` on this host; None where the
-    system does not say or the socket is gone. `tables`: read these /proc tables only (tests)."""
-    if tables is None:
-        try:
-            return netlink_owner(client, server)
-        except Unavailable:
-            pass
-    return proc_owner(client[1], server[1], tables or PROC_TCP)
+    system does not say or the socket is gone."""
+    try:
+        return netlink_owner(client, server)
+    except Unavailable:
+        return proc_owner(client[1], server[1], PROC_TCP)
 
 
 def netlink_owner(client: tuple[str, int], server: tuple[str, int]) -> int | None:
