@@ -1,6 +1,6 @@
 """Issue #52 on a GPU: qbatch's answers against vLLM's own, and JSON-schema rows with the constraint in force.
 
-    python benchmarks/answers_gpu.py DUMMY_MODEL_DIR WORK_DIR [PROMPTS_JSONL] [--rows N] [--reuse-vllm]
+    python benchmarks/answers_gpu.py DUMMY_MODEL_DIR WORK_DIR [PROMPTS_JSONL] [--rows N] [--reuse-vllm] [--model-only]
 
 1. A Qwen3-0.6B of real random weights (transformers' init, seed 0): vLLM's dummy loader fills each
    model class's parameters its own way, so qbatch's fused Qwen3 class and vLLM's own would not even
@@ -17,7 +17,8 @@
    raw and with the chat template (thinking off and on), and qbatch's flags.
 Prints one JSON object (also WORK_DIR/answers.json). $ANSWERS_QBATCH_SETTINGS (JSON): the qbatch side's Session
 settings, e.g. '{"compilation_mode": 3}' for the compiled model vLLM's defaults run. `--reuse-vllm` keeps
-the vLLM side of an earlier run in WORK_DIR (vllm.json) and runs the qbatch side only.
+the vLLM side of an earlier run in WORK_DIR (vllm.json) and runs the qbatch side only; `--model-only` writes
+WORK_DIR/qwen3-random (step 1) and stops, for other benchmarks to load real weights.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def main() -> None:
         (work / f"{side}.json").write_text(json.dumps(got))
         return
     reuse = "--reuse-vllm" in args
-    args = [a for a in args if a != "--reuse-vllm"]
+    args = [a for a in args if a not in ("--reuse-vllm", "--model-only")]
     count = int(args[args.index("--rows") + 1]) if "--rows" in args else 1024
     args = [a for i, a in enumerate(args) if a != "--rows" and (i == 0 or args[i - 1] != "--rows")]
     dummy, work = Path(args[0]), Path(args[1])
@@ -214,6 +215,8 @@ def main() -> None:
     model = work / "qwen3-random"
     t0 = time.monotonic()
     make_model(dummy, model)
+    if "--model-only" in sys.argv:  # only the random-weight checkpoint, for other benchmarks to load
+        return
     (work / "rows.json").write_text(json.dumps(rows_of(Path(args[2]) if len(args) > 2 else None, count)))
     report: dict = {"model_s": round(time.monotonic() - t0, 1)}
     t0 = time.monotonic()
