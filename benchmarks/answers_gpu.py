@@ -206,7 +206,7 @@ def main() -> None:
         got = vllm_side(model, work) if side == "vllm" else qbatch_side(model, work)
         (work / f"{side}.json").write_text(json.dumps(got))
         return
-    reuse = "--reuse-vllm" in args
+    reuse, model_only = "--reuse-vllm" in args, "--model-only" in args
     args = [a for a in args if a not in ("--reuse-vllm", "--model-only")]
     count = int(args[args.index("--rows") + 1]) if "--rows" in args else 1024
     args = [a for i, a in enumerate(args) if a != "--rows" and (i == 0 or args[i - 1] != "--rows")]
@@ -215,7 +215,7 @@ def main() -> None:
     model = work / "qwen3-random"
     t0 = time.monotonic()
     make_model(dummy, model)
-    if "--model-only" in sys.argv:  # only the random-weight checkpoint, for other benchmarks to load
+    if model_only:  # only the random-weight checkpoint, for other benchmarks to load
         return
     (work / "rows.json").write_text(json.dumps(rows_of(Path(args[2]) if len(args) > 2 else None, count)))
     report: dict = {"model_s": round(time.monotonic() - t0, 1)}

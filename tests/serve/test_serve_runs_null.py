@@ -189,11 +189,7 @@ def test_the_owner_lookup_does_not_read_the_whole_tcp_table(monkeypatch):
     monkeypatch.setattr(sockets, "PROC_TCP", ("/nonexistent/tcp",))
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as client:
         assert sockets.owner(client.getsockname(), server.getsockname()) == os.getuid()
-
-        def unavailable(*ends):
-            raise sockets.Unavailable("no netlink here")
-
-        monkeypatch.setattr(sockets, "netlink_owner", unavailable)
+        monkeypatch.setattr(sockets, "netlink_owner", _no_netlink)
         assert sockets.owner(client.getsockname(), server.getsockname()) is None
 
 
